@@ -1,0 +1,45 @@
+# Riverbed build entry points. `make run` and `make test` are all a newcomer needs.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY = $(VENV)/bin/python
+# Extras installed into the venv; add more comma-separated (e.g. dev,spark).
+EXTRAS ?= dev
+PYTEST_ARGS ?=
+
+# ruff fails on a path that does not exist, so lint only the directories that do.
+LINT_PATHS := $(wildcard src tests bench)
+
+.PHONY: venv run test lint fmt bench-storage clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip
+	$(PY) -m pip install -e '.[$(EXTRAS)]'
+	touch $@
+
+run: venv
+	$(VENV)/bin/riverbed demo
+
+# Each line stops make at its first failure.
+test: venv
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/ruff format --check $(LINT_PATHS)
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# Fix what ruff can fix by itself (imports, formatting).
+fmt: venv
+	$(VENV)/bin/ruff check --fix $(LINT_PATHS)
+	$(VENV)/bin/ruff format $(LINT_PATHS)
+
+bench-storage: venv
+	$(PY) bench/storage.py
+
+clean:
+	rm -rf $(VENV) build dist .mypy_cache .ruff_cache .hypothesis .pytest_cache .import_linter_cache
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+	find . -name '*.egg-info' -type d -prune -exec rm -rf {} +

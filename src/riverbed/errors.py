@@ -1,0 +1,72 @@
+"""One exception tree for Riverbed.
+
+`RiverbedError` is the root. Bad input raises a subclass that is also a
+`ValueError`, so callers that only know the standard library still catch it;
+nothing that raises one of those has changed any stored state.
+"""
+
+from __future__ import annotations
+
+
+class RiverbedError(Exception):
+    """Root of every error Riverbed raises on purpose."""
+
+
+class InvalidInput(RiverbedError, ValueError):
+    """The caller handed us a value that breaks a rule; nothing was changed."""
+
+
+class InvalidTopicName(InvalidInput):
+    """An MQTT topic name breaks a rule of [MQTT-4.7]."""
+
+
+class InvalidTopicFilter(InvalidInput):
+    """An MQTT topic filter breaks a rule of [MQTT-4.7]."""
+
+
+class InvalidPartitionCount(InvalidInput):
+    """A partition count is not 1, 2, 3 or a multiple of 4 or 6 (seed 003)."""
+
+
+class InvalidOffset(InvalidInput):
+    """An offset is negative or outside a stream's retained range."""
+
+
+class InvalidConfig(InvalidInput):
+    """A configuration value (URL, duration, option) is malformed."""
+
+
+class BindingOverlap(InvalidInput):
+    """A topic's binding filter overlaps another topic's binding."""
+
+
+class NotFound(RiverbedError, LookupError):
+    """A named thing (topic, subscription, stream, key) does not exist."""
+
+
+class TopicNotFound(NotFound):
+    """No topic has that name."""
+
+
+class SubscriptionNotFound(NotFound):
+    """No subscription has that name."""
+
+
+class AlreadyExists(RiverbedError):
+    """A thing with that name exists already."""
+
+
+class PreconditionFailed(RiverbedError):
+    """A compare-and-set or fenced write found another version than expected."""
+
+
+class LeaseHeld(PreconditionFailed):
+    """A lease is held by another owner and has not expired."""
+
+
+class StorageError(RiverbedError):
+    """The database failed or could not be reached."""
+
+
+class StorageUnavailable(StorageError):
+    """The database could not be opened or reached."""

@@ -1,0 +1,1 @@
+"""The log: topics of storage topics, the router, group commit, readers, retention."""

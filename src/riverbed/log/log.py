@@ -1,0 +1,114 @@
+"""The log's front door: topics, producing and publishing by MQTT topic name."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future
+
+from riverbed.errors import InvalidInput
+from riverbed.log.appender import Appender, Position
+from riverbed.log.topics import Topics, resolve_binding
+from riverbed.model import Message, MessageIdGenerator
+from riverbed.storage import open_storage
+from riverbed.storage.base import Storage, TopicRecord
+from riverbed.topics.filters import matches, validate_topic_name
+
+BINDINGS_TTL = 0.2
+"""Seconds a cached view of topics and bindings is trusted."""
+
+
+class Log:
+    """One storage with its topics and its group-commit appender."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        *,
+        max_batch: int = 10_000,
+        linger: float = 0.0,
+        ids: MessageIdGenerator | None = None,
+    ) -> None:
+        self.storage = storage
+        self._bindings: list[TopicRecord] = []
+        self._bindings_version = -1
+        self._bindings_checked = 0.0
+        self.topics = Topics(storage, on_change=self._forget_bindings)
+        self.topics.ensure_builtin()
+        self.appender = Appender(storage, max_batch=max_batch, linger=linger, ids=ids)
+
+    @classmethod
+    def open(cls, url: str | None = None, **options: object) -> Log:
+        return cls(open_storage(url), **options)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        self.appender.close()
+        self.storage.close()
+
+    def __enter__(self) -> Log:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def produce_async(self, topic: str, messages: Sequence[Message]) -> Future[list[Position]]:
+        """Queue messages for a topic; the future resolves when they are committed.
+
+        A message's `mqtt_topic`, if given, must be a valid topic name that the
+        topic's binding matches (so MQTT subscribers find it where they expect).
+        """
+        record = self._topic(topic)
+        for m in messages:
+            _check(record, m)
+        return self.appender.submit(topic, messages)
+
+    def check(self, topic: str, message: Message) -> None:
+        """Raise what `produce` would raise for this message, writing nothing.
+
+        `InvalidInput` if its `mqtt_topic` is no valid topic name or the topic's
+        binding does not match it; `TopicNotFound` if there is no such topic. Lets
+        a caller validate a whole input before any of it is written.
+        """
+        _check(self._topic(topic), message)
+
+    def produce(self, topic: str, messages: Sequence[Message]) -> list[Position]:
+        """Append messages to a topic and wait until they are committed."""
+        return self.produce_async(topic, messages).result()
+
+    def topic_for(self, mqtt_topic: str) -> str:
+        """The topic that stores this MQTT topic name (by binding, else `mqtt`)."""
+        self._refresh_bindings()
+        return resolve_binding(self._bindings, mqtt_topic)
+
+    def _topic(self, name: str) -> TopicRecord:
+        self._refresh_bindings()
+        for record in self._bindings:
+            if record.name == name:
+                return record
+        return self.storage.get_topic(name)  # raises TopicNotFound
+
+    def _forget_bindings(self) -> None:
+        self._bindings_checked = 0.0
+
+    def _refresh_bindings(self) -> None:
+        # Other processes' topic changes are seen within BINDINGS_TTL; ours at once
+        # (the appender re-checks the layout itself on every commit).
+        now = time.monotonic()
+        if now - self._bindings_checked < BINDINGS_TTL:
+            return
+        self._bindings_checked = now
+        version = self.storage.meta_version()
+        if version != self._bindings_version:
+            self._bindings = self.storage.list_topics()
+            self._bindings_version = version
+
+
+def _check(record: TopicRecord, message: Message) -> None:
+    mqtt_topic = message.mqtt_topic
+    if mqtt_topic:
+        validate_topic_name(mqtt_topic)
+        if record.binding is not None and not matches(record.binding, mqtt_topic):
+            raise InvalidInput(
+                f"MQTT topic {mqtt_topic!r} is not matched by the binding"
+                f" {record.binding!r} of topic {record.name!r}"
+            )

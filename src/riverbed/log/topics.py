@@ -1,0 +1,184 @@
+"""Topics: seed 003's CompositeTopic operations and MQTT bindings.
+
+A topic is a named log made of an ordered list of storage topics (generations);
+each generation has P partitions and a scale factor K. A binding is an MQTT
+topic filter saying which MQTT topic names the topic stores; bindings may not
+overlap, and the built-in topic `mqtt` stores whatever no binding claims.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from riverbed.errors import AlreadyExists, BindingOverlap, InvalidInput, TopicNotFound
+from riverbed.log.router import scale_factor, validate_partitions
+from riverbed.model import format_duration
+from riverbed.storage.base import (
+    RetentionPolicy,
+    Storage,
+    StorageTopicRecord,
+    StreamHead,
+    TopicRecord,
+)
+from riverbed.topics.filters import filters_overlap, matches, validate_filter
+
+BUILTIN_TOPIC = "mqtt"
+BUILTIN_PARTITIONS = 16
+DEFAULT_RETENTION_US = 7 * 24 * 3600 * 1_000_000
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+
+
+def validate_topic_name(name: str) -> str:
+    """Riverbed topic names: letters, digits, `.`, `_`, `-`; at most 200."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise InvalidInput(
+            f"topic name {name!r} is not allowed: use 1-200 letters, digits, '.', '_' or '-',"
+            " starting with a letter or digit"
+        )
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class TopicDescription:
+    topic: TopicRecord
+    storage_topics: list[StorageTopicRecord]
+    streams: list[StreamHead]
+
+    def as_dict(self) -> dict[str, object]:
+        t = self.topic
+        return {
+            "name": t.name,
+            "binding": t.binding,
+            "retention": None if t.retention_us is None else format_duration(t.retention_us),
+            "retention_policy": t.retention_policy.value,
+            "produce_pointer": t.produce_pointer,
+            "storage_topics": [
+                {"generation": s.generation, "partitions": s.partitions, "k": s.k}
+                for s in self.storage_topics
+            ],
+            "streams": [
+                {
+                    "stream": str(h.stream),
+                    "start_offset": h.start_offset,
+                    "next_offset": h.next_offset,
+                    "sealed": h.sealed,
+                }
+                for h in self.streams
+            ],
+        }
+
+
+class Topics:
+    """Create, change and look up topics in one storage."""
+
+    def __init__(self, storage: Storage, on_change: Callable[[], None] | None = None) -> None:
+        self.storage = storage
+        self._on_change = on_change or (lambda: None)
+
+    def create(
+        self,
+        name: str,
+        partitions: int,
+        binding: str | None = None,
+        retention_us: int | None = DEFAULT_RETENTION_US,
+        retention_policy: RetentionPolicy = RetentionPolicy.CONSUMED_AND_EXPIRED,
+    ) -> TopicRecord:
+        """Create a topic with one storage topic of `partitions` (K=1).
+
+        Raises `InvalidInput` subclasses for a bad name, partition count, binding
+        or retention, `BindingOverlap` if the binding overlaps another topic's,
+        and `AlreadyExists`; in every case nothing is written.
+        """
+        validate_topic_name(name)
+        validate_partitions(partitions)
+        if binding is not None:
+            validate_filter(binding)
+        if retention_us is not None and retention_us < 0:
+            raise InvalidInput(f"retention {retention_us}us must not be negative")
+
+        def no_overlap(existing: list[TopicRecord]) -> None:
+            for other in existing:
+                if (
+                    binding is not None
+                    and other.binding is not None
+                    and filters_overlap(binding, other.binding)
+                ):
+                    raise BindingOverlap(
+                        f"binding {binding!r} overlaps binding {other.binding!r} of topic"
+                        f" {other.name!r}: an MQTT topic name may be stored by one topic only"
+                    )
+
+        record = TopicRecord(
+            name, binding, retention_us, retention_policy, 0, time.time_ns() // 1000
+        )
+        self.storage.create_topic(record, partitions, no_overlap)
+        self._on_change()
+        return record
+
+    def ensure_builtin(self) -> None:
+        """Create the catch-all topic `mqtt` if it does not exist yet."""
+        try:
+            self.storage.get_topic(BUILTIN_TOPIC)
+        except TopicNotFound:
+            with contextlib.suppress(AlreadyExists):  # another process won the race
+                self.create(BUILTIN_TOPIC, BUILTIN_PARTITIONS)
+
+    def get(self, name: str) -> TopicRecord:
+        return self.storage.get_topic(name)
+
+    def list(self) -> list[TopicRecord]:
+        return self.storage.list_topics()
+
+    def describe(self, name: str) -> TopicDescription:
+        return TopicDescription(
+            self.storage.get_topic(name),
+            self.storage.list_storage_topics(name),
+            self.storage.list_streams(name),
+        )
+
+    def add_storage_topic(self, name: str, partitions: int) -> StorageTopicRecord:
+        """seed 003 AddStorageTopic, with its K rule (see `router.scale_factor`)."""
+        validate_partitions(partitions)
+
+        def plan(last: StorageTopicRecord) -> tuple[int, int]:
+            return partitions, scale_factor(last.partitions, last.k, partitions)
+
+        added = self.storage.add_storage_topic(name, plan)
+        self._on_change()
+        return added
+
+    def switch_produce(self, name: str) -> TopicRecord:
+        """seed 003 SwitchProduce; seals the earlier generations' streams."""
+        record = self.storage.switch_produce(name)
+        self._on_change()
+        return record
+
+    def set_retention(
+        self, name: str, retention_us: int | None, policy: RetentionPolicy
+    ) -> TopicRecord:
+        if retention_us is not None and retention_us < 0:
+            raise InvalidInput(f"retention {retention_us}us must not be negative")
+        record = self.storage.update_topic(name, retention_us, policy)
+        self._on_change()
+        return record
+
+    def delete(self, name: str) -> int:
+        """Delete a topic with its messages and subscriptions; returns messages deleted."""
+        if name == BUILTIN_TOPIC:
+            raise InvalidInput(f"topic {name!r} is built in and cannot be deleted")
+        deleted = self.storage.delete_topic(name)
+        self._on_change()
+        return deleted
+
+
+def resolve_binding(topics: list[TopicRecord], mqtt_topic: str) -> str:
+    """The topic that stores an MQTT topic name: the one whose binding matches it,
+    else the built-in `mqtt`. Bindings never overlap, so at most one matches."""
+    for topic in topics:
+        if topic.binding is not None and matches(topic.binding, mqtt_topic):
+            return topic.name
+    return BUILTIN_TOPIC

@@ -1,0 +1,62 @@
+"""Storage backends chosen by URL: `sqlite:///path` (default) or `postgresql://...`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+from riverbed.errors import InvalidConfig
+from riverbed.storage.base import Storage
+
+DEFAULT_URL = "sqlite:///./riverbed-data/riverbed.db"
+ENV_VAR = "RIVERBED_DB"
+
+__all__ = ["DEFAULT_URL", "ENV_VAR", "Storage", "default_url", "open_storage"]
+
+
+def default_url() -> str:
+    """`RIVERBED_DB` if set, else the embedded default."""
+    return os.environ.get(ENV_VAR) or DEFAULT_URL
+
+
+def open_storage(url: str | None = None) -> Storage:
+    """Open (creating and migrating as needed) the storage a URL names.
+
+    `sqlite:///relative/path.db`, `sqlite:////absolute/path.db`, with an optional
+    `?synchronous=full`; `postgresql://user@host:port/db` (or `postgres://`).
+    """
+    url = url or default_url()
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme == "sqlite":
+        from riverbed.storage.sqlite import SqliteStorage
+
+        if parts.netloc:
+            raise InvalidConfig(
+                f"database URL {url!r}: a sqlite URL has no host; write sqlite:///relative.db"
+                " or sqlite:////absolute.db"
+            )
+        path = parts.path[1:] if parts.path.startswith("/") else parts.path
+        if not path or path.endswith("/"):
+            raise InvalidConfig(f"database URL {url!r} names no database file")
+        options = parse_qs(parts.query)
+        unknown = set(options) - {"synchronous"}
+        if unknown:
+            raise InvalidConfig(
+                f"database URL {url!r}: unknown option(s) {sorted(unknown)}; known: synchronous"
+            )
+        synchronous = options.get("synchronous", ["normal"])[-1].upper()
+        if synchronous not in ("NORMAL", "FULL"):
+            raise InvalidConfig(
+                f"database URL {url!r}: synchronous={synchronous.lower()!r} must be normal or full"
+            )
+        return SqliteStorage(url, Path(path), synchronous)
+    if scheme in ("postgresql", "postgres"):
+        from riverbed.storage.postgres import PostgresStorage
+
+        return PostgresStorage(url)
+    raise InvalidConfig(
+        f"database URL {url!r}: unsupported scheme {parts.scheme!r}; use sqlite:///PATH"
+        " or postgresql://..."
+    )

@@ -1,0 +1,330 @@
+"""The storage protocol: the only contract between Riverbed and a database.
+
+Everything SQL lives below this line; everything above it (the log, sessions,
+subscriptions, Spark) speaks these methods. Two backends implement it (SQLite,
+the embedded default, and PostgreSQL for several nodes) and one contract suite
+tests both.
+
+The storage knows nothing of routing or MQTT: where a write needs a decision
+that belongs to a higher layer (binding overlap, the K rule, initial cursors),
+the caller passes a function that the storage runs *inside* its transaction,
+so the check and the write are atomic across processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Protocol
+
+from riverbed.errors import RiverbedError
+from riverbed.model import StoredMessage, StreamId
+
+Row = tuple[bytes, int, str, "str | None", bytes, "bytes | None", int, int]
+"""A message row to append: (id bytes, timestamp µs, mqtt topic, key, payload,
+encoded properties, qos, retain)."""
+
+
+class RetentionPolicy(Enum):
+    """Which prefix of a stream retention may delete."""
+
+    CONSUMED_AND_EXPIRED = "consumed-and-expired"
+    """Only what every subscription has committed *and* is older than retention."""
+    EXPIRED = "expired"
+    """What is older than retention, consumed or not."""
+    CONSUMED = "consumed"
+    """What every subscription has committed, however young."""
+
+
+class StartKind(Enum):
+    """Where a new subscription starts reading."""
+
+    EARLIEST = "earliest"
+    LATEST = "latest"
+    TIME = "time"
+
+
+@dataclass(frozen=True, slots=True)
+class TopicRecord:
+    """A composite topic (seed 003 CompositeTopic) as stored."""
+
+    name: str
+    binding: str | None
+    retention_us: int | None
+    retention_policy: RetentionPolicy
+    produce_pointer: int
+    created_us: int
+
+
+@dataclass(frozen=True, slots=True)
+class StorageTopicRecord:
+    """One generation of a topic: P partitions, scale factor K."""
+
+    topic: str
+    generation: int
+    partitions: int
+    k: int
+
+    @property
+    def base_partitions(self) -> int:
+        """P / K: the number of lineages this generation refines."""
+        return self.partitions // self.k
+
+
+@dataclass(frozen=True, slots=True)
+class StreamHead:
+    """A stream and its bounds: `[start_offset, next_offset)` is retained."""
+
+    key: int
+    """The storage's own small integer for the stream (used on hot paths)."""
+    stream: StreamId
+    start_offset: int
+    next_offset: int
+    sealed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionRecord:
+    """A named, durable cursor over a topic's streams."""
+
+    name: str
+    topic: str
+    filter: str | None
+    start: StartKind
+    start_us: int | None
+    created_us: int
+
+
+@dataclass(frozen=True, slots=True)
+class KVEntry:
+    namespace: str
+    key: str
+    value: bytes
+    version: int
+
+
+class StreamSealed(RiverbedError):
+    """An append targeted a stream that is sealed or gone; nothing was written.
+
+    The appender refreshes its view of the topic and routes again.
+    """
+
+    def __init__(self, stream_keys: Sequence[int]) -> None:
+        super().__init__(f"streams {sorted(stream_keys)} are sealed or deleted")
+        self.stream_keys = tuple(stream_keys)
+
+
+class Storage(Protocol):
+    """What every backend provides. All methods are thread-safe."""
+
+    url: str
+    wakeups: Wakeups
+
+    def close(self) -> None: ...
+
+    # --- metadata -----------------------------------------------------------
+    def meta_version(self) -> int:
+        """A counter bumped by every change to topics, storage topics and streams."""
+        ...
+
+    def create_topic(
+        self,
+        topic: TopicRecord,
+        partitions: int,
+        validate: Callable[[list[TopicRecord]], None],
+    ) -> None:
+        """Create a topic with generation 0 of `partitions` (K=1).
+
+        `validate(existing_topics)` runs in the transaction and may raise to refuse.
+        Raises `AlreadyExists`.
+        """
+        ...
+
+    def get_topic(self, name: str) -> TopicRecord:
+        """Raises `TopicNotFound`."""
+        ...
+
+    def list_topics(self) -> list[TopicRecord]: ...
+
+    def update_topic(
+        self, name: str, retention_us: int | None, retention_policy: RetentionPolicy
+    ) -> TopicRecord: ...
+
+    def delete_topic(self, name: str) -> int:
+        """Delete the topic, its streams, messages and subscriptions; return messages
+        deleted. Raises `TopicNotFound`."""
+        ...
+
+    def list_storage_topics(self, topic: str) -> list[StorageTopicRecord]:
+        """Generations in order. Raises `TopicNotFound`."""
+        ...
+
+    def add_storage_topic(
+        self, topic: str, plan: Callable[[StorageTopicRecord], tuple[int, int]]
+    ) -> StorageTopicRecord:
+        """seed 003 AddStorageTopic: `plan(last_generation) -> (partitions, K)`."""
+        ...
+
+    def switch_produce(self, topic: str) -> TopicRecord:
+        """seed 003 SwitchProduce: move the pointer on (staying at the last index)
+        and seal every stream of an earlier generation, atomically with appends."""
+        ...
+
+    def list_streams(self, topic: str | None = None) -> list[StreamHead]:
+        """Heads of every stream (of one topic), ordered by topic, generation, partition."""
+        ...
+
+    # --- messages -----------------------------------------------------------
+    def append(self, batches: Mapping[int, Sequence[Row]]) -> dict[int, int]:
+        """Append rows to streams in one transaction; return each stream's first
+        new offset. Raises `StreamSealed` (writing nothing) if any stream is sealed
+        or gone."""
+        ...
+
+    def read(self, stream_key: int, offset: int, limit: int) -> list[StoredMessage]:
+        """Up to `limit` messages of a stream from `offset` on, in offset order."""
+        ...
+
+    def first_offset_at(self, stream_key: int, timestamp_us: int) -> int:
+        """The first offset whose timestamp is at or after `timestamp_us` (the
+        stream's next offset if none)."""
+        ...
+
+    def delete_before(self, stream_key: int, offset: int) -> int:
+        """Delete the stream's messages below `offset`; return how many."""
+        ...
+
+    # --- subscriptions ------------------------------------------------------
+    def create_subscription(
+        self,
+        record: SubscriptionRecord,
+        initial: Callable[[list[StreamHead]], dict[int, int]],
+    ) -> None:
+        """Create a subscription; `initial(heads of its topic)` gives the first
+        committed offsets, computed in the same transaction. Raises
+        `AlreadyExists`, `TopicNotFound`."""
+        ...
+
+    def get_subscription(self, name: str) -> SubscriptionRecord:
+        """Raises `SubscriptionNotFound`."""
+        ...
+
+    def list_subscriptions(self, topic: str | None = None) -> list[SubscriptionRecord]: ...
+
+    def delete_subscription(self, name: str) -> None: ...
+
+    def get_cursors(self, name: str) -> dict[int, int]:
+        """Committed offsets by stream key (streams never committed are absent)."""
+        ...
+
+    def commit_cursors(self, name: str, offsets: Mapping[int, int]) -> None:
+        """Set committed offsets; an offset never moves backwards here (use
+        `reset_cursors` to rewind)."""
+        ...
+
+    def reset_cursors(self, name: str, offsets: Mapping[int, int]) -> None:
+        """Replace all committed offsets of a subscription."""
+        ...
+
+    def min_cursors(self, topic: str) -> dict[int, int]:
+        """For each stream of `topic`, the lowest offset any subscription has
+        committed (streams some subscription has not committed at all map to -1)."""
+        ...
+
+    # --- key-value with preconditions ---------------------------------------
+    def kv_get(self, namespace: str, key: str) -> KVEntry | None: ...
+
+    def kv_list(self, namespace: str, prefix: str = "") -> list[KVEntry]: ...
+
+    def kv_put(self, namespace: str, key: str, value: bytes) -> KVEntry:
+        """Unconditional write; the version goes up by one."""
+        ...
+
+    def kv_put_if_absent(self, namespace: str, key: str, value: bytes) -> KVEntry:
+        """Create with version 1. Raises `PreconditionFailed` if present."""
+        ...
+
+    def kv_compare_and_set(
+        self, namespace: str, key: str, expected_version: int, value: bytes
+    ) -> KVEntry:
+        """Write if the stored version is `expected_version`. Raises
+        `PreconditionFailed` otherwise (also if absent)."""
+        ...
+
+    def kv_delete_if_version(self, namespace: str, key: str, expected_version: int) -> None:
+        """Raises `PreconditionFailed` if absent or at another version."""
+        ...
+
+
+class Wakeups:
+    """Tells readers that something was appended, in this process or another.
+
+    A single counter bumped after each commit; a reader remembers the value it
+    last saw and waits for it to change, then re-reads the heads it cares about
+    (a small table). Backends bump it after their own commits and from a watcher
+    of other processes' commits.
+    """
+
+    def __init__(self, start_watcher: Callable[[], None] | None = None) -> None:
+        self._cond = threading.Condition()
+        self._version = 0
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._start_watcher = start_watcher
+        self._watching = False
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def notify(self) -> None:
+        with self._cond:
+            self._version += 1
+            self._cond.notify_all()
+            waiters, self._waiters = self._waiters, []
+        for loop, future in waiters:
+            loop.call_soon_threadsafe(_resolve, future)
+
+    def _ensure_watching(self) -> None:
+        if not self._watching and self._start_watcher is not None:
+            with self._cond:
+                if self._watching:
+                    return
+                self._watching = True
+            self._start_watcher()
+
+    def wait(self, seen: int, timeout: float) -> int:
+        """Block until the version differs from `seen` or `timeout` passes."""
+        self._ensure_watching()
+        with self._cond:
+            self._cond.wait_for(lambda: self._version != seen, timeout)
+            return self._version
+
+    async def wait_async(self, seen: int, timeout: float) -> int:
+        """Like `wait`, without blocking the event loop."""
+        self._ensure_watching()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        with self._cond:
+            if self._version != seen:
+                return self._version
+            self._waiters.append((loop, future))
+        try:
+            await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            with self._cond:
+                if (loop, future) in self._waiters:
+                    self._waiters.remove((loop, future))
+        return self._version
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def chunked(items: Sequence[int], size: int) -> Iterator[Sequence[int]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]

@@ -1,0 +1,73 @@
+"""Versioned schema migrations, applied in order when a storage opens.
+
+Each migration is a list of statements written once with type placeholders
+that each backend fills in (`{blob}`, `{int}`, `{stream_pk}`, `{messages_suffix}`),
+so the two schemas cannot drift apart.
+"""
+
+from __future__ import annotations
+
+MIGRATIONS: list[list[str]] = [
+    # 1: the log, subscriptions and the key-value namespace.
+    [
+        "CREATE TABLE meta (name TEXT PRIMARY KEY, value {int} NOT NULL)",
+        "INSERT INTO meta (name, value) VALUES ('meta_version', 0)",
+        """CREATE TABLE topics (
+            name TEXT PRIMARY KEY,
+            binding TEXT,
+            retention_us {int},
+            retention_policy TEXT NOT NULL,
+            produce_pointer INTEGER NOT NULL,
+            created_us {int} NOT NULL)""",
+        """CREATE TABLE storage_topics (
+            topic TEXT NOT NULL,
+            generation INTEGER NOT NULL,
+            partitions INTEGER NOT NULL,
+            k INTEGER NOT NULL,
+            PRIMARY KEY (topic, generation))""",
+        # The small heads table readers poll instead of scanning messages.
+        """CREATE TABLE streams (
+            id {stream_pk},
+            topic TEXT NOT NULL,
+            generation INTEGER NOT NULL,
+            part INTEGER NOT NULL,
+            start_offset {int} NOT NULL,
+            next_offset {int} NOT NULL,
+            sealed INTEGER NOT NULL,
+            UNIQUE (topic, generation, part))""",
+        """CREATE TABLE messages (
+            stream {int} NOT NULL,
+            off {int} NOT NULL,
+            id {blob} NOT NULL,
+            ts {int} NOT NULL,
+            mqtt_topic TEXT NOT NULL,
+            key TEXT,
+            payload {blob} NOT NULL,
+            properties {blob},
+            qos SMALLINT NOT NULL,
+            retain SMALLINT NOT NULL,
+            PRIMARY KEY (stream, off)){messages_suffix}""",
+        """CREATE TABLE subscriptions (
+            name TEXT PRIMARY KEY,
+            topic TEXT NOT NULL,
+            topic_filter TEXT,
+            start_kind TEXT NOT NULL,
+            start_us {int},
+            created_us {int} NOT NULL)""",
+        """CREATE TABLE cursors (
+            subscription TEXT NOT NULL,
+            stream {int} NOT NULL,
+            committed {int} NOT NULL,
+            PRIMARY KEY (subscription, stream))""",
+        "CREATE INDEX cursors_by_stream ON cursors (stream)",
+        """CREATE TABLE kv (
+            namespace TEXT NOT NULL,
+            key TEXT NOT NULL,
+            value {blob} NOT NULL,
+            version {int} NOT NULL,
+            PRIMARY KEY (namespace, key))""",
+    ],
+]
+
+MESSAGE_COLUMNS = "off, id, ts, mqtt_topic, key, payload, properties, qos, retain"
+"""The columns of a `StoredMessage`, in its field order."""

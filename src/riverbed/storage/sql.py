@@ -1,0 +1,577 @@
+"""What both SQL backends share: every query but the hot append and the wake-ups.
+
+Queries are written once with `?` placeholders; a backend that uses another
+paramstyle sets `PARAMSTYLE` and they are rewritten once. Each thread has its
+own connection (sqlite3 and psycopg connections are not shared across threads);
+writes run in explicit transactions that a backend opens in `_begin_write`.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from riverbed.errors import (
+    AlreadyExists,
+    PreconditionFailed,
+    SubscriptionNotFound,
+    TopicNotFound,
+)
+from riverbed.model import StoredMessage, StreamId
+from riverbed.storage.base import (
+    KVEntry,
+    RetentionPolicy,
+    Row,
+    StartKind,
+    StorageTopicRecord,
+    StreamHead,
+    StreamSealed,
+    SubscriptionRecord,
+    TopicRecord,
+    Wakeups,
+)
+from riverbed.storage.schema import MESSAGE_COLUMNS, MIGRATIONS
+
+_TOPIC_COLUMNS = "name, binding, retention_us, retention_policy, produce_pointer, created_us"
+_SUB_COLUMNS = "name, topic, topic_filter, start_kind, start_us, created_us"
+_HEAD_COLUMNS = "id, topic, generation, part, start_offset, next_offset, sealed"
+
+Cursor = Any
+Connection = Any
+
+
+_stored = functools.partial(tuple.__new__, StoredMessage)
+"""Row tuple -> StoredMessage without a Python-level call per row (`_make` is slower)."""
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def _topic(row: Sequence[Any]) -> TopicRecord:
+    return TopicRecord(row[0], row[1], row[2], RetentionPolicy(row[3]), row[4], row[5])
+
+
+def _head(row: Sequence[Any]) -> StreamHead:
+    return StreamHead(
+        row[0], StreamId(row[1], row[2], row[3]), row[4], row[5], bool(row[6])
+    )
+
+
+def _subscription(row: Sequence[Any]) -> SubscriptionRecord:
+    return SubscriptionRecord(row[0], row[1], row[2], StartKind(row[3]), row[4], row[5])
+
+
+class SqlStorage:
+    """Base of the SQLite and PostgreSQL storages."""
+
+    PARAMSTYLE = "?"
+    SCHEMA_TYPES: Mapping[str, str] = {}
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._local = threading.local()
+        self._connections: list[Connection] = []
+        self._connections_lock = threading.Lock()
+        self._sql_cache: dict[str, str] = {}
+        self._closed = False
+        self.wakeups = Wakeups(self._start_watcher)
+
+    # --- backend hooks ------------------------------------------------------
+    def _connect(self) -> Connection:
+        raise NotImplementedError
+
+    def _begin_write(self, conn: Connection) -> None:
+        raise NotImplementedError
+
+    def _insert_messages(
+        self, cur: Cursor, batches: Mapping[int, Sequence[Row]], firsts: Mapping[int, int]
+    ) -> None:
+        raise NotImplementedError
+
+    def _lock_heads(self, cur: Cursor, keys: Sequence[int]) -> list[Any]:
+        """Rows (id, next_offset, sealed) of these streams, locked for this transaction."""
+        raise NotImplementedError
+
+    def _lock_meta(self, cur: Cursor) -> None:
+        """Serialise metadata changes across processes (a backend hook)."""
+
+    def _notify_in_tx(self, cur: Cursor) -> None:
+        """Hook for cross-process wake-ups that ride the transaction."""
+
+    def _start_watcher(self) -> None:
+        """Start watching other processes' commits (backend specific)."""
+
+    # --- plumbing -----------------------------------------------------------
+    def _sql(self, text: str) -> str:
+        cached = self._sql_cache.get(text)
+        if cached is None:
+            cached = text if self.PARAMSTYLE == "?" else text.replace("?", self.PARAMSTYLE)
+            self._sql_cache[text] = cached
+        return cached
+
+    def _conn(self) -> Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._connect()
+            self._local.conn = conn
+            with self._connections_lock:
+                self._connections.append(conn)
+        return conn
+
+    def _q(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
+        return self._conn().execute(self._sql(sql), params)
+
+    @contextmanager
+    def _write(self) -> Iterator[Cursor]:
+        """A write transaction; commits on success, rolls back on any error."""
+        conn = self._conn()
+        self._begin_write(conn)
+        cur = conn.cursor()
+        try:
+            yield cur
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    def _x(self, cur: Cursor, sql: str, params: Sequence[Any] = ()) -> Cursor:
+        cur.execute(self._sql(sql), params)
+        return cur
+
+    def close(self) -> None:
+        self._closed = True
+        with self._connections_lock:
+            conns, self._connections = self._connections, []
+        for conn in conns:
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001 - closing from another thread is best effort
+                pass
+        self._local = threading.local()
+
+    def _migrate(self) -> None:
+        conn = self._conn()
+        self._begin_write(conn)
+        try:
+            cur = conn.cursor()
+            version = self._schema_version(cur)
+            for number, statements in enumerate(MIGRATIONS, start=1):
+                if number <= version:
+                    continue
+                for statement in statements:
+                    cur.execute(statement.format(**self.SCHEMA_TYPES))
+                self._x(
+                    cur,
+                    "INSERT INTO meta (name, value) VALUES ('schema_version', ?) "
+                    "ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                    (number,),
+                )
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    def _schema_version(self, cur: Cursor) -> int:
+        raise NotImplementedError
+
+    def _bump_meta(self, cur: Cursor) -> None:
+        self._x(cur, "UPDATE meta SET value = value + 1 WHERE name = 'meta_version'")
+
+    # --- metadata -----------------------------------------------------------
+    def meta_version(self) -> int:
+        row = self._q("SELECT value FROM meta WHERE name = 'meta_version'").fetchone()
+        return int(row[0])
+
+    def _get_topic(self, cur: Cursor, name: str) -> TopicRecord:
+        row = self._x(cur, f"SELECT {_TOPIC_COLUMNS} FROM topics WHERE name = ?", (name,))
+        found = row.fetchone()
+        if found is None:
+            raise TopicNotFound(f"topic {name!r} does not exist")
+        return _topic(found)
+
+    def create_topic(
+        self,
+        topic: TopicRecord,
+        partitions: int,
+        validate: Callable[[list[TopicRecord]], None],
+    ) -> None:
+        with self._write() as cur:
+            self._lock_meta(cur)
+            existing = [_topic(r) for r in self._x(cur, f"SELECT {_TOPIC_COLUMNS} FROM topics")]
+            if any(t.name == topic.name for t in existing):
+                raise AlreadyExists(f"topic {topic.name!r} exists already")
+            validate(existing)
+            self._x(
+                cur,
+                f"INSERT INTO topics ({_TOPIC_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    topic.name,
+                    topic.binding,
+                    topic.retention_us,
+                    topic.retention_policy.value,
+                    topic.produce_pointer,
+                    topic.created_us,
+                ),
+            )
+            self._insert_generation(cur, StorageTopicRecord(topic.name, 0, partitions, 1))
+            self._bump_meta(cur)
+
+    def _insert_generation(self, cur: Cursor, st: StorageTopicRecord) -> None:
+        self._x(
+            cur,
+            "INSERT INTO storage_topics (topic, generation, partitions, k) VALUES (?, ?, ?, ?)",
+            (st.topic, st.generation, st.partitions, st.k),
+        )
+        cur.executemany(
+            self._sql(
+                "INSERT INTO streams (topic, generation, part, start_offset, next_offset, sealed)"
+                " VALUES (?, ?, ?, 0, 0, 0)"
+            ),
+            [(st.topic, st.generation, p) for p in range(st.partitions)],
+        )
+
+    def get_topic(self, name: str) -> TopicRecord:
+        return self._get_topic(self._conn().cursor(), name)
+
+    def list_topics(self) -> list[TopicRecord]:
+        rows = self._q(f"SELECT {_TOPIC_COLUMNS} FROM topics ORDER BY name").fetchall()
+        return [_topic(r) for r in rows]
+
+    def update_topic(
+        self, name: str, retention_us: int | None, retention_policy: RetentionPolicy
+    ) -> TopicRecord:
+        with self._write() as cur:
+            self._lock_meta(cur)
+            self._get_topic(cur, name)
+            self._x(
+                cur,
+                "UPDATE topics SET retention_us = ?, retention_policy = ? WHERE name = ?",
+                (retention_us, retention_policy.value, name),
+            )
+            self._bump_meta(cur)
+            return self._get_topic(cur, name)
+
+    def delete_topic(self, name: str) -> int:
+        with self._write() as cur:
+            self._lock_meta(cur)
+            self._get_topic(cur, name)
+            deleted = self._x(
+                cur,
+                "DELETE FROM messages WHERE stream IN (SELECT id FROM streams WHERE topic = ?)",
+                (name,),
+            ).rowcount
+            self._x(
+                cur,
+                "DELETE FROM cursors WHERE subscription IN"
+                " (SELECT name FROM subscriptions WHERE topic = ?)",
+                (name,),
+            )
+            self._x(cur, "DELETE FROM subscriptions WHERE topic = ?", (name,))
+            self._x(cur, "DELETE FROM streams WHERE topic = ?", (name,))
+            self._x(cur, "DELETE FROM storage_topics WHERE topic = ?", (name,))
+            self._x(cur, "DELETE FROM topics WHERE name = ?", (name,))
+            self._bump_meta(cur)
+        self.wakeups.notify()
+        return int(deleted)
+
+    def _storage_topics(self, cur: Cursor, topic: str) -> list[StorageTopicRecord]:
+        rows = self._x(
+            cur,
+            "SELECT topic, generation, partitions, k FROM storage_topics"
+            " WHERE topic = ? ORDER BY generation",
+            (topic,),
+        ).fetchall()
+        return [StorageTopicRecord(*r) for r in rows]
+
+    def list_storage_topics(self, topic: str) -> list[StorageTopicRecord]:
+        cur = self._conn().cursor()
+        self._get_topic(cur, topic)
+        return self._storage_topics(cur, topic)
+
+    def add_storage_topic(
+        self, topic: str, plan: Callable[[StorageTopicRecord], tuple[int, int]]
+    ) -> StorageTopicRecord:
+        with self._write() as cur:
+            self._lock_meta(cur)
+            self._get_topic(cur, topic)
+            last = self._storage_topics(cur, topic)[-1]
+            partitions, k = plan(last)
+            added = StorageTopicRecord(topic, last.generation + 1, partitions, k)
+            self._insert_generation(cur, added)
+            self._bump_meta(cur)
+            return added
+
+    def switch_produce(self, topic: str) -> TopicRecord:
+        with self._write() as cur:
+            self._lock_meta(cur)
+            record = self._get_topic(cur, topic)
+            last = len(self._storage_topics(cur, topic)) - 1
+            pointer = min(record.produce_pointer + 1, last)
+            if pointer != record.produce_pointer:
+                self._x(
+                    cur, "UPDATE topics SET produce_pointer = ? WHERE name = ?", (pointer, topic)
+                )
+                # Sealing happens in the same transaction that moves the pointer. An
+                # append holds the lock on the heads it writes (SQLite: the database
+                # write lock; PostgreSQL: row locks), so no write is in flight to a
+                # stream once it reads as sealed (DESIGN.md, Stream).
+                self._x(
+                    cur,
+                    "UPDATE streams SET sealed = 1 WHERE topic = ? AND generation < ?",
+                    (topic, pointer),
+                )
+                self._bump_meta(cur)
+                self._notify_in_tx(cur)
+            result = self._get_topic(cur, topic)
+        self.wakeups.notify()
+        return result
+
+    def list_streams(self, topic: str | None = None) -> list[StreamHead]:
+        if topic is None:
+            rows = self._q(
+                f"SELECT {_HEAD_COLUMNS} FROM streams ORDER BY topic, generation, part"
+            ).fetchall()
+        else:
+            rows = self._q(
+                f"SELECT {_HEAD_COLUMNS} FROM streams WHERE topic = ? ORDER BY generation, part",
+                (topic,),
+            ).fetchall()
+        return [_head(r) for r in rows]
+
+    # --- messages -----------------------------------------------------------
+    def append(self, batches: Mapping[int, Sequence[Row]]) -> dict[int, int]:
+        keys = sorted(batches)  # a fixed lock order: concurrent appenders cannot deadlock
+        with self._write() as cur:
+            heads = self._lock_heads(cur, keys)
+            open_heads = {row[0]: row[1] for row in heads if not row[2]}
+            missing = [k for k in keys if k not in open_heads]
+            if missing:
+                raise StreamSealed(missing)
+            firsts = {k: open_heads[k] for k in keys}
+            self._insert_messages(cur, batches, firsts)
+            cur.executemany(
+                self._sql("UPDATE streams SET next_offset = ? WHERE id = ?"),
+                [(firsts[k] + len(batches[k]), k) for k in keys],
+            )
+            self._notify_in_tx(cur)
+        self.wakeups.notify()
+        return firsts
+
+    def read(self, stream_key: int, offset: int, limit: int) -> list[StoredMessage]:
+        rows = self._q(
+            f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE stream = ? AND off >= ?"
+            " ORDER BY off LIMIT ?",
+            (stream_key, offset, limit),
+        ).fetchall()
+        return list(map(_stored, rows))
+
+    def first_offset_at(self, stream_key: int, timestamp_us: int) -> int:
+        row = self._q(
+            "SELECT MIN(off) FROM messages WHERE stream = ? AND ts >= ?",
+            (stream_key, timestamp_us),
+        ).fetchone()
+        if row[0] is not None:
+            return int(row[0])
+        head = self._q("SELECT next_offset FROM streams WHERE id = ?", (stream_key,)).fetchone()
+        return int(head[0]) if head else 0
+
+    def delete_before(self, stream_key: int, offset: int) -> int:
+        with self._write() as cur:
+            head = self._x(
+                cur, "SELECT start_offset, next_offset FROM streams WHERE id = ?", (stream_key,)
+            ).fetchone()
+            if head is None or offset <= head[0]:
+                return 0
+            upto = min(offset, head[1])
+            deleted = self._x(
+                cur, "DELETE FROM messages WHERE stream = ? AND off < ?", (stream_key, upto)
+            ).rowcount
+            self._x(cur, "UPDATE streams SET start_offset = ? WHERE id = ?", (upto, stream_key))
+            return int(deleted)
+
+    # --- subscriptions ------------------------------------------------------
+    def create_subscription(
+        self,
+        record: SubscriptionRecord,
+        initial: Callable[[list[StreamHead]], dict[int, int]],
+    ) -> None:
+        with self._write() as cur:
+            self._lock_meta(cur)
+            self._get_topic(cur, record.topic)
+            found = self._x(
+                cur, "SELECT 1 FROM subscriptions WHERE name = ?", (record.name,)
+            ).fetchone()
+            if found is not None:
+                raise AlreadyExists(f"subscription {record.name!r} exists already")
+            self._x(
+                cur,
+                f"INSERT INTO subscriptions ({_SUB_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    record.name,
+                    record.topic,
+                    record.filter,
+                    record.start.value,
+                    record.start_us,
+                    record.created_us,
+                ),
+            )
+            heads = [
+                _head(r)
+                for r in self._x(
+                    cur,
+                    f"SELECT {_HEAD_COLUMNS} FROM streams WHERE topic = ?"
+                    " ORDER BY generation, part",
+                    (record.topic,),
+                ).fetchall()
+            ]
+            offsets = initial(heads)
+            cur.executemany(
+                self._sql("INSERT INTO cursors (subscription, stream, committed) VALUES (?, ?, ?)"),
+                [(record.name, k, v) for k, v in offsets.items()],
+            )
+
+    def get_subscription(self, name: str) -> SubscriptionRecord:
+        row = self._q(
+            f"SELECT {_SUB_COLUMNS} FROM subscriptions WHERE name = ?", (name,)
+        ).fetchone()
+        if row is None:
+            raise SubscriptionNotFound(f"subscription {name!r} does not exist")
+        return _subscription(row)
+
+    def list_subscriptions(self, topic: str | None = None) -> list[SubscriptionRecord]:
+        if topic is None:
+            rows = self._q(f"SELECT {_SUB_COLUMNS} FROM subscriptions ORDER BY name").fetchall()
+        else:
+            rows = self._q(
+                f"SELECT {_SUB_COLUMNS} FROM subscriptions WHERE topic = ? ORDER BY name",
+                (topic,),
+            ).fetchall()
+        return [_subscription(r) for r in rows]
+
+    def delete_subscription(self, name: str) -> None:
+        with self._write() as cur:
+            if self._x(cur, "DELETE FROM subscriptions WHERE name = ?", (name,)).rowcount == 0:
+                raise SubscriptionNotFound(f"subscription {name!r} does not exist")
+            self._x(cur, "DELETE FROM cursors WHERE subscription = ?", (name,))
+
+    def get_cursors(self, name: str) -> dict[int, int]:
+        rows = self._q(
+            "SELECT stream, committed FROM cursors WHERE subscription = ?", (name,)
+        ).fetchall()
+        return {int(s): int(c) for s, c in rows}
+
+    def _require_subscription(self, cur: Cursor, name: str) -> None:
+        if self._x(cur, "SELECT 1 FROM subscriptions WHERE name = ?", (name,)).fetchone() is None:
+            raise SubscriptionNotFound(f"subscription {name!r} does not exist")
+
+    def commit_cursors(self, name: str, offsets: Mapping[int, int]) -> None:
+        if not offsets:
+            return
+        with self._write() as cur:
+            self._require_subscription(cur, name)
+            cur.executemany(
+                self._sql(
+                    "INSERT INTO cursors (subscription, stream, committed) VALUES (?, ?, ?)"
+                    " ON CONFLICT (subscription, stream) DO UPDATE SET committed ="
+                    " CASE WHEN excluded.committed > cursors.committed"
+                    " THEN excluded.committed ELSE cursors.committed END"
+                ),
+                [(name, k, v) for k, v in offsets.items()],
+            )
+
+    def reset_cursors(self, name: str, offsets: Mapping[int, int]) -> None:
+        with self._write() as cur:
+            self._require_subscription(cur, name)
+            self._x(cur, "DELETE FROM cursors WHERE subscription = ?", (name,))
+            cur.executemany(
+                self._sql("INSERT INTO cursors (subscription, stream, committed) VALUES (?, ?, ?)"),
+                [(name, k, v) for k, v in offsets.items()],
+            )
+
+    def min_cursors(self, topic: str) -> dict[int, int]:
+        subs = self._q("SELECT COUNT(*) FROM subscriptions WHERE topic = ?", (topic,)).fetchone()
+        total = int(subs[0])
+        rows = self._q(
+            "SELECT s.id, MIN(c.committed), COUNT(c.committed) FROM streams s"
+            " LEFT JOIN cursors c ON c.stream = s.id AND c.subscription IN"
+            " (SELECT name FROM subscriptions WHERE topic = ?)"
+            " WHERE s.topic = ? GROUP BY s.id",
+            (topic, topic),
+        ).fetchall()
+        out: dict[int, int] = {}
+        for stream, lowest, count in rows:
+            if total == 0:
+                continue
+            out[int(stream)] = int(lowest) if int(count) == total else -1
+        return out
+
+    # --- key-value ----------------------------------------------------------
+    def kv_get(self, namespace: str, key: str) -> KVEntry | None:
+        row = self._q(
+            "SELECT value, version FROM kv WHERE namespace = ? AND key = ?", (namespace, key)
+        ).fetchone()
+        return None if row is None else KVEntry(namespace, key, bytes(row[0]), int(row[1]))
+
+    def kv_list(self, namespace: str, prefix: str = "") -> list[KVEntry]:
+        rows = self._q(
+            "SELECT key, value, version FROM kv WHERE namespace = ? AND substr(key, 1, ?) = ?"
+            " ORDER BY key",
+            (namespace, len(prefix), prefix),
+        ).fetchall()
+        return [KVEntry(namespace, k, bytes(v), int(ver)) for k, v, ver in rows]
+
+    def kv_put(self, namespace: str, key: str, value: bytes) -> KVEntry:
+        with self._write() as cur:
+            row = self._x(
+                cur,
+                "INSERT INTO kv (namespace, key, value, version) VALUES (?, ?, ?, 1)"
+                " ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value,"
+                " version = kv.version + 1 RETURNING version",
+                (namespace, key, value),
+            ).fetchone()
+            return KVEntry(namespace, key, value, int(row[0]))
+
+    def kv_put_if_absent(self, namespace: str, key: str, value: bytes) -> KVEntry:
+        with self._write() as cur:
+            row = self._x(
+                cur,
+                "INSERT INTO kv (namespace, key, value, version) VALUES (?, ?, ?, 1)"
+                " ON CONFLICT (namespace, key) DO NOTHING RETURNING version",
+                (namespace, key, value),
+            ).fetchone()
+            if row is None:
+                raise PreconditionFailed(f"key {namespace}/{key} exists already")
+            return KVEntry(namespace, key, value, 1)
+
+    def kv_compare_and_set(
+        self, namespace: str, key: str, expected_version: int, value: bytes
+    ) -> KVEntry:
+        with self._write() as cur:
+            row = self._x(
+                cur,
+                "UPDATE kv SET value = ?, version = version + 1"
+                " WHERE namespace = ? AND key = ? AND version = ? RETURNING version",
+                (value, namespace, key, expected_version),
+            ).fetchone()
+            if row is None:
+                raise PreconditionFailed(
+                    f"key {namespace}/{key} is not at version {expected_version}"
+                )
+            return KVEntry(namespace, key, value, int(row[0]))
+
+    def kv_delete_if_version(self, namespace: str, key: str, expected_version: int) -> None:
+        with self._write() as cur:
+            deleted = self._x(
+                cur,
+                "DELETE FROM kv WHERE namespace = ? AND key = ? AND version = ?",
+                (namespace, key, expected_version),
+            ).rowcount
+            if deleted == 0:
+                raise PreconditionFailed(
+                    f"key {namespace}/{key} is not at version {expected_version}"
+                )

@@ -1,0 +1,10 @@
+"""MQTT topic names and filters: validation, matching, overlap, and a trie."""
+
+from riverbed.topics.filters import (
+    filters_overlap,
+    matches,
+    validate_filter,
+    validate_topic_name,
+)
+
+__all__ = ["filters_overlap", "matches", "validate_filter", "validate_topic_name"]

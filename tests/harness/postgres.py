@@ -1,0 +1,309 @@
+"""A throwaway PostgreSQL server for tests.
+
+`PostgresServer().start()` runs `initdb` in a fresh temporary directory, starts
+the server on a free loopback port (TCP on 127.0.0.1 only, its unix socket in
+that directory), creates the database `riverbed` and exposes its URL;
+`new_database(name)` makes another empty database, so each test can have a clean
+one in a few milliseconds. `stop()` shuts the server down and deletes the
+directory.
+
+Debian keeps the server binaries under `/usr/lib/postgresql/<version>/bin`
+(DESIGN.md, "Facts about this machine"); set `RIVERBED_PG_BIN` to use others.
+`initdb` refuses to run as root, so as root every server command runs as the
+`postgres` OS user (`runuser -u postgres --`) in a directory that user owns.
+
+Durability settings are for speed: `fsync=off` and `synchronous_commit=off` are
+fine because tests that kill a process with SIGKILL kill a *client*, never this
+server.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import pwd
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+import psycopg
+
+BIN_ENV = "RIVERBED_PG_BIN"
+"""Directory of `initdb`, `pg_ctl` and `postgres`, if not Debian's newest."""
+
+OS_USER = "postgres"
+"""The OS user that runs the server when the tests run as root."""
+
+_DATABASE_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+_SETTINGS = {
+    "listen_addresses": "'127.0.0.1'",
+    "max_connections": "200",
+    "fsync": "off",
+    "synchronous_commit": "off",
+    "full_page_writes": "off",
+    # Small shared memory: Docker's /dev/shm is 64 MB.
+    "shared_buffers": "32MB",
+    "dynamic_shared_memory_type": "mmap",
+    "log_min_messages": "warning",
+    "log_line_prefix": "'%m [%p] %d '",
+}
+
+
+class PostgresUnavailable(RuntimeError):
+    """The server could not be started; the message says why."""
+
+
+def find_bindir() -> Path:
+    """`RIVERBED_PG_BIN`, else the newest `/usr/lib/postgresql/<version>/bin`, else PATH."""
+    configured = os.environ.get(BIN_ENV)
+    if configured:
+        if not (Path(configured) / "initdb").exists():
+            raise PostgresUnavailable(f"{BIN_ENV}={configured!r} has no initdb")
+        return Path(configured)
+    candidates = []
+    for initdb in Path("/usr/lib/postgresql").glob("*/bin/initdb"):
+        version = initdb.parent.parent.name
+        if version.isdigit():
+            candidates.append((int(version), initdb.parent))
+    if candidates:
+        return max(candidates)[1]
+    on_path = shutil.which("initdb")
+    if on_path:
+        return Path(on_path).parent
+    raise PostgresUnavailable(
+        "no PostgreSQL server binaries: none under /usr/lib/postgresql/*/bin, no initdb on"
+        f" PATH and {BIN_ENV} unset (apt-get install postgresql)"
+    )
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _world_traversable(path: str) -> bool:
+    current = Path(path).resolve()
+    for directory in (current, *current.parents):
+        if not directory.stat().st_mode & 0o001:
+            return False
+    return True
+
+
+class PostgresServer:
+    """One PostgreSQL server in a temporary directory; see the module docstring."""
+
+    def __init__(self, bindir: Path | None = None, database: str = "riverbed") -> None:
+        self._bindir = bindir
+        self._database = database
+        self._dir: Path | None = None
+        self._lock = threading.Lock()
+        self._admin: psycopg.Connection[tuple[object, ...]] | None = None
+        self._as_postgres = os.geteuid() == 0
+        self.port = 0
+        self.url = ""
+        """URL of the database `riverbed` (empty until started)."""
+
+    # --- lifecycle ------------------------------------------------------------
+    def start(self) -> None:
+        """initdb, start, create the database; raises `PostgresUnavailable`."""
+        if self._dir is not None:
+            raise RuntimeError("the server is started already")
+        bindir = self._bindir or find_bindir()
+        self._bindir = bindir
+        base = tempfile.gettempdir()
+        if self._as_postgres and not _world_traversable(base):
+            base = "/tmp"
+        self._dir = Path(tempfile.mkdtemp(prefix="riverbed-pg-", dir=base))
+        atexit.register(self.stop)
+        try:
+            if self._as_postgres:
+                try:
+                    user = pwd.getpwnam(OS_USER)
+                except KeyError:
+                    raise PostgresUnavailable(
+                        f"running as root needs the OS user {OS_USER!r} to run initdb"
+                    ) from None
+                os.chown(self._dir, user.pw_uid, user.pw_gid)
+            self._run(
+                [
+                    str(bindir / "initdb"),
+                    "--pgdata",
+                    str(self._data),
+                    "--username",
+                    "postgres",
+                    "--auth",
+                    "trust",
+                    "--encoding",
+                    "UTF8",
+                    # C collation: the byte order SQLite uses, so both backends sort alike.
+                    "--locale",
+                    "C",
+                    "--no-sync",
+                    "--no-instructions",
+                ],
+                timeout=120,
+            )
+            self._start_server(bindir)
+            self._admin = psycopg.connect(self._url("postgres"), autocommit=True)
+            self._admin.execute(f"CREATE DATABASE {self._database}")
+            self.url = self._url(self._database)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start_server(self, bindir: Path) -> None:
+        # The port is free when we look but may be taken before the server binds
+        # it: try a few.
+        failure = ""
+        for _ in range(3):
+            self.port = free_port()
+            settings = {
+                **_SETTINGS,
+                "port": str(self.port),
+                "unix_socket_directories": f"'{self._dir}'",
+            }
+            with (self._data / "postgresql.auto.conf").open("a") as conf:
+                for name, value in settings.items():
+                    conf.write(f"{name} = {value}\n")
+            try:
+                self._run(
+                    [
+                        str(bindir / "pg_ctl"),
+                        "start",
+                        "--pgdata",
+                        str(self._data),
+                        "--log",
+                        str(self._log),
+                        "--wait",
+                        "--timeout",
+                        "60",
+                    ],
+                    timeout=90,
+                )
+                return
+            except PostgresUnavailable as exc:
+                failure = str(exc)
+                if "could not bind" not in self._log_tail():
+                    break
+        raise PostgresUnavailable(failure)
+
+    def stop(self) -> None:
+        """Stop the server (immediately: nothing in it is worth keeping) and
+        delete its directory. Safe to call twice."""
+        with self._lock:
+            directory, self._dir = self._dir, None
+            admin, self._admin = self._admin, None
+        if directory is None:
+            return
+        atexit.unregister(self.stop)
+        if admin is not None:
+            with contextlib.suppress(psycopg.Error):
+                admin.close()
+        data = directory / "data"
+        if (data / "postmaster.pid").exists() and self._bindir is not None:
+            try:
+                self._run(
+                    [str(self._bindir / "pg_ctl"), "stop", "--pgdata", str(data)]
+                    + ["--mode", "immediate", "--wait"],
+                    timeout=60,
+                    cwd=directory,
+                )
+            except PostgresUnavailable:
+                self._kill_postmaster(data)
+        shutil.rmtree(directory, ignore_errors=True)
+        self.url = ""
+
+    def __enter__(self) -> PostgresServer:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # --- databases ------------------------------------------------------------
+    def new_database(self, name: str) -> str:
+        """Create an empty database and return its URL."""
+        self._check_name(name)
+        # FILE_COPY: for a small template, copying files is faster than PostgreSQL
+        # 15's default of writing the template through the WAL.
+        self._admin_execute(f"CREATE DATABASE {name} TEMPLATE template0 STRATEGY FILE_COPY")
+        return self._url(name)
+
+    def drop_database(self, name: str) -> None:
+        """Drop a database, disconnecting whoever is still connected."""
+        self._check_name(name)
+        self._admin_execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+    def _check_name(self, name: str) -> None:
+        if not _DATABASE_NAME.fullmatch(name):
+            raise ValueError(f"database name {name!r} is not [a-z_][a-z0-9_]*, at most 63")
+
+    def _admin_execute(self, sql: str) -> None:
+        with self._lock:
+            if self._admin is None:
+                raise RuntimeError("the server is not running")
+            self._admin.execute(sql.encode())
+
+    # --- plumbing -------------------------------------------------------------
+    @property
+    def _data(self) -> Path:
+        assert self._dir is not None
+        return self._dir / "data"
+
+    @property
+    def _log(self) -> Path:
+        assert self._dir is not None
+        return self._dir / "server.log"
+
+    def _url(self, database: str) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+
+    def _log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self._log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def _run(self, argv: Sequence[str], timeout: float, cwd: Path | None = None) -> None:
+        command = list(argv)
+        if self._as_postgres:
+            command = ["runuser", "-u", OS_USER, "--", *command]
+        try:
+            result = subprocess.run(
+                command,
+                cwd=cwd or self._dir,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise PostgresUnavailable(f"{Path(argv[0]).name} failed: {exc}") from exc
+        if result.returncode != 0:
+            output = (result.stdout + result.stderr).strip()
+            raise PostgresUnavailable(
+                f"{Path(argv[0]).name} exited with {result.returncode}: {output}\n"
+                f"server log:\n{self._log_tail()}"
+            )
+
+    def _kill_postmaster(self, data: Path) -> None:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            pid = int((data / "postmaster.pid").read_text().splitlines()[0])
+            os.kill(pid, 9)

@@ -1,0 +1,80 @@
+"""Small builders for tests that talk to a `Storage` directly."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from riverbed.model import MessageIdGenerator
+from riverbed.storage import Storage
+from riverbed.storage.base import RetentionPolicy, Row, StreamHead, TopicRecord
+
+_ids = MessageIdGenerator(node=1)
+
+
+def topic_record(
+    name: str,
+    *,
+    binding: str | None = None,
+    retention_us: int | None = None,
+    retention_policy: RetentionPolicy = RetentionPolicy.CONSUMED_AND_EXPIRED,
+    created_us: int = 1_700_000_000_000_000,
+) -> TopicRecord:
+    return TopicRecord(name, binding, retention_us, retention_policy, 0, created_us)
+
+
+def accept_any(existing: list[TopicRecord]) -> None:
+    """A `create_topic` validator that refuses nothing."""
+
+
+def create_topic(storage: Storage, name: str, partitions: int = 1) -> list[StreamHead]:
+    """Create a topic (generation 0) and return its streams' heads."""
+    storage.create_topic(topic_record(name), partitions, accept_any)
+    return storage.list_streams(name)
+
+
+def head(storage: Storage, stream_key: int) -> StreamHead:
+    """The head of one stream (fails the test if the stream is gone)."""
+    found = [h for h in storage.list_streams() if h.key == stream_key]
+    assert found, f"stream {stream_key} does not exist"
+    return found[0]
+
+
+def make_rows(
+    payloads: Iterable[bytes], *, key: str | None = "k", timestamps: Iterable[int] | None = None
+) -> list[Row]:
+    """One row per payload, with fresh ids, on MQTT topic `t`."""
+    rows: list[Row] = []
+    stamps = iter(timestamps) if timestamps is not None else None
+    for payload in payloads:
+        raw, now_us = _ids.next_raw()
+        timestamp_us = next(stamps) if stamps is not None else now_us
+        rows.append((raw.to_bytes(16, "big"), timestamp_us, "t", key, payload, None, 1, 0))
+    return rows
+
+
+def numbered_rows(count: int, first: int = 0, key: str | None = "k") -> list[Row]:
+    """Rows whose payloads are `b"0"`, `b"1"`, ... from `first` on."""
+    return make_rows((str(n).encode() for n in range(first, first + count)), key=key)
+
+
+def writer_rows(ids: MessageIdGenerator, writer: int, first_sequence: int, count: int) -> list[Row]:
+    """Rows of one concurrent writer: key `w<writer>`, payload `<writer>:<sequence>`."""
+    rows: list[Row] = []
+    for sequence in range(first_sequence, first_sequence + count):
+        raw, timestamp_us = ids.next_raw()
+        payload = f"{writer}:{sequence}".encode()
+        rows.append((raw.to_bytes(16, "big"), timestamp_us, "t", f"w{writer}", payload, None, 1, 0))
+    return rows
+
+
+def check_writers(payloads: list[bytes]) -> dict[int, list[int]]:
+    """Check one stream's `writer:sequence` payloads: no duplicates and each
+    writer's sequences increasing. Return the sequences by writer."""
+    assert len(set(payloads)) == len(payloads), "a message was written twice"
+    by_writer: dict[int, list[int]] = {}
+    for payload in payloads:
+        writer, sequence = payload.decode().split(":")
+        by_writer.setdefault(int(writer), []).append(int(sequence))
+    for writer, sequences in by_writer.items():
+        assert sequences == sorted(sequences), f"writer {writer}'s messages are out of order"
+    return by_writer
