@@ -88,7 +88,7 @@ def postgres_url(postgres_server: PostgresServer) -> Iterator[str]:
     name = f"test_{next(_database_numbers)}"
     url = postgres_server.new_database(name)
     yield url
-    postgres_server.drop_database(name)
+    postgres_server.discard_database(name)
 
 
 @pytest.fixture

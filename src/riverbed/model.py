@@ -27,6 +27,7 @@ SEQUENCE_BITS = 16
 _MAX_NODE = (1 << NODE_BITS) - 1
 _MAX_SEQUENCE = (1 << SEQUENCE_BITS) - 1
 _MAX_TIMESTAMP = (1 << 64) - 1
+_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -58,12 +59,11 @@ class MessageId:
     @classmethod
     def parse(cls, text: str) -> MessageId:
         """Parse the 32-hex-digit form that `str()` prints."""
-        if len(text) != 32:
+        # Check the digits ourselves: int(text, 16) also takes a sign, a 0x prefix,
+        # underscores and surrounding whitespace, so other strings would parse too.
+        if len(text) != 32 or not _HEX_DIGITS.issuperset(text):
             raise InvalidInput(f"message id {text!r} is not 32 hexadecimal digits")
-        try:
-            return cls(int(text, 16))
-        except ValueError:
-            raise InvalidInput(f"message id {text!r} is not 32 hexadecimal digits") from None
+        return cls(int(text, 16))
 
     @property
     def timestamp_us(self) -> int:
@@ -173,9 +173,14 @@ class StreamId:
         """Parse `topic/generation/partition` (the form Spark offsets use)."""
         topic, sep, rest = text.rpartition("/")
         topic, sep2, gen = topic.rpartition("/")
-        if not (sep and sep2 and topic and gen.isdigit() and rest.isdigit()):
+        if not (sep and sep2 and topic and _ascii_digits(gen) and _ascii_digits(rest)):
             raise InvalidInput(f"stream {text!r} is not of the form topic/generation/partition")
         return cls(topic, int(gen), int(rest))
+
+
+def _ascii_digits(text: str) -> bool:
+    # str.isdigit alone also accepts digits that int() refuses, such as "²".
+    return text.isascii() and text.isdigit()
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,9 +20,10 @@ import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import overload
 
 from riverbed.errors import RiverbedError, StorageError
 from riverbed.log.router import key_hash, route
@@ -32,6 +33,88 @@ from riverbed.storage.base import Row, Storage, StreamSealed
 Position = tuple[StreamId, int]
 """Where a message landed: its stream and offset."""
 
+
+class Positions(Sequence[Position]):
+    """Where each message of one produce call landed, in call order.
+
+    Computed on access: the broker only needs to know *that* a batch is
+    committed, so we do not build a tuple per message up front.
+    """
+
+    __slots__ = ("_firsts", "_indexes", "_layout", "_targets")
+
+    def __init__(
+        self,
+        layout: _Layout,
+        firsts: Mapping[int, int],
+        targets: list[int],
+        indexes: list[int],
+    ) -> None:
+        self._layout = layout
+        self._firsts = firsts
+        self._targets = targets
+        self._indexes = indexes
+
+    def __len__(self) -> int:
+        return len(self._indexes)
+
+    @overload
+    def __getitem__(self, index: int) -> Position: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Position]: ...
+
+    def __getitem__(self, index: int | slice) -> Position | list[Position]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        j = self._targets[index] if len(self._targets) > 1 else self._targets[0]
+        layout = self._layout
+        return layout.streams[j], self._firsts[layout.keys[j]] + self._indexes[index]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence):
+            return list(self) == list(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"Positions({list(self)!r})"
+
+
+def _route_into(
+    item: _Pending, layout: _Layout, batches: dict[int, list[Row]]
+) -> tuple[list[int], list[int]]:
+    """Add an item's rows to the per-stream batches (seed 003 Produce).
+
+    Returns each row's partition (a single entry when all share one) and its
+    index in that stream's batch.
+    """
+    partitions, k, keys = layout.partitions, layout.k, layout.keys
+    hashes = item.hashes
+    if len(set(hashes)) == 1:  # one key: the common case of a publisher's batch
+        j = (k * hashes[0]) % partitions + (hashes[0] // partitions) % k
+        same = batches.setdefault(keys[j], [])
+        start = len(same)
+        same.extend(item.rows)
+        return [j], list(range(start, start + len(item.rows)))
+    targets: list[int] = []
+    indexes: list[int] = []
+    routed: dict[int, int] = {}
+    for h, row in zip(hashes, item.rows, strict=True):
+        j = routed.get(h, -1)
+        if j < 0:
+            j = routed[h] = route(h, partitions, k)
+        rows = batches.get(keys[j])
+        if rows is None:
+            rows = batches[keys[j]] = []
+        targets.append(j)
+        indexes.append(len(rows))
+        rows.append(row)
+    return targets, indexes
+
+
 _MAX_ROUTE_ATTEMPTS = 10
 
 
@@ -40,7 +123,7 @@ class _Pending:
     topic: str
     hashes: list[int]
     rows: list[Row]
-    future: Future[list[Position]]
+    future: Future[Positions]
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,17 +159,52 @@ class Appender:
         self._cond = threading.Condition()
         self._closing = False
         self._thread: threading.Thread | None = None
+        self._committing = False
         self._layouts: dict[str, _Layout] = {}
         self._meta_version = -1
         self._spread = itertools.count()
 
     # --- producer side ------------------------------------------------------
-    def submit(self, topic: str, messages: Sequence[Message]) -> Future[list[Position]]:
-        """Queue messages for `topic`; the future resolves once they are committed."""
-        future: Future[list[Position]] = Future()
+    def submit(self, topic: str, messages: Sequence[Message]) -> Future[Positions]:
+        """Queue messages for `topic`; the future resolves once they are committed.
+
+        Never blocks on the database: the writer thread commits.
+        """
+        pending = self._prepare(topic, messages)
+        if pending.rows:
+            with self._cond:
+                self._queue_locked(pending)
+                self._wake_writer_locked()
+        return pending.future
+
+    def append(
+        self, topic: str, messages: Sequence[Message], timeout: float | None = None
+    ) -> Positions:
+        """Append and wait for the commit; returns each message's position.
+
+        A caller that is going to wait anyway commits itself when no commit is
+        running (and takes whatever else is queued along): no hand-over to the
+        writer thread and back on the path of a lone producer.
+        """
+        pending = self._prepare(topic, messages)
+        if not pending.rows:
+            return pending.future.result()
+        with self._cond:
+            self._queue_locked(pending)
+            lead = not self._committing
+            if lead:
+                self._committing = True
+            else:
+                self._wake_writer_locked()
+        if lead:
+            self._lead(pending)
+        return pending.future.result(timeout)
+
+    def _prepare(self, topic: str, messages: Sequence[Message]) -> _Pending:
+        future: Future[Positions] = Future()
         if not messages:
-            future.set_result([])
-            return future
+            future.set_result(Positions(_Layout(1, 1, [], []), {}, [], []))
+            return _Pending(topic, [], [], future)
         spread = self._spread
         hashes: list[int] = []
         rows: list[Row] = []
@@ -112,71 +230,88 @@ class Appender:
                     int(m.retain),
                 )
             )
-        self._enqueue(_Pending(topic, hashes, rows, future))
-        return future
+        return _Pending(topic, hashes, rows, future)
 
-    def append(
-        self, topic: str, messages: Sequence[Message], timeout: float | None = None
-    ) -> list[Position]:
-        """Append and wait for the commit; returns each message's position."""
-        return self.submit(topic, messages).result(timeout)
+    def _queue_locked(self, pending: _Pending) -> None:
+        if self._closing:
+            raise RiverbedError("the appender is closed")
+        self._queue.append(pending)
+        self._cond.notify_all()
 
-    def _enqueue(self, pending: _Pending) -> None:
-        with self._cond:
-            if self._closing:
-                raise RiverbedError("the appender is closed")
-            self._queue.append(pending)
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="riverbed-appender", daemon=True
-                )
-                self._thread.start()
-            self._cond.notify()
+    def _wake_writer_locked(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="riverbed-appender", daemon=True)
+            self._thread.start()
+        self._cond.notify_all()
 
     def close(self) -> None:
         """Commit what is queued, then stop the writer thread."""
         with self._cond:
             self._closing = True
-            self._cond.notify()
+            if self._queue:
+                self._wake_writer_locked()
+            self._cond.notify_all()
             thread = self._thread
         if thread is not None:
             thread.join()
 
     # --- writer side --------------------------------------------------------
-    def _take(self) -> list[_Pending] | None:
-        with self._cond:
-            while not self._queue:
-                if self._closing:
-                    return None
-                self._cond.wait()
-            taken = [self._queue.popleft()]
-            count = len(taken[0].rows)
-            deadline = time.monotonic() + self.linger
-            while count < self.max_batch:
-                if not self._queue:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0 or self._closing:
-                        break
-                    self._cond.wait(remaining)
-                    continue
-                if count + len(self._queue[0].rows) > self.max_batch:
-                    break
-                item = self._queue.popleft()
-                taken.append(item)
-                count += len(item.rows)
-            return taken
+    def _lead(self, mine: _Pending) -> None:
+        """Commit batches from this thread until `mine` is committed."""
+        try:
+            while not mine.future.done():
+                with self._cond:
+                    taken = self._take_locked()
+                self._commit_or_fail(taken)
+        finally:
+            with self._cond:
+                self._committing = False
+                if self._queue:
+                    self._wake_writer_locked()
 
     def _run(self) -> None:
         while True:
-            taken = self._take()
-            if taken is None:
-                return
+            with self._cond:
+                while not self._queue or self._committing:
+                    if self._closing and not self._queue:
+                        return
+                    self._cond.wait()
+                self._committing = True
+                taken = self._take_locked()
             try:
-                self._commit(taken)
-            except BaseException as exc:  # every producer must hear of it
-                for item in taken:
-                    if not item.future.done():
-                        item.future.set_exception(exc)
+                self._commit_or_fail(taken)
+            finally:
+                with self._cond:
+                    self._committing = False
+                    self._cond.notify_all()
+
+    def _take_locked(self) -> list[_Pending]:
+        """What the next transaction commits: up to `max_batch` messages, waiting
+        up to `linger` for more. Called holding the lock, with a non-empty queue."""
+        taken = [self._queue.popleft()]
+        count = len(taken[0].rows)
+        deadline = time.monotonic() + self.linger
+        while count < self.max_batch:
+            if not self._queue:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._closing:
+                    break
+                self._cond.wait(remaining)
+                continue
+            if count + len(self._queue[0].rows) > self.max_batch:
+                break
+            item = self._queue.popleft()
+            taken.append(item)
+            count += len(item.rows)
+        return taken
+
+    def _commit_or_fail(self, taken: list[_Pending]) -> None:
+        try:
+            self._commit(taken)
+        except BaseException as exc:  # every producer must hear of it
+            for item in taken:
+                if not item.future.done():
+                    item.future.set_exception(exc)
 
     def _layout(self, topic: str) -> _Layout:
         layout = self._layouts.get(topic)
@@ -211,17 +346,7 @@ class Appender:
                 except RiverbedError as exc:  # the topic is gone: fail this producer only
                     item.future.set_exception(exc)
                     continue
-                partitions, k, keys = layout.partitions, layout.k, layout.keys
-                targets: list[int] = []
-                indexes: list[int] = []
-                for h, row in zip(item.hashes, item.rows, strict=True):
-                    j = route(h, partitions, k)
-                    rows = batches.get(keys[j])
-                    if rows is None:
-                        rows = batches[keys[j]] = []
-                    targets.append(j)
-                    indexes.append(len(rows))
-                    rows.append(row)
+                targets, indexes = _route_into(item, layout, batches)
                 live.append((item, layout, targets, indexes))
             if not live:
                 return
@@ -231,13 +356,7 @@ class Appender:
                 self._layouts.clear()  # SwitchProduce happened: route again
                 continue
             for item, layout, targets, indexes in live:
-                keys, streams = layout.keys, layout.streams
-                item.future.set_result(
-                    [
-                        (streams[j], firsts[keys[j]] + i)
-                        for j, i in zip(targets, indexes, strict=True)
-                    ]
-                )
+                item.future.set_result(Positions(layout, firsts, targets, indexes))
             return
         raise StorageError(
             f"could not route to an open stream after {_MAX_ROUTE_ATTEMPTS} attempts"

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 
 from riverbed.errors import InvalidInput
-from riverbed.log.appender import Appender, Position
+from riverbed.log.appender import Appender, Positions
 from riverbed.log.topics import Topics, resolve_binding
 from riverbed.model import Message, MessageIdGenerator
 from riverbed.storage import open_storage
@@ -51,29 +51,44 @@ class Log:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def produce_async(self, topic: str, messages: Sequence[Message]) -> Future[list[Position]]:
+    def produce_async(self, topic: str, messages: Sequence[Message]) -> Future[Positions]:
         """Queue messages for a topic; the future resolves when they are committed.
 
         A message's `mqtt_topic`, if given, must be a valid topic name that the
         topic's binding matches (so MQTT subscribers find it where they expect).
         """
-        record = self._topic(topic)
-        for m in messages:
-            _check(record, m)
+        self._check(topic, messages)
         return self.appender.submit(topic, messages)
 
-    def check(self, topic: str, message: Message) -> None:
-        """Raise what `produce` would raise for this message, writing nothing.
+    def produce(self, topic: str, messages: Sequence[Message]) -> Positions:
+        """Append messages to a topic and wait until they are committed."""
+        self._check(topic, messages)
+        return self.appender.append(topic, messages)
 
-        `InvalidInput` if its `mqtt_topic` is no valid topic name or the topic's
+    def check(self, topic: str, *messages: Message) -> None:
+        """Raise what `produce` would raise for these messages, writing nothing.
+
+        `InvalidInput` if an `mqtt_topic` is no valid topic name or the topic's
         binding does not match it; `TopicNotFound` if there is no such topic. Lets
         a caller validate a whole input before any of it is written.
         """
-        _check(self._topic(topic), message)
+        self._check(topic, messages)
 
-    def produce(self, topic: str, messages: Sequence[Message]) -> list[Position]:
-        """Append messages to a topic and wait until they are committed."""
-        return self.produce_async(topic, messages).result()
+    def _check(self, topic: str, messages: Sequence[Message]) -> None:
+        record = self._topic(topic)
+        binding = record.binding
+        checked: set[str] = set()
+        for m in messages:
+            name = m.mqtt_topic
+            if not name or name in checked:
+                continue
+            validate_topic_name(name)
+            if binding is not None and not matches(binding, name):
+                raise InvalidInput(
+                    f"MQTT topic {name!r} is not matched by the binding"
+                    f" {binding!r} of topic {topic!r}"
+                )
+            checked.add(name)
 
     def topic_for(self, mqtt_topic: str) -> str:
         """The topic that stores this MQTT topic name (by binding, else `mqtt`)."""
@@ -102,13 +117,3 @@ class Log:
             self._bindings = self.storage.list_topics()
             self._bindings_version = version
 
-
-def _check(record: TopicRecord, message: Message) -> None:
-    mqtt_topic = message.mqtt_topic
-    if mqtt_topic:
-        validate_topic_name(mqtt_topic)
-        if record.binding is not None and not matches(record.binding, mqtt_topic):
-            raise InvalidInput(
-                f"MQTT topic {mqtt_topic!r} is not matched by the binding"
-                f" {record.binding!r} of topic {record.name!r}"
-            )

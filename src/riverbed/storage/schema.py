@@ -1,8 +1,12 @@
 """Versioned schema migrations, applied in order when a storage opens.
 
 Each migration is a list of statements written once with type placeholders
-that each backend fills in (`{blob}`, `{int}`, `{stream_pk}`, `{messages_suffix}`),
-so the two schemas cannot drift apart.
+that each backend fills in (`{text}`, `{blob}`, `{int}`, `{stream_pk}`,
+`{messages_suffix}`), so the two schemas cannot drift apart.
+
+Text compares and sorts by code point on both backends (`{text}` carries
+`COLLATE "C"` on PostgreSQL, SQLite's default is binary): listings come back in
+the same order whatever collation a PostgreSQL database was created with.
 """
 
 from __future__ import annotations
@@ -10,17 +14,17 @@ from __future__ import annotations
 MIGRATIONS: list[list[str]] = [
     # 1: the log, subscriptions and the key-value namespace.
     [
-        "CREATE TABLE meta (name TEXT PRIMARY KEY, value {int} NOT NULL)",
+        "CREATE TABLE meta (name {text} PRIMARY KEY, value {int} NOT NULL)",
         "INSERT INTO meta (name, value) VALUES ('meta_version', 0)",
         """CREATE TABLE topics (
-            name TEXT PRIMARY KEY,
-            binding TEXT,
+            name {text} PRIMARY KEY,
+            binding {text},
             retention_us {int},
-            retention_policy TEXT NOT NULL,
+            retention_policy {text} NOT NULL,
             produce_pointer INTEGER NOT NULL,
             created_us {int} NOT NULL)""",
         """CREATE TABLE storage_topics (
-            topic TEXT NOT NULL,
+            topic {text} NOT NULL,
             generation INTEGER NOT NULL,
             partitions INTEGER NOT NULL,
             k INTEGER NOT NULL,
@@ -28,7 +32,7 @@ MIGRATIONS: list[list[str]] = [
         # The small heads table readers poll instead of scanning messages.
         """CREATE TABLE streams (
             id {stream_pk},
-            topic TEXT NOT NULL,
+            topic {text} NOT NULL,
             generation INTEGER NOT NULL,
             part INTEGER NOT NULL,
             start_offset {int} NOT NULL,
@@ -40,29 +44,29 @@ MIGRATIONS: list[list[str]] = [
             off {int} NOT NULL,
             id {blob} NOT NULL,
             ts {int} NOT NULL,
-            mqtt_topic TEXT NOT NULL,
-            key TEXT,
+            mqtt_topic {text} NOT NULL,
+            key {text},
             payload {blob} NOT NULL,
             properties {blob},
             qos SMALLINT NOT NULL,
             retain SMALLINT NOT NULL,
             PRIMARY KEY (stream, off)){messages_suffix}""",
         """CREATE TABLE subscriptions (
-            name TEXT PRIMARY KEY,
-            topic TEXT NOT NULL,
-            topic_filter TEXT,
-            start_kind TEXT NOT NULL,
+            name {text} PRIMARY KEY,
+            topic {text} NOT NULL,
+            topic_filter {text},
+            start_kind {text} NOT NULL,
             start_us {int},
             created_us {int} NOT NULL)""",
         """CREATE TABLE cursors (
-            subscription TEXT NOT NULL,
+            subscription {text} NOT NULL,
             stream {int} NOT NULL,
             committed {int} NOT NULL,
             PRIMARY KEY (subscription, stream))""",
         "CREATE INDEX cursors_by_stream ON cursors (stream)",
         """CREATE TABLE kv (
-            namespace TEXT NOT NULL,
-            key TEXT NOT NULL,
+            namespace {text} NOT NULL,
+            key {text} NOT NULL,
             value {blob} NOT NULL,
             version {int} NOT NULL,
             PRIMARY KEY (namespace, key))""",

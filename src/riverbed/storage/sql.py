@@ -8,10 +8,11 @@ writes run in explicit transactions that a backend opens in `_begin_write`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -57,9 +58,7 @@ def _topic(row: Sequence[Any]) -> TopicRecord:
 
 
 def _head(row: Sequence[Any]) -> StreamHead:
-    return StreamHead(
-        row[0], StreamId(row[1], row[2], row[3]), row[4], row[5], bool(row[6])
-    )
+    return StreamHead(row[0], StreamId(row[1], row[2], row[3]), row[4], row[5], bool(row[6]))
 
 
 def _subscription(row: Sequence[Any]) -> SubscriptionRecord:
@@ -96,6 +95,10 @@ class SqlStorage:
     def _lock_heads(self, cur: Cursor, keys: Sequence[int]) -> list[Any]:
         """Rows (id, next_offset, sealed) of these streams, locked for this transaction."""
         raise NotImplementedError
+
+    def _rows(self, cursor: Cursor) -> Iterable[Sequence[Any]]:
+        """A query's rows, the cheapest way this driver hands them over."""
+        return cursor.fetchall()  # type: ignore[no-any-return]
 
     def _lock_meta(self, cur: Cursor) -> None:
         """Serialise metadata changes across processes (a backend hook)."""
@@ -148,10 +151,8 @@ class SqlStorage:
         with self._connections_lock:
             conns, self._connections = self._connections, []
         for conn in conns:
-            try:
+            with contextlib.suppress(Exception):  # closing from another thread: best effort
                 conn.close()
-            except Exception:  # noqa: BLE001 - closing from another thread is best effort
-                pass
         self._local = threading.local()
 
     def _migrate(self) -> None:
@@ -363,12 +364,12 @@ class SqlStorage:
         return firsts
 
     def read(self, stream_key: int, offset: int, limit: int) -> list[StoredMessage]:
-        rows = self._q(
+        cursor = self._q(
             f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE stream = ? AND off >= ?"
             " ORDER BY off LIMIT ?",
             (stream_key, offset, limit),
-        ).fetchall()
-        return list(map(_stored, rows))
+        )
+        return list(map(_stored, self._rows(cursor)))
 
     def first_offset_at(self, stream_key: int, timestamp_us: int) -> int:
         row = self._q(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ _INSERT = (
 
 class SqliteStorage(SqlStorage):
     SCHEMA_TYPES: Mapping[str, str] = {
+        "text": "TEXT",
         "int": "INTEGER",
         "blob": "BLOB",
         "stream_pk": "INTEGER PRIMARY KEY",
@@ -63,6 +64,9 @@ class SqliteStorage(SqlStorage):
             raise StorageUnavailable(f"cannot open SQLite database {self.url!r}: {exc}") from exc
         return conn
 
+    def _rows(self, cursor: Cursor) -> Iterable[Sequence[Any]]:
+        return cursor  # type: ignore[no-any-return]  # iterating skips fetchall's list
+
     def _begin_write(self, conn: Any) -> None:
         conn.execute("BEGIN IMMEDIATE")
 
@@ -86,9 +90,7 @@ class SqliteStorage(SqlStorage):
     ) -> None:
         for key, rows in batches.items():
             first = firsts[key]
-            cur.executemany(
-                _INSERT, [(key, first + i, *row) for i, row in enumerate(rows)]
-            )
+            cur.executemany(_INSERT, [(key, first + i, *row) for i, row in enumerate(rows)])
 
     def _start_watcher(self) -> None:
         self._watcher = threading.Thread(

@@ -210,13 +210,20 @@ class Consumer:
         return [h for h in readable if self._positions[h.key] < h.next_offset]
 
     def poll(self, max_messages: int = 1000, timeout: float = 0.0) -> list[Delivery]:
-        """Up to `max_messages`, waiting up to `timeout` seconds for the first."""
+        """Up to `max_messages`, waiting up to `timeout` seconds for the first.
+
+        An empty list means caught up: messages the filter does not match are read
+        past (and committed by the next `commit`), never mistaken for "no more".
+        """
         if max_messages < 1:
             raise InvalidInput(f"max_messages {max_messages} must be at least 1")
         deadline = time.monotonic() + timeout
         while True:
             seen = self.storage.wakeups.version
+            moved = sum(self._positions.values())  # positions only grow
             out = self._poll_once(max_messages)
+            if not out and sum(self._positions.values()) != moved:
+                continue  # all we read was filtered out: read on before waiting
             remaining = deadline - time.monotonic()
             if out or remaining <= 0:
                 return out

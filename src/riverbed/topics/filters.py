@@ -88,6 +88,11 @@ def filters_overlap(a: str, b: str) -> bool:
         return False
     if b_levels[0] in ("+", "#") and a_levels[0].startswith("$"):
         return False
+    if {a, b} == {"+", "/#"}:
+        # Both match the empty name and nothing else in common, but "" is no topic
+        # name [MQTT-4.7.3-1]. No other pair has "" as its only common name: only
+        # "+", "#", "/#" and "+/#" match "", and the other pairs share "a" or "/".
+        return False
     return _levels_overlap(a_levels, b_levels)
 
 
