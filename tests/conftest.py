@@ -19,8 +19,8 @@ from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
-from harness.postgres import PostgresServer, PostgresUnavailable
 
+from harness.postgres import PostgresServer, PostgresUnavailable
 from riverbed.storage import Storage, open_storage
 
 IN_CI = os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
@@ -55,8 +55,7 @@ def pytest_runtest_makereport(
             reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
             report.outcome = "failed"
             report.longrepr = (
-                f"a test marked {'/'.join(needed)} was skipped in CI, where it must run:"
-                f" {reason}"
+                f"a test marked {'/'.join(needed)} was skipped in CI, where it must run: {reason}"
             )
     return report
 
@@ -73,6 +72,9 @@ def postgres_server() -> Iterator[PostgresServer]:
         server.start()
     except PostgresUnavailable as exc:
         message = f"PostgreSQL could not start: {exc}"
+    else:
+        message = ""
+    if message:
         if IN_CI:
             pytest.fail(message, pytrace=False)
         pytest.skip(message)

@@ -129,6 +129,51 @@ def test_generator_ids_strictly_increase_whatever_the_clock_does(
         previous = current
 
 
+@settings(max_examples=30, deadline=None)
+@given(
+    st.integers(0, 2**62),
+    st.lists(
+        st.tuples(
+            st.integers(-3_000, 3_000),
+            st.one_of(st.integers(0, 10), st.integers(65_530, 65_540)),
+        ),
+        max_size=6,
+    ),
+)
+def test_reserved_and_single_ids_strictly_increase_together(
+    start: int, script: list[tuple[int, int]]
+) -> None:
+    """`reserve(n)` (a batch) and `next_raw` (one) share the sequence: whatever the
+    clock does, all ids of one generator strictly increase; n may pass 65,536."""
+    clock = FakeClock(start)
+    gen = MessageIdGenerator(node=9, clock=clock)
+    previous = -1
+    for step, count in script:
+        clock.now = max(0, clock.now + step)
+        reserved = gen.reserve(count)
+        values = [previous] + [int.from_bytes(b, "big") for b, _ in reserved]
+        assert all(a < b for a, b in itertools.pairwise(values))
+        assert all(v >> 64 == ts for v, (_, ts) in zip(values[1:], reserved, strict=True))
+        assert all(MessageId(v).node == 9 for v in values[1::1000])
+        previous = values[-1]
+        raw, ts = gen.next_raw()
+        assert raw > previous and raw >> 64 == ts
+        previous = raw
+
+
+def test_reserve_more_than_a_microsecond_of_sequence() -> None:
+    gen = MessageIdGenerator(node=1, clock=FakeClock(7_000))  # 7 µs, standing still
+    ids = [MessageId.from_bytes(b) for b, _ in gen.reserve(65_536 * 2 + 1)]
+    assert all(a < b for a, b in itertools.pairwise(ids))
+    assert [(i.timestamp_us, i.sequence) for i in (ids[0], ids[65_535], ids[65_536], ids[-1])] == [
+        (7, 0),
+        (7, 65_535),
+        (8, 0),
+        (9, 0),
+    ]
+    assert gen.next_id() == MessageId.compose(9, 1, 1)
+
+
 def test_generator_sequence_overflow_borrows_the_next_microsecond() -> None:
     clock = FakeClock(5_000_000_000)  # 5_000_000 µs, standing still
     gen = MessageIdGenerator(node=7, clock=clock)

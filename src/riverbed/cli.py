@@ -12,9 +12,8 @@ The database is `--db URL` on the command, else `--db URL` on `riverbed`, else
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
+import os
 import shlex
 import signal
 import sys
@@ -28,23 +27,24 @@ from types import FrameType
 from typing import Any, BinaryIO, TypeVar
 
 import click
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from riverbed.errors import AlreadyExists, InvalidInput, RiverbedError
 from riverbed.log.appender import Position, Positions
+from riverbed.log.jsonlines import EPOCH, format_time, message_from_json, message_to_json
 from riverbed.log.log import Log
 from riverbed.log.topics import DEFAULT_RETENTION_US
-from riverbed.model import Message, PropertyValue, StreamId, format_duration, parse_duration
+from riverbed.model import Message, StreamId, format_duration, parse_duration
 from riverbed.storage import DEFAULT_URL, ENV_VAR, default_url
 from riverbed.storage.base import RetentionPolicy, StartKind, StreamHead, SubscriptionRecord
-from riverbed.subscriptions.cursors import Delivery, Start, StreamLag, Subscriptions
+from riverbed.subscriptions.cursors import Start, StreamLag, Subscriptions
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
 
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 PRODUCE_BATCH = 1000
 """Messages per `Log.produce_async` call."""
 PRODUCE_IN_FLIGHT = 8
@@ -96,17 +96,6 @@ class RiverbedGroup(click.Group):
         except RiverbedError as exc:
             click.echo(f"error: {exc}", err=True)
             raise click.exceptions.Exit(2 if isinstance(exc, InvalidInput) else 1) from None
-
-
-def _show(value: object, limit: int = 60) -> str:
-    """A JSON value, shortened for an error message."""
-    text = json.dumps(value, ensure_ascii=False)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _iso(micros: int) -> str:
-    """ISO 8601 in UTC with microseconds."""
-    return (EPOCH + timedelta(microseconds=micros)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def parse_time(text: str) -> int:
@@ -177,15 +166,26 @@ RESET_TARGET = _Parsed("earliest|latest|ISO-TIME|OFFSETS", _reset_target)
 
 
 def _console() -> Console:
-    return Console(highlight=False)
+    # Piped output is never cut to 80 columns; a terminal gets its own width.
+    return Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 250)
 
 
-def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]]) -> Table:
+def _table(
+    title: str,
+    columns: Sequence[str],
+    rows: Sequence[Sequence[object]],
+    footer: Sequence[object] | None = None,
+) -> Table:
     """A table; columns whose cells are all numbers are right-aligned."""
-    table = Table(title=title, title_justify="left")
+    table = Table(title=title, title_justify="left", box=box.SIMPLE, show_footer=footer is not None)
     for index, column in enumerate(columns):
-        numeric = all(_is_number(row[index]) for row in rows)
-        table.add_column(column, justify="right" if numeric else "left")
+        cells = [row[index] for row in rows if row[index] is not None]
+        numeric = bool(cells) and all(_is_number(cell) for cell in cells)
+        table.add_column(
+            column,
+            "" if footer is None else _cell(footer[index]),
+            justify="right" if numeric else "left",
+        )
     for row in rows:
         # Text, not markup: names and filters may contain "[".
         table.add_row(*(Text(_cell(cell)) for cell in row))
@@ -193,7 +193,7 @@ def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]])
 
 
 def _is_number(cell: object) -> bool:
-    return cell is None or (isinstance(cell, int) and not isinstance(cell, bool))
+    return isinstance(cell, int) and not isinstance(cell, bool)
 
 
 def _cell(cell: object) -> str:
@@ -261,13 +261,13 @@ def topic_create(
     click.echo(f"created topic {name!r} with {partitions} partitions")
 
 
-def _topic_rows(log: Log) -> list[dict[str, object]]:
+def _topic_rows(log: Log) -> list[dict[str, Any]]:
     storage = log.storage
     messages: Counter[str] = Counter()
     for head in storage.list_streams():
         messages[head.stream.topic] += head.next_offset - head.start_offset
     subscriptions = Counter(s.topic for s in storage.list_subscriptions())
-    rows: list[dict[str, object]] = []
+    rows: list[dict[str, Any]] = []
     for record in log.topics.list():
         generations = storage.list_storage_topics(record.name)
         produce = generations[record.produce_pointer]
@@ -288,24 +288,21 @@ def _topic_rows(log: Log) -> list[dict[str, object]]:
     return rows
 
 
-_TOPIC_COLUMNS = {
-    "name": "topic",
-    "binding": "binding",
-    "partitions": "partitions",
-    "generations": "generations",
-    "retention": "retention",
-    "retention_policy": "policy",
-    "messages": "messages",
-    "subscriptions": "subscriptions",
-}
-
-
-def _topics_table(rows: list[dict[str, object]]) -> Table:
-    return _table(
-        "Topics",
-        list(_TOPIC_COLUMNS.values()),
-        [[row[c] for c in _TOPIC_COLUMNS] for row in rows],
-    )
+def _topics_table(rows: list[dict[str, Any]]) -> Table:
+    cells = [
+        [
+            r["name"],
+            r["binding"],
+            r["partitions"],
+            r["generations"],
+            f"{r['retention'] or 'none'} ({r['retention_policy']})",
+            r["messages"],
+            r["subscriptions"],
+        ]
+        for r in rows
+    ]
+    columns = ["topic", "binding", "partitions", "gens", "retention", "messages", "subs"]
+    return _table("Topics", columns, cells)
 
 
 @topic.command("list")
@@ -337,13 +334,16 @@ def topic_describe(name: str, as_json: bool) -> None:
     record = description.topic
     produce = description.storage_topics[record.produce_pointer].generation
     console = _console()
-    console.print(f"Topic {name}: binding {record.binding or '-'}, retention {info['retention']}")
-    console.print(f"  ({record.retention_policy.value}); produces to generation {produce}")
-    console.print(f"Subscriptions: {', '.join(subscriptions) or '-'}")
+    console.print(
+        f"topic {name}: binding {record.binding or '-'}, retention {info['retention'] or 'none'}"
+        f" ({record.retention_policy.value}), produces to generation {produce}",
+        markup=False,
+    )
+    console.print(f"subscriptions: {', '.join(subscriptions) or '-'}", markup=False)
     console.print(
         _table(
             "Storage topics",
-            ["generation", "partitions", "K", "Produce"],
+            ["generation", "partitions", "K", "produce"],
             [
                 [s.generation, s.partitions, s.k, "<- produce" if s.generation == produce else ""]
                 for s in description.storage_topics
@@ -407,7 +407,7 @@ def topic_delete(name: str, yes: bool) -> None:
         description = log.topics.describe(name)
         messages = sum(h.next_offset - h.start_offset for h in description.streams)
         subscriptions = len(Subscriptions(log.storage).list(name))
-        what = f"topic {name!r} with {messages} messages and {subscriptions} subscriptions"
+        what = f"topic {name!r} (messages: {messages}, subscriptions: {subscriptions})"
         if not yes:
             if not _interactive():
                 raise click.UsageError(f"not deleting {what}: pass --yes to confirm")
@@ -422,99 +422,6 @@ def _interactive() -> bool:
 
 # --------------------------------------------------------------------- produce
 
-_FIELDS = ("key", "mqtt_topic", "payload", "payload_b64", "properties", "qos", "retain")
-
-
-def _text(value: object, what: str) -> str:
-    if not isinstance(value, str):
-        raise InvalidInput(f"{what} {_show(value)} is not a string")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidInput(f"{what} {_show(value)} is not valid UTF-8 (lone surrogate)") from None
-    return value
-
-
-def _property_value(name: str, value: object) -> PropertyValue:
-    if isinstance(value, dict) and set(value) == {"b64"}:
-        return _base64(value["b64"], f"property {name!r} b64 value")
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, str):
-        return _text(value, f"property {name!r} value")
-    raise InvalidInput(
-        f"property {name!r} value {_show(value)} is not a string, an integer or"
-        ' {"b64": BASE64} for bytes'
-    )
-
-
-def _properties(value: object) -> tuple[tuple[str, PropertyValue], ...]:
-    if isinstance(value, dict):
-        pairs: list[object] = [[k, v] for k, v in value.items()]
-    elif isinstance(value, list):
-        pairs = value
-    else:
-        raise InvalidInput(
-            f"properties {_show(value)} is not a list of [name, value] pairs or an object"
-        )
-    out: list[tuple[str, PropertyValue]] = []
-    for pair in pairs:
-        if not (isinstance(pair, list) and len(pair) == 2):
-            raise InvalidInput(f"property {_show(pair)} is not a [name, value] pair")
-        name = _text(pair[0], "property name")
-        out.append((name, _property_value(name, pair[1])))
-    return tuple(out)
-
-
-def _base64(value: object, what: str) -> bytes:
-    text = _text(value, what)
-    try:
-        return base64.b64decode(text, validate=True)
-    except binascii.Error:
-        raise InvalidInput(
-            f"{what} {_show(value)} is not valid base64 (standard alphabet, padded)"
-        ) from None
-
-
-def parse_message(line: str) -> Message:
-    """One line of `riverbed produce` input as a message (see `produce --help`)."""
-    try:
-        fields = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise InvalidInput(f"not valid JSON: {exc.msg} at column {exc.colno}") from None
-    if not isinstance(fields, dict):
-        raise InvalidInput(f"{_show(fields)} is not a JSON object")
-    unknown = sorted(set(fields) - set(_FIELDS))
-    if unknown:
-        raise InvalidInput(f"unknown field {unknown[0]!r}; known fields: {', '.join(_FIELDS)}")
-    if ("payload" in fields) == ("payload_b64" in fields):
-        raise InvalidInput(
-            "a message has exactly one of payload (UTF-8 text) and payload_b64 (base64),"
-            + (" not both" if "payload" in fields else " found neither")
-        )
-    if "payload" in fields:
-        payload = _text(fields["payload"], "payload").encode("utf-8")
-    else:
-        payload = _base64(fields["payload_b64"], "payload_b64")
-    key = fields.get("key")
-    mqtt_topic = fields.get("mqtt_topic")
-    qos = fields.get("qos", 0)
-    retain = fields.get("retain", False)
-    if not (isinstance(qos, int) and not isinstance(qos, bool) and 0 <= qos <= 2):
-        raise InvalidInput(f"qos {_show(qos)} is not 0, 1 or 2")
-    if not isinstance(retain, bool):
-        raise InvalidInput(f"retain {_show(retain)} is not true or false")
-    if mqtt_topic == "":
-        raise InvalidInput('mqtt_topic "" is empty: leave it out or use null for none')
-    return Message(
-        payload,
-        key=None if key is None else _text(key, "key"),
-        mqtt_topic="" if mqtt_topic is None else _text(mqtt_topic, "mqtt_topic"),
-        properties=_properties(fields.get("properties", [])),
-        qos=qos,
-        retain=retain,
-    )
-
 
 def _read_messages(log: Log, topic: str, stdin: BinaryIO) -> list[Message]:
     """Parse and check every line before anything is written."""
@@ -524,7 +431,7 @@ def _read_messages(log: Log, topic: str, stdin: BinaryIO) -> list[Message]:
             line = raw.decode("utf-8")
             if not line.strip():
                 continue
-            message = parse_message(line)
+            message = message_from_json(line)
             log.check(topic, message)
         except UnicodeDecodeError as exc:
             raise InvalidInput(f"line {number}: not valid UTF-8 at byte {exc.start}") from None
@@ -534,7 +441,7 @@ def _read_messages(log: Log, topic: str, stdin: BinaryIO) -> list[Message]:
     return messages
 
 
-@cli.command()
+@cli.command(short_help="Produce JSON lines from stdin to a topic.")
 @click.argument("topic")
 @click.option(
     "--print-positions", is_flag=True, help='Print {"stream", "offset"} per message on stdout.'
@@ -614,7 +521,7 @@ def subscription_create(name: str, topic: str, topic_filter: str | None, start: 
     """Create subscription NAME on --topic."""
     with open_log() as log:
         Subscriptions(log.storage).create(name, topic, topic_filter, start)
-    where = start.value if isinstance(start, StartKind) else _iso(start)
+    where = start.value if isinstance(start, StartKind) else format_time(start)
     click.echo(f"created subscription {name!r} on topic {topic!r} starting at {where}")
 
 
@@ -624,8 +531,8 @@ def _subscription_row(record: SubscriptionRecord) -> dict[str, object]:
         "topic": record.topic,
         "filter": record.filter,
         "start": record.start.value,
-        "start_time": None if record.start_us is None else _iso(record.start_us),
-        "created": _iso(record.created_us),
+        "start_time": None if record.start_us is None else format_time(record.start_us),
+        "created": format_time(record.created_us),
     }
 
 
@@ -644,7 +551,7 @@ def subscription_list(topic: str | None, as_json: bool) -> None:
     _console().print(
         _table(
             "Subscriptions",
-            ["Subscription", "Topic", "Filter", "Start", "Start time", "Created"],
+            ["subscription", "topic", "filter", "start", "start time", "created"],
             [[row[c] for c in columns] for row in rows],
         )
     )
@@ -668,17 +575,15 @@ def _lag_json(name: str, lags: Sequence[StreamLag]) -> dict[str, object]:
 
 
 def _lag_table(name: str, lags: Sequence[StreamLag]) -> Table:
-    table = _table(
+    return _table(
         f"Lag of {name}",
-        ["Stream", "committed", "head", "lag", "Readable"],
+        ["stream", "committed", "head", "lag", "readable"],
         [
             [s.stream, s.committed, s.head, s.lag, "yes" if s.readable else "after earlier gen."]
             for s in lags
         ],
+        footer=["total", "", "", sum(s.lag for s in lags), ""],
     )
-    table.add_section()
-    table.add_row("total", "", "", str(sum(s.lag for s in lags)), "")
-    return table
 
 
 @subscription.command("lag")
@@ -719,7 +624,7 @@ def subscription_reset(name: str, target: Start | dict[StreamId, int], as_json: 
     _console().print(
         _table(
             f"Offsets of {name}",
-            ["Stream", "before", "after"],
+            ["stream", "before", "after"],
             [[stream, before.get(stream), offset] for stream, offset in after.items()],
         )
     )
@@ -738,31 +643,6 @@ def subscription_delete(name: str) -> None:
 # --------------------------------------------------------------------- consume
 
 
-def delivery_json(delivery: Delivery) -> dict[str, object]:
-    """One message as `riverbed consume` prints it."""
-    m = delivery.message
-    out: dict[str, object] = {
-        "stream": str(delivery.stream),
-        "offset": m.offset,
-        "id": str(m.message_id),
-        "timestamp": _iso(m.timestamp_us),
-        "mqtt_topic": m.mqtt_topic or None,
-        "key": m.key,
-    }
-    try:
-        out["payload"] = m.payload.decode("utf-8")
-    except UnicodeDecodeError:
-        out["payload"] = None
-        out["payload_b64"] = base64.b64encode(m.payload).decode("ascii")
-    out["properties"] = [
-        [name, {"b64": base64.b64encode(v).decode("ascii")} if isinstance(v, bytes) else v]
-        for name, v in m.properties
-    ]
-    out["qos"] = m.qos
-    out["retain"] = bool(m.retain)
-    return out
-
-
 @contextmanager
 def _stop_on_signals() -> Iterator[threading.Event]:
     """An event set by SIGINT or SIGTERM while the block runs."""
@@ -779,14 +659,17 @@ def _stop_on_signals() -> Iterator[threading.Event]:
             signal.signal(s, old)
 
 
-@cli.command()
+@cli.command(short_help="Print a subscription's messages as JSON lines.")
 @click.argument("name")
 @click.option("--max", "limit", type=click.IntRange(min=1), help="Stop after this many messages.")
 @click.option("--follow", "-f", is_flag=True, help="Wait for new messages until --max or Ctrl-C.")
 @click.option(
-    "--batch", type=click.IntRange(1, 100_000), default=1000, show_default=True,
+    "--batch",
+    type=click.IntRange(1, 100_000),
+    default=1000,
+    show_default=True,
     help="Messages per read and commit.",
-)  # fmt: skip
+)
 @db_option
 def consume(name: str, limit: int | None, follow: bool, batch: int) -> None:
     """Print subscription NAME's messages as JSON lines and commit them.
@@ -805,7 +688,8 @@ def consume(name: str, limit: int | None, follow: bool, batch: int) -> None:
             deliveries = consumer.poll(room, timeout=FOLLOW_WAIT if follow else 0.0)
             if deliveries:
                 lines = "".join(
-                    json.dumps(delivery_json(d), ensure_ascii=False) + "\n" for d in deliveries
+                    json.dumps(message_to_json(d.stream, d.message), ensure_ascii=False) + "\n"
+                    for d in deliveries
                 )
                 try:
                     stdout.write(lines.encode())
@@ -814,17 +698,15 @@ def consume(name: str, limit: int | None, follow: bool, batch: int) -> None:
                     _detach_stdout()
                     break  # the reader is gone: this batch was not printed, not committed
                 printed += len(deliveries)
-            elif not follow:
-                break
             # Commits what was printed, and moves past what the filter skipped.
             consumer.commit()
+            if not deliveries and not follow:
+                break
     click.echo(f"consumed {printed} messages from subscription {name!r}", err=True)
 
 
 def _detach_stdout() -> None:
     """Point stdout at /dev/null so that exiting does not fail flushing a closed pipe."""
-    import os
-
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)
@@ -861,7 +743,7 @@ DEMO_MESSAGES = 1000
 DEMO_KEYS = 8
 
 
-@cli.command()
+@cli.command(short_help="Try Riverbed out on topic `demo` (what `make run` runs).")
 @db_option
 def demo() -> None:
     """Create topic `demo`, produce to it, consume it, and show what happened.
@@ -895,11 +777,12 @@ def demo() -> None:
         streams = log.storage.list_streams(DEMO_TOPIC)
         lags = subscriptions.lag(DEMO_SUBSCRIPTION)
     console = _console()
-    console.print(f"Database: {log.storage.url}")
+    console.print(f"database: {log.storage.url}", markup=False)
     console.print(
-        f"Produced {len(positions)} messages over {DEMO_KEYS} keys to topic '{DEMO_TOPIC}'"
+        f"produced {len(positions)} messages over {DEMO_KEYS} keys to topic '{DEMO_TOPIC}'"
         f" ({len({s for s, _ in positions})} streams); subscription '{DEMO_SUBSCRIPTION}'"
-        f" consumed {consumed} and committed them.\n"
+        f" consumed {consumed} and committed them\n",
+        markup=False,
     )
     console.print(_topics_table(topics))
     console.print(_streams_table(streams))
@@ -915,6 +798,6 @@ def demo() -> None:
         f"{prefix} topic add-storage-topic {DEMO_TOPIC} --partitions 8",
         f"{prefix} --help",
     ]
-    console.print("\nTry next:")
+    console.print("\ntry next:")
     for line in tries:
         console.print(f"  {line}", markup=False)

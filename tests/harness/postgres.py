@@ -96,11 +96,9 @@ def free_port() -> int:
 
 
 def _world_traversable(path: str) -> bool:
+    """Can every user enter this directory (the `postgres` user must)?"""
     current = Path(path).resolve()
-    for directory in (current, *current.parents):
-        if not directory.stat().st_mode & 0o001:
-            return False
-    return True
+    return all(directory.stat().st_mode & 0o001 for directory in (current, *current.parents))
 
 
 class PostgresServer:
@@ -237,12 +235,9 @@ class PostgresServer:
         data = directory / "data"
         if (data / "postmaster.pid").exists() and self._bindir is not None:
             try:
-                self._run(
-                    [str(self._bindir / "pg_ctl"), "stop", "--pgdata", str(data)]
-                    + ["--mode", "immediate", "--wait"],
-                    timeout=60,
-                    cwd=directory,
-                )
+                pg_ctl = str(self._bindir / "pg_ctl")
+                stop = [pg_ctl, "stop", "--pgdata", str(data), "--mode", "immediate", "--wait"]
+                self._run(stop, timeout=60, cwd=directory)
             except PostgresUnavailable:
                 self._kill_postmaster(data)
         shutil.rmtree(directory, ignore_errors=True)

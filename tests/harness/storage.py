@@ -73,8 +73,8 @@ def check_writers(payloads: list[bytes]) -> dict[int, list[int]]:
     assert len(set(payloads)) == len(payloads), "a message was written twice"
     by_writer: dict[int, list[int]] = {}
     for payload in payloads:
-        writer, sequence = payload.decode().split(":")
-        by_writer.setdefault(int(writer), []).append(int(sequence))
+        writer_text, sequence_text = payload.decode().split(":")
+        by_writer.setdefault(int(writer_text), []).append(int(sequence_text))
     for writer, sequences in by_writer.items():
         assert sequences == sorted(sequences), f"writer {writer}'s messages are out of order"
     return by_writer

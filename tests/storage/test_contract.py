@@ -7,6 +7,7 @@ once per backend. Concurrency, wake-ups and URLs have their own modules.
 from __future__ import annotations
 
 import pytest
+
 from harness.storage import (
     accept_any,
     create_topic,
@@ -15,7 +16,6 @@ from harness.storage import (
     numbered_rows,
     topic_record,
 )
-
 from riverbed.errors import (
     AlreadyExists,
     BindingOverlap,
@@ -23,7 +23,7 @@ from riverbed.errors import (
     SubscriptionNotFound,
     TopicNotFound,
 )
-from riverbed.model import MessageId, StreamId, StoredMessage, encode_properties
+from riverbed.model import MessageId, StoredMessage, StreamId, encode_properties
 from riverbed.storage import Storage
 from riverbed.storage.base import (
     RetentionPolicy,
@@ -36,7 +36,9 @@ from riverbed.storage.base import (
 )
 
 
-def subscription(name: str, topic: str, start: StartKind = StartKind.EARLIEST) -> SubscriptionRecord:
+def subscription(
+    name: str, topic: str, start: StartKind = StartKind.EARLIEST
+) -> SubscriptionRecord:
     return SubscriptionRecord(name, topic, None, start, None, 1_700_000_000_000_000)
 
 
@@ -186,6 +188,20 @@ def test_delete_topic_removes_streams_messages_subscriptions_and_cursors(
     assert storage.get_cursors("s-kept") == {kept[0].key: 2}
     with pytest.raises(StreamSealed):
         storage.append({doomed[0].key: numbered_rows(1)})
+
+
+def test_stream_keys_of_a_deleted_topic_are_never_reused(storage: Storage) -> None:
+    # An appender with a stale view must get StreamSealed for a deleted topic's
+    # streams, not write into whatever stream took over the key.
+    old = create_topic(storage, "old", 2)
+    storage.delete_topic("old")
+
+    new = create_topic(storage, "new", 4)
+
+    assert {h.key for h in old}.isdisjoint(h.key for h in new)
+    with pytest.raises(StreamSealed):
+        storage.append({old[0].key: numbered_rows(1)})
+    assert all(h.next_offset == 0 for h in storage.list_streams("new"))
 
 
 def test_a_deleted_topic_name_can_be_used_again(storage: Storage) -> None:
@@ -344,7 +360,9 @@ def test_append_to_an_unknown_stream_writes_nothing_anywhere(storage: Storage) -
     unknown = max(a.key, b.key) + 1000
 
     with pytest.raises(StreamSealed) as raised:
-        storage.append({a.key: numbered_rows(2), unknown: numbered_rows(1), b.key: numbered_rows(3)})
+        storage.append(
+            {a.key: numbered_rows(2), unknown: numbered_rows(1), b.key: numbered_rows(3)}
+        )
 
     assert raised.value.stream_keys == (unknown,)
     assert payloads(storage.read(a.key, 0, 10)) == [b"0"]

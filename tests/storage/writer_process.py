@@ -16,7 +16,6 @@ from __future__ import annotations
 import sys
 
 from harness.storage import writer_rows
-
 from riverbed.model import MessageIdGenerator
 from riverbed.storage import open_storage
 from riverbed.storage.base import Row

@@ -333,6 +333,11 @@ class Appender:
         return layout
 
     def _commit(self, taken: list[_Pending]) -> None:
+        # A caller may cancel a submitted future (asyncio does when the awaiting task
+        # is cancelled). Drop those now and make the rest uncancellable, so that
+        # setting a result after the commit cannot fail and leave the others of the
+        # batch with an error for messages that were committed.
+        taken = [item for item in taken if item.future.set_running_or_notify_cancel()]
         for _attempt in range(_MAX_ROUTE_ATTEMPTS):
             version = self.storage.meta_version()
             if version != self._meta_version:
@@ -341,6 +346,8 @@ class Appender:
             live: list[tuple[_Pending, _Layout, list[int], list[int]]] = []
             batches: dict[int, list[Row]] = {}
             for item in taken:
+                if item.future.done():
+                    continue  # failed in an earlier attempt (its topic is gone)
                 try:
                     layout = self._layout(item.topic)
                 except RiverbedError as exc:  # the topic is gone: fail this producer only

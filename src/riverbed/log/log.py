@@ -116,4 +116,3 @@ class Log:
         if version != self._bindings_version:
             self._bindings = self.storage.list_topics()
             self._bindings_version = version
-

@@ -37,7 +37,7 @@ def readable_streams(
     """Return (streams a reader may read now, keys of fully consumed streams).
 
     `committed` maps stream keys to the reader's next offset; a missing stream
-    counts as read up to nothing.
+    counts as read up to nothing, an offset below a stream's start as its start.
     """
     by_generation: dict[int, dict[int, StreamHead]] = {}
     for head in heads:
@@ -59,7 +59,10 @@ def readable_streams(
             ):
                 continue
             readable.append(head)
-            if head.sealed and committed.get(head.key, 0) >= head.next_offset:
+            # Below the start counts as at the start: retention may have deleted
+            # what this reader had not read (EXPIRED), and it is gone for everyone.
+            position = max(committed.get(head.key, 0), head.start_offset)
+            if head.sealed and position >= head.next_offset:
                 done.add(partition)
                 consumed.add(head.key)
         previous, previous_done = st, done

@@ -27,7 +27,11 @@ def open_storage(url: str | None = None) -> Storage:
     `?synchronous=full`; `postgresql://user@host:port/db` (or `postgres://`).
     """
     url = url or default_url()
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError as exc:
+        raise InvalidConfig(f"database URL {url!r} is malformed: {exc}") from None
     scheme = parts.scheme.lower()
     if scheme == "sqlite":
         from riverbed.storage.sqlite import SqliteStorage

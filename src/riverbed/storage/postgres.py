@@ -105,6 +105,9 @@ class PostgresStorage(SqlStorage):
             return
         try:
             conn.execute(f"LISTEN {CHANNEL}")
+            # A NOTIFY sent before the LISTEN is lost to a reader that waits for the
+            # first time; one wake-up makes it look.
+            self.wakeups.notify()
             while not self._closed:
                 for _ in conn.notifies(timeout=0.5, stop_after=1):
                     self.wakeups.notify()

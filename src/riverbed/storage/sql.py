@@ -392,7 +392,13 @@ class SqlStorage:
             deleted = self._x(
                 cur, "DELETE FROM messages WHERE stream = ? AND off < ?", (stream_key, upto)
             ).rowcount
-            self._x(cur, "UPDATE streams SET start_offset = ? WHERE id = ?", (upto, stream_key))
+            # Guarded so that two concurrent retention runs cannot move the start
+            # backwards (on PostgreSQL both may have read the old start).
+            self._x(
+                cur,
+                "UPDATE streams SET start_offset = ? WHERE id = ? AND start_offset < ?",
+                (upto, stream_key, upto),
+            )
             return int(deleted)
 
     # --- subscriptions ------------------------------------------------------

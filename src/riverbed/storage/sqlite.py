@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,9 @@ from riverbed.storage.sql import Cursor, SqlStorage
 
 WATCH_INTERVAL = 0.002
 """Seconds between two checks for other processes' commits."""
+
+BUSY_TIMEOUT = 60.0
+"""Seconds a connection waits for another's write lock before giving up."""
 
 _INSERT = (
     "INSERT INTO messages (stream, off, id, ts, mqtt_topic, key, payload, properties, qos, retain)"
@@ -37,7 +41,10 @@ class SqliteStorage(SqlStorage):
         "text": "TEXT",
         "int": "INTEGER",
         "blob": "BLOB",
-        "stream_pk": "INTEGER PRIMARY KEY",
+        # AUTOINCREMENT: a deleted topic's stream keys are never handed out again, so
+        # an appender with a stale view gets StreamSealed instead of writing into
+        # another topic's stream (PostgreSQL's identity never reuses either).
+        "stream_pk": "INTEGER PRIMARY KEY AUTOINCREMENT",
         "messages_suffix": " WITHOUT ROWID",
     }
 
@@ -53,14 +60,17 @@ class SqliteStorage(SqlStorage):
         self._migrate()
 
     def _connect(self) -> Any:
+        conn: sqlite3.Connection | None = None
         try:
             conn = sqlite3.connect(
-                self.path, isolation_level=None, check_same_thread=False, timeout=60
+                self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT
             )
-            conn.execute("PRAGMA journal_mode=WAL")
+            _enable_wal(conn)
             conn.execute(f"PRAGMA synchronous={self.synchronous}")
-            conn.execute("PRAGMA busy_timeout=60000")
+            conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT * 1000)}")
         except sqlite3.Error as exc:
+            if conn is not None:
+                conn.close()
             raise StorageUnavailable(f"cannot open SQLite database {self.url!r}: {exc}") from exc
         return conn
 
@@ -102,6 +112,9 @@ class SqliteStorage(SqlStorage):
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:
             last = conn.execute("PRAGMA data_version").fetchone()[0]
+            # A commit by another process before `last` was read would go unnoticed
+            # by a reader that waits for the first time; one wake-up makes it look.
+            self.wakeups.notify()
             while not self._closed:
                 threading.Event().wait(WATCH_INTERVAL)
                 version = conn.execute("PRAGMA data_version").fetchone()[0]
@@ -112,3 +125,21 @@ class SqliteStorage(SqlStorage):
             pass  # the storage was closed under us
         finally:
             conn.close()
+
+
+def _enable_wal(conn: sqlite3.Connection) -> None:
+    """Switch the database to WAL (a no-op once it is).
+
+    The switch needs an exclusive lock that SQLite does not wait for (no busy
+    handler): connections opening a new database at the same moment get
+    "database is locked". Retry for as long as a write would wait.
+    """
+    deadline = time.monotonic() + BUSY_TIMEOUT
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.002)

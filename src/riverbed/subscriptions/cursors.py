@@ -207,7 +207,8 @@ class Consumer:
 
     def _pending(self) -> list[StreamHead]:
         readable, _ = readable_streams(self._storage_topics, self._heads, self._positions)
-        return [h for h in readable if self._positions[h.key] < h.next_offset]
+        # Below the start counts as at the start: retention deleted the rest.
+        return [h for h in readable if max(self._positions[h.key], h.start_offset) < h.next_offset]
 
     def poll(self, max_messages: int = 1000, timeout: float = 0.0) -> list[Delivery]:
         """Up to `max_messages`, waiting up to `timeout` seconds for the first.
@@ -229,7 +230,7 @@ class Consumer:
                 return out
             self.storage.wakeups.wait(seen, min(remaining, 0.5))
 
-    def _poll_once(self, max_messages: int) -> list[Delivery]:
+    def _poll_once(self, max_messages: int, retry: bool = True) -> list[Delivery]:
         # Heads we know of that still have messages are read without asking the
         # database for fresh heads; only once they are drained do we look again.
         pending = self._pending()
@@ -242,6 +243,7 @@ class Consumer:
         pending = pending[self._turn :] + pending[: self._turn]
         topic_filter = self.record.filter
         out: list[Delivery] = []
+        stale = False
         for head in pending:
             room = max_messages - len(out)
             if room <= 0:
@@ -249,6 +251,10 @@ class Consumer:
             position = max(self._positions[head.key], head.start_offset)
             batch = self.storage.read(head.key, position, room)
             if not batch:
+                # The cached head promised messages that are gone (retention moved
+                # the start past them): look at the heads again, or we would keep
+                # reading this stream and never look for new messages elsewhere.
+                stale = True
                 continue
             stream = head.stream
             last = batch[-1].offset
@@ -256,6 +262,10 @@ class Consumer:
                 batch = [m for m in batch if matches(topic_filter, m.mqtt_topic)]
             out.extend(map(_delivery, zip(itertools.repeat(stream), batch)))
             self._positions[head.key] = last + 1
+        if stale:
+            self._refresh()
+            if not out and retry:  # an empty answer must mean "caught up"
+                return self._poll_once(max_messages, retry=False)
         return out
 
     def commit(self) -> None:

@@ -1,0 +1,303 @@
+"""Storage under concurrency: wake-ups and concurrent appenders, in threads and
+in separate processes, on SQLite and PostgreSQL.
+
+Offsets must stay dense (0..N-1, no gap, no duplicate) however many writers
+share a stream, and each writer's messages keep that writer's order. A reader
+waiting on `wakeups` must hear of an append within milliseconds, whether the
+appender is this storage, another instance in this process, or another process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import pytest
+
+from harness.storage import check_writers, create_topic, head, numbered_rows, writer_rows
+from riverbed.model import MessageIdGenerator
+from riverbed.storage import Storage, open_storage
+
+WRITER_SCRIPT = Path(__file__).with_name("writer_process.py")
+TESTS_DIR = Path(__file__).parents[1]
+
+WAKEUP_BOUND = 1.0
+"""Seconds a wake-up may take here; the design goal is milliseconds."""
+
+
+def wait_for_head(storage: Storage, stream_key: int, at_least: int, timeout: float) -> float:
+    """Wait on `storage.wakeups` (never polling on a timer) until the stream's next
+    offset reaches `at_least`; return the seconds it took. Spurious wake-ups are
+    allowed: each one re-reads the head, as a reader does."""
+    start = time.monotonic()
+    deadline = start + timeout
+    while True:
+        seen = storage.wakeups.version
+        if head(storage, stream_key).next_offset >= at_least:
+            return time.monotonic() - start
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"no wake-up for stream {stream_key} within {timeout} s"
+        storage.wakeups.wait(seen, remaining)
+
+
+def start_watching(storage: Storage) -> None:
+    """Let the storage's watcher of other writers start and settle."""
+    storage.wakeups.wait(storage.wakeups.version, 0.5)
+
+
+@contextmanager
+def writer_process(
+    url: str, stream_keys: list[int], writer: int, batches: int, rows_per_stream: int
+) -> Iterator[subprocess.Popen[str]]:
+    """A `writer_process.py` child that has opened the storage and waits for `go`."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS_DIR)]))}
+    command = [
+        sys.executable,
+        str(WRITER_SCRIPT),
+        url,
+        ",".join(map(str, stream_keys)),
+        str(writer),
+        str(batches),
+        str(rows_per_stream),
+    ]
+    with subprocess.Popen(
+        command,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    ) as process:
+        try:
+            assert process.stdout is not None
+            line = process.stdout.readline()
+            if line != "ready\n":
+                process.kill()
+                _, errors = process.communicate(timeout=30)
+                raise AssertionError(f"writer {writer} did not start: {line!r} {errors}")
+            yield process
+        finally:
+            if process.poll() is None:
+                process.kill()
+            process.communicate(timeout=30)
+
+
+def go(process: subprocess.Popen[str]) -> None:
+    assert process.stdin is not None
+    process.stdin.write("go\n")
+    process.stdin.flush()
+
+
+def finish(process: subprocess.Popen[str], timeout: float = 60) -> None:
+    """Wait for a writer to say `done` and exit 0."""
+    output, errors = process.communicate(timeout=timeout)
+    assert process.returncode == 0 and output == "done\n", errors
+
+
+# --------------------------------------------------------------------------- wake-ups
+
+
+def test_wakeup_after_an_append_from_another_thread(storage: Storage) -> None:
+    (stream,) = create_topic(storage, "orders", 1)
+    appender = threading.Timer(0.05, storage.append, ({stream.key: numbered_rows(1)},))
+
+    appender.start()
+    elapsed = wait_for_head(storage, stream.key, 1, timeout=5.0)
+    appender.join()
+
+    assert elapsed < WAKEUP_BOUND
+
+
+def test_wait_without_an_append_times_out(storage: Storage) -> None:
+    create_topic(storage, "orders", 1)
+    start_watching(storage)
+    seen = storage.wakeups.version
+
+    started = time.monotonic()
+    assert storage.wakeups.wait(seen, 0.2) == seen
+    assert 0.15 < time.monotonic() - started < WAKEUP_BOUND
+
+
+def test_async_wakeup_after_an_append_from_another_thread(storage: Storage) -> None:
+    (stream,) = create_topic(storage, "orders", 1)
+    appender = threading.Timer(0.05, storage.append, ({stream.key: numbered_rows(1)},))
+
+    async def wait_for_append() -> float:
+        # As `wait_for_head`, with `wait_async`.
+        started = time.monotonic()
+        while True:
+            seen = storage.wakeups.version
+            if head(storage, stream.key).next_offset >= 1:
+                return time.monotonic() - started
+            assert time.monotonic() - started < 5.0, "no wake-up"
+            await storage.wakeups.wait_async(seen, 5.0)
+
+    appender.start()
+    elapsed = asyncio.run(wait_for_append())
+    appender.join()
+
+    assert elapsed < WAKEUP_BOUND
+
+
+def test_wakeup_after_an_append_by_another_instance(storage: Storage, storage_url: str) -> None:
+    (stream,) = create_topic(storage, "orders", 1)
+    start_watching(storage)
+    other = open_storage(storage_url)
+    try:
+        appender = threading.Timer(0.05, other.append, ({stream.key: numbered_rows(1)},))
+        appender.start()
+        elapsed = wait_for_head(storage, stream.key, 1, timeout=5.0)
+        appender.join()
+    finally:
+        other.close()
+
+    assert elapsed < WAKEUP_BOUND
+
+
+def test_an_append_before_the_first_wait_is_not_missed(storage: Storage, storage_url: str) -> None:
+    # A reader notes the version, reads the heads, then waits. An append by another
+    # writer in between must end the wait, even when it is the reader's first wait
+    # (and so the first moment anything watches for other writers).
+    (stream,) = create_topic(storage, "orders", 1)
+    seen = storage.wakeups.version
+    assert head(storage, stream.key).next_offset == 0
+    other = open_storage(storage_url)
+    try:
+        other.append({stream.key: numbered_rows(1)})
+    finally:
+        other.close()
+
+    started = time.monotonic()
+    storage.wakeups.wait(seen, 5.0)
+
+    assert time.monotonic() - started < WAKEUP_BOUND
+    assert head(storage, stream.key).next_offset == 1
+
+
+def test_wakeup_after_an_append_by_another_process(storage: Storage, storage_url: str) -> None:
+    (stream,) = create_topic(storage, "orders", 1)
+    with writer_process(storage_url, [stream.key], writer=0, batches=1, rows_per_stream=1) as child:
+        start_watching(storage)
+        assert head(storage, stream.key).next_offset == 0
+        go(child)
+        elapsed = wait_for_head(storage, stream.key, 1, timeout=10.0)
+        finish(child)
+
+    # From `go` to the wake-up: includes the child's append (a few ms).
+    assert elapsed < WAKEUP_BOUND
+
+
+# --------------------------------------------------------------------------- concurrent writers
+
+
+def check_dense_and_ordered(
+    storage: Storage, stream_keys: list[int], writers: int, per_writer: int
+) -> None:
+    for key in stream_keys:
+        messages = storage.read(key, 0, writers * per_writer + 10)
+        assert [m.offset for m in messages] == list(range(writers * per_writer))
+        assert head(storage, key).next_offset == writers * per_writer
+        by_writer = check_writers([m.payload for m in messages])
+        assert sorted(by_writer) == list(range(writers))
+        assert all(len(sequences) == per_writer for sequences in by_writer.values())
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["own-instances", "one-instance"])
+def test_threads_appending_to_the_same_streams(
+    storage: Storage, storage_url: str, shared: bool
+) -> None:
+    threads_count, batches, rows = 4, 50, 2
+    streams = [h.key for h in create_topic(storage, "orders", 2)]
+    barrier = threading.Barrier(threads_count)
+    failures: list[BaseException] = []
+
+    def write(writer: int, target: Storage) -> None:
+        try:
+            ids = MessageIdGenerator()
+            barrier.wait(timeout=30)
+            sequence = 0
+            for _ in range(batches):
+                batch = {}
+                for key in streams:
+                    batch[key] = writer_rows(ids, writer, sequence, rows)
+                    sequence += rows
+                firsts = target.append(batch)
+                assert set(firsts) == set(streams)
+        except BaseException as exc:
+            failures.append(exc)
+
+    with ExitStack() as stack:
+        targets = [
+            storage if shared else stack.enter_context(_opened(storage_url))
+            for _ in range(threads_count)
+        ]
+        workers = [
+            threading.Thread(target=write, args=(n, targets[n])) for n in range(threads_count)
+        ]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(timeout=60)
+
+    assert not failures, failures
+    check_dense_and_ordered(storage, streams, threads_count, batches * rows)
+
+
+def test_processes_appending_to_the_same_streams(storage: Storage, storage_url: str) -> None:
+    processes_count, batches, rows = 3, 50, 2
+    streams = [h.key for h in create_topic(storage, "orders", 2)]
+
+    with ExitStack() as stack:
+        children = [
+            stack.enter_context(writer_process(storage_url, streams, n, batches, rows))
+            for n in range(processes_count)
+        ]
+        for child in children:
+            go(child)
+        for child in children:
+            finish(child)
+
+    check_dense_and_ordered(storage, streams, processes_count, batches * rows)
+
+
+def test_concurrent_first_opens_migrate_once(storage_url: str) -> None:
+    opened: list[Storage] = []
+    failures: list[BaseException] = []
+    barrier = threading.Barrier(4)
+
+    def open_one() -> None:
+        try:
+            barrier.wait(timeout=30)
+            opened.append(open_storage(storage_url))
+        except BaseException as exc:
+            failures.append(exc)
+
+    workers = [threading.Thread(target=open_one) for _ in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=60)
+    try:
+        assert not failures, failures
+        assert len(opened) == 4
+        create_topic(opened[0], "orders", 1)
+        assert [[t.name for t in s.list_topics()] for s in opened] == [["orders"]] * 4
+    finally:
+        for storage in opened:
+            storage.close()
+
+
+@contextmanager
+def _opened(url: str) -> Iterator[Storage]:
+    storage = open_storage(url)
+    try:
+        yield storage
+    finally:
+        storage.close()
