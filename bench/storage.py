@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
 
 from riverbed.log.log import Log  # noqa: E402
 from riverbed.log.router import key_hash, route  # noqa: E402
@@ -257,9 +257,12 @@ def main() -> None:
                 raw_read_sqlite,
             )
     if args.backend in ("postgres", "both"):
-        from tests.harness.postgres import PostgresServer
+        from harness.postgres import PostgresServer
 
-        server = PostgresServer(settings={"fsync": "on", "synchronous_commit": "on"})
+        server = PostgresServer(
+            settings={"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on"},
+            on_disk=True,
+        )
         server.start()
         try:
             results += run_backend(

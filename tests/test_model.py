@@ -326,12 +326,21 @@ def test_format_duration_examples(micros: int, text: str) -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["", "   ", "5", "s", "5x", "-5s", "1.5s", "5 s", "1m30", "ms", "1h 30m", "5sec", "+5s"],
+    [
+        *("", "   ", "5", "s", "5x", "-5s", "1.5s", "5 s", "1m30", "ms", "1h 30m", "5sec"),
+        *("+5s", "٣s", "5s\x00"),
+    ],
 )
 def test_parse_duration_refuses_bad_text_naming_it(text: str) -> None:
     with pytest.raises(InvalidInput) as caught:
         parse_duration(text)
     assert repr(text) in str(caught.value)
+
+
+@pytest.mark.parametrize("value", [5, None, b"5s", 1.5])
+def test_parse_duration_refuses_non_strings(value: object) -> None:
+    with pytest.raises(InvalidInput, match=repr(value).replace("(", r"\(")):
+        parse_duration(value)  # type: ignore[arg-type]
 
 
 # --------------------------------------------------------------------- properties

@@ -273,8 +273,9 @@ def parse_duration(text: str) -> int:
     into microseconds."""
     import re
 
-    cleaned = text.strip().lower()
-    parts = re.findall(r"(\d+)(us|ms|s|m|h|d|w)", cleaned)
+    cleaned = text.strip().lower() if isinstance(text, str) else ""
+    # [0-9], not \d: \d also takes other scripts' digits ("٣s").
+    parts = re.findall(r"([0-9]+)(us|ms|s|m|h|d|w)", cleaned)
     if not cleaned or "".join(n + u for n, u in parts) != cleaned:
         raise InvalidInput(
             f"duration {text!r} is not a number followed by a unit (us, ms, s, m, h, d, w),"

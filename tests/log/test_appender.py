@@ -302,19 +302,20 @@ def test_switch_produce_from_another_process_loses_nothing(
     produced: list[bytes] = []
     errors: list[BaseException] = []
 
-    def produce() -> None:
+    def produce(producer: int) -> None:
         call = 0
         try:
             while not stop.is_set() or call < 50:
-                messages = [Message(payload(0, call, i), key=f"k{i}") for i in range(3)]
+                messages = [Message(payload(producer, call, i), key=f"k{i}") for i in range(3)]
                 appender.append(TOPIC, messages, timeout=30)
                 produced.extend(m.payload for m in messages)
                 call += 1
         except BaseException as exc:
             errors.append(exc)
 
-    thread = threading.Thread(target=produce)
-    thread.start()
+    threads = [threading.Thread(target=produce, args=(p,)) for p in range(3)]
+    for thread in threads:
+        thread.start()
     sealed_heads: dict[int, int] = {}
     try:
         for partitions in (8, 12, 6):
@@ -328,7 +329,8 @@ def test_switch_produce_from_another_process_loses_nothing(
         time.sleep(0.05)
     finally:
         stop.set()
-        thread.join()
+        for thread in threads:
+            thread.join()
         other.close()
     assert not errors, errors[0]
 
@@ -339,17 +341,18 @@ def test_switch_produce_from_another_process_loses_nothing(
             assert head.next_offset == sealed_heads[head.key], head.stream
     streams = read_all(storage, TOPIC)
     check_dense(streams)
+    check_order_per_key_and_producer(streams)
     stored = [m.payload for ms in streams.values() for m in ms]
     assert sorted(stored) == sorted(produced) and len(set(stored)) == len(stored)
-    # Each key went through the generations in order: per generation its calls form
-    # increasing, non-overlapping ranges.
-    ranges: dict[str | None, list[tuple[int, int, int]]] = defaultdict(list)
-    for stream, messages in sorted(streams.items(), key=lambda kv: kv[0].generation):
+    # Each producer's messages of a key went through the generations in order.
+    by_generation: dict[tuple[str | None, int], list[tuple[int, int, int]]] = defaultdict(list)
+    for stream, messages in streams.items():
         for m in messages:
-            ranges[m.key].append((stream.generation, *parse(m.payload)[1:]))
-    for key, seen in ranges.items():
-        calls_in_gen_order = [(c, i) for _, c, i in sorted(seen)]
-        assert calls_in_gen_order == sorted(calls_in_gen_order), key
+            producer, call, index = parse(m.payload)
+            by_generation[m.key, producer].append((stream.generation, call, index))
+    for ident, seen in by_generation.items():
+        calls_in_generation_order = [(c, i) for _, c, i in sorted(seen)]
+        assert calls_in_generation_order == sorted(calls_in_generation_order), ident
     generations_used = {s.generation for s, ms in streams.items() if ms}
     assert generations_used == {0, 1, 2, 3}
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from riverbed.log.log import Log
 from riverbed.log.reader import predecessors, readable_streams
 from riverbed.model import Message, StreamId
-from riverbed.storage import Storage
+from riverbed.storage import Storage, open_storage
 from riverbed.storage.base import StorageTopicRecord, StreamHead
 from riverbed.subscriptions.cursors import Consumer, Subscriptions
 
@@ -239,3 +242,65 @@ def test_a_consumer_in_the_middle_of_a_scale_up(log: Log) -> None:
     read += read_everything(consumer, 5)
     assert_per_key_order(read, len(KEYS) * 5)
     assert all(s.generation == (1 if r == 2 else 0) for s, _, r, _ in read)
+
+
+rounds = st.lists(
+    st.tuples(
+        st.integers(0, 30),  # produce into the current generation
+        st.one_of(st.none(), st.sampled_from([1, 2, 3, 4, 6, 8, 12])),  # AddStorageTopic
+        st.integers(0, 10),  # produce again (still the old generation)
+        st.booleans(),  # SwitchProduce
+        st.one_of(st.none(), st.integers(1, 20)),  # a poll of this many
+    ),
+    min_size=1,
+    max_size=6,
+)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from([1, 2, 4, 6]), rounds, st.integers(1, 5))
+def test_per_key_order_under_any_scaling_history(
+    first: int, script: list[tuple[int, int | None, int, bool, int | None]], drain_batch: int
+) -> None:
+    """Whatever the sequence of AddStorageTopic, SwitchProduce, produce and poll, a
+    consumer sees every message once and each key's messages in produce order."""
+    with tempfile.TemporaryDirectory() as directory:
+        log = Log(open_storage(f"sqlite:///{directory}/r.db"))
+        try:
+            log.topics.create("t", first)
+            subs = Subscriptions(log.storage)
+            subs.create("s", "t")
+            consumer = subs.consumer("s")
+            sequence = 0
+            seen: list[tuple[str, int]] = []
+
+            def produce(count: int) -> None:
+                nonlocal sequence
+                numbers = range(sequence, sequence + count)
+                log.produce("t", [Message(b"%d" % n, key=f"k{n % 10}") for n in numbers])
+                sequence += count
+
+            def take(batch: int) -> int:
+                got = consumer.poll(max_messages=batch)
+                seen.extend((d.message.key or "", int(d.message.payload)) for d in got)
+                return len(got)
+
+            for before, add, between, switch, poll in script:
+                produce(before)
+                if add is not None:
+                    log.topics.add_storage_topic("t", add)
+                produce(between)
+                if switch:
+                    log.topics.switch_produce("t")
+                if poll is not None:
+                    take(poll)
+            while take(drain_batch):
+                pass
+            assert sorted(n for _, n in seen) == list(range(sequence))
+            by_key: dict[str, list[int]] = {}
+            for k, n in seen:
+                by_key.setdefault(k, []).append(n)
+            for k, numbers in by_key.items():
+                assert numbers == sorted(numbers), k
+        finally:
+            log.close()
