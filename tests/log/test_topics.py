@@ -332,6 +332,18 @@ def test_produce_to_an_unknown_topic(storage: Storage, log: Log) -> None:
     assert snapshot(storage) == before
 
 
+def test_builtin_topic_refuses_names_another_binding_claims(storage: Storage, log: Log) -> None:
+    log.topics.create("orders", 4, binding="orders/#")
+    before = snapshot(storage)
+    claimed = Message(b"x", key="c1", mqtt_topic="orders/1")
+    with pytest.raises(InvalidInput, match="belongs to topic 'orders'"):
+        log.produce(BUILTIN_TOPIC, [Message(b"ok", mqtt_topic="free/1"), claimed])
+    assert snapshot(storage) == before
+    # A topic without a binding is no MQTT destination: any valid name is data there.
+    log.topics.create("plain", 2)
+    assert log.produce("plain", [claimed])[0][0].topic == "plain"
+
+
 def test_builtin_topic_takes_any_valid_name(log: Log) -> None:
     positions = log.produce(BUILTIN_TOPIC, [Message(b"x", key="c1", mqtt_topic="a/b/c")])
     assert positions[0][0].topic == BUILTIN_TOPIC

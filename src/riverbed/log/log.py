@@ -8,7 +8,7 @@ from concurrent.futures import Future
 
 from riverbed.errors import InvalidInput
 from riverbed.log.appender import Appender, Positions
-from riverbed.log.topics import Topics, resolve_binding
+from riverbed.log.topics import BUILTIN_TOPIC, Topics, resolve_binding
 from riverbed.model import Message, MessageIdGenerator
 from riverbed.storage import open_storage
 from riverbed.storage.base import Storage, TopicRecord
@@ -61,7 +61,12 @@ class Log:
         return self.appender.submit(topic, messages)
 
     def produce(self, topic: str, messages: Sequence[Message]) -> Positions:
-        """Append messages to a topic and wait until they are committed."""
+        """Append messages to a topic and wait until they are committed.
+
+        A message's `mqtt_topic`, if given, must be a valid topic name that the
+        topic's binding matches; for the built-in `mqtt` topic, one that no other
+        topic's binding claims. A topic without a binding keeps any name as data.
+        """
         self._check(topic, messages)
         return self.appender.append(topic, messages)
 
@@ -88,6 +93,15 @@ class Log:
                     f"MQTT topic {name!r} is not matched by the binding"
                     f" {binding!r} of topic {topic!r}"
                 )
+            if topic == BUILTIN_TOPIC:
+                owner = resolve_binding(self._bindings, name)
+                if owner != BUILTIN_TOPIC:
+                    # MQTT subscribers of this name read `owner`, never `mqtt`.
+                    raise InvalidInput(
+                        f"MQTT topic {name!r} belongs to topic {owner!r} by its binding;"
+                        f" the built-in topic {BUILTIN_TOPIC!r} stores only names no binding"
+                        " claims"
+                    )
             checked.add(name)
 
     def topic_for(self, mqtt_topic: str) -> str:

@@ -179,6 +179,10 @@ class Consumer:
 
     At least once: `poll` hands out messages, `commit` records them as consumed.
     What was polled but not committed is read again by the next consumer.
+
+    A consumer keeps its own positions: `Subscriptions.reset` takes effect for
+    consumers created after it (a live consumer's next commit would move the
+    cursor forward again), so stop consumers before resetting, as with Kafka.
     """
 
     def __init__(self, subscriptions: Subscriptions, record: SubscriptionRecord) -> None:
