@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterator
 
 import pytest
 from hypothesis import given, settings
@@ -12,7 +11,7 @@ from hypothesis import strategies as st
 from riverbed.log.log import Log
 from riverbed.log.reader import predecessors, readable_streams
 from riverbed.model import Message, StreamId
-from riverbed.storage import Storage, open_storage
+from riverbed.storage import open_storage
 from riverbed.storage.base import StorageTopicRecord, StreamHead
 from riverbed.subscriptions.cursors import Consumer, Subscriptions
 
@@ -154,15 +153,6 @@ def test_below_the_start_counts_as_at_the_start() -> None:
 
 
 # --------------------------------------------------------------------- end to end
-
-
-@pytest.fixture
-def log(storage: Storage) -> Iterator[Log]:
-    opened = Log(storage)
-    try:
-        yield opened
-    finally:
-        opened.appender.close()
 
 
 KEYS = [f"key-{i}" for i in range(24)]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -17,15 +16,6 @@ from riverbed.subscriptions.cursors import Consumer, Subscriptions
 
 HOUR = 3_600_000_000
 S0 = StreamId("t", 0, 0)
-
-
-@pytest.fixture
-def log(storage: Storage) -> Iterator[Log]:
-    opened = Log(storage)
-    try:
-        yield opened
-    finally:
-        opened.appender.close()
 
 
 def make_topic(log: Log, policy: RetentionPolicy, retention_us: int | None = HOUR) -> None:

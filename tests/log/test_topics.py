@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from riverbed.errors import (
@@ -25,15 +23,6 @@ from riverbed.storage.base import RetentionPolicy, StorageTopicRecord
 @pytest.fixture
 def topics(storage: Storage) -> Topics:
     return Topics(storage)
-
-
-@pytest.fixture
-def log(storage: Storage) -> Iterator[Log]:
-    opened = Log(storage)
-    try:
-        yield opened
-    finally:
-        opened.appender.close()  # the storage fixture closes the storage
 
 
 def snapshot(storage: Storage) -> tuple[object, ...]:
