@@ -12,17 +12,21 @@ backend, in one run:
   order and committing after each batch; and `Storage.read` alone. Reads run
   three rounds, alternating, and the best round of each counts.
 
+The process first applies `riverbed.tuning.tune_process()`, as every `riverbed`
+command does (`--default-gc` measures without it); the raw runs share it.
+
 Prints each throughput and the ratio Riverbed / raw. PostgreSQL is a throwaway
 server started here from Debian's binaries with its default durability
 (fsync and synchronous_commit on).
 
-    .venv/bin/python bench/storage.py [--messages N] [--backend sqlite|postgres]
+    .venv/bin/python bench/storage.py [--messages N] [--backend sqlite|postgres] [--default-gc]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import os
 import platform
 import sys
@@ -40,6 +44,7 @@ from riverbed.model import Message, MessageIdGenerator  # noqa: E402
 from riverbed.storage import open_storage  # noqa: E402
 from riverbed.storage.base import StartKind  # noqa: E402
 from riverbed.subscriptions import Subscriptions  # noqa: E402
+from riverbed.tuning import tune_process  # noqa: E402
 
 STREAMS = 8
 ROUNDS = 3
@@ -264,7 +269,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--backend", choices=["sqlite", "postgres", "both"], default="both")
+    parser.add_argument(
+        "--default-gc",
+        action="store_true",
+        help="keep CPython's default gc thresholds instead of Riverbed's process tuning",
+    )
     args = parser.parse_args()
+    if not args.default_gc:
+        # What every `riverbed` process does at start; raw and Riverbed runs share it.
+        tune_process()
     total = args.messages - args.messages % (BATCH * STREAMS)
     results: list[tuple[str, float, float]] = []
     if args.backend in ("sqlite", "both"):
@@ -295,6 +308,7 @@ def main() -> None:
         finally:
             server.stop()
     print(f"# {total:,} messages of {len(PAYLOAD)} bytes, {STREAMS} streams, batches of {BATCH}")
+    print(f"# gc thresholds {gc.get_threshold()}")
     print(
         f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores,"
         f" Python {platform.python_version()}"

@@ -41,6 +41,7 @@ from riverbed.model import Message, StreamId, format_duration, parse_duration
 from riverbed.storage import DEFAULT_URL, ENV_VAR, default_url
 from riverbed.storage.base import RetentionPolicy, StartKind, StreamHead, SubscriptionRecord
 from riverbed.subscriptions.cursors import Start, StreamLag, Subscriptions
+from riverbed.tuning import tune_process
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -222,6 +223,7 @@ def cli() -> None:
 
 def main() -> None:
     """The `riverbed` console script."""
+    tune_process()
     cli.main(prog_name="riverbed")
 
 
