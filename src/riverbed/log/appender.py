@@ -9,9 +9,11 @@ resolves the producers' futures: a produce call returns after its batch is
 committed. sqlite3 and psycopg release the GIL while the database works, so the
 writer overlaps with the producers.
 
-If SwitchProduce sealed a stream since we last looked, the storage refuses the
-whole transaction (nothing is written); we reload the topic's layout and route
-again, so no message ever lands in a sealed stream.
+If SwitchProduce sealed a stream since we last looked, or the topic was deleted
+(stream keys are never reused), the storage refuses the whole transaction
+(nothing is written); we reload the topic's layout and route again, so no
+message ever lands in a sealed stream. That is the only way a cached layout goes
+stale, so the hot path asks the database nothing else.
 """
 
 from __future__ import annotations
@@ -161,7 +163,6 @@ class Appender:
         self._thread: threading.Thread | None = None
         self._committing = False
         self._layouts: dict[str, _Layout] = {}
-        self._meta_version = -1
         self._spread = itertools.count()
 
     # --- producer side ------------------------------------------------------
@@ -339,10 +340,6 @@ class Appender:
         # batch with an error for messages that were committed.
         taken = [item for item in taken if item.future.set_running_or_notify_cancel()]
         for _attempt in range(_MAX_ROUTE_ATTEMPTS):
-            version = self.storage.meta_version()
-            if version != self._meta_version:
-                self._layouts.clear()
-                self._meta_version = version
             live: list[tuple[_Pending, _Layout, list[int], list[int]]] = []
             batches: dict[int, list[Row]] = {}
             for item in taken:
