@@ -7,32 +7,28 @@ need one backend. One throwaway PostgreSQL server serves the whole session
 
 Tests that need PostgreSQL or Spark carry the `postgres` / `spark` marker (a test
 that uses `postgres_server` gets `postgres` automatically). Locally such a test is
-skipped when its server cannot start; in CI (`CI=true`) it fails instead: a skip
-there would hide that a whole backend went untested.
+skipped when its server cannot start; in CI (`CI=true`) it fails instead, and so
+does a module that skips while being collected: a skip there would hide that a
+whole backend went untested (`harness/ci.py`).
 """
 
 from __future__ import annotations
 
 import itertools
-import os
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from harness.ci import in_ci
+from harness.ci import pytest_make_collect_report as pytest_make_collect_report
+from harness.ci import pytest_runtest_makereport as pytest_runtest_makereport
 from harness.postgres import PostgresServer, PostgresUnavailable
 from riverbed.storage import Storage, open_storage
 
-IN_CI = os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
-"""CI sets `CI=true`; there no test of a backend may be skipped."""
-
-MUST_RUN_IN_CI = ("postgres", "spark")
-"""Markers whose tests fail instead of skipping in CI."""
+pytest_plugins = ["pytester"]  # tests of the CI hooks run pytest inside pytest
 
 _database_numbers = itertools.count(1)
-
-
-# --------------------------------------------------------------------- CI strictness
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -42,22 +38,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.get_closest_marker("postgres") is None
         ):
             item.add_marker(pytest.mark.postgres)
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(
-    item: pytest.Item, call: pytest.CallInfo[None]
-) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    report = yield
-    if IN_CI and report.skipped and not hasattr(report, "wasxfail"):
-        needed = [m for m in MUST_RUN_IN_CI if item.get_closest_marker(m) is not None]
-        if needed:
-            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
-            report.outcome = "failed"
-            report.longrepr = (
-                f"a test marked {'/'.join(needed)} was skipped in CI, where it must run: {reason}"
-            )
-    return report
 
 
 # --------------------------------------------------------------------- PostgreSQL
@@ -75,7 +55,7 @@ def postgres_server() -> Iterator[PostgresServer]:
     else:
         message = ""
     if message:
-        if IN_CI:
+        if in_ci():
             pytest.fail(message, pytrace=False)
         pytest.skip(message)
     try:

@@ -24,6 +24,25 @@ class InvalidTopicFilter(InvalidInput):
     """An MQTT topic filter breaks a rule of [MQTT-4.7]."""
 
 
+class ProtocolError(InvalidInput):
+    """An MQTT packet breaks a rule of the MQTT 5.0 or 3.1.1 specification.
+
+    `reason_code` is the MQTT 5 reason code to answer with: in a CONNACK when the
+    broken packet is the CONNECT, else in a DISCONNECT (an MQTT 3.1.1 connection
+    is just closed, or gets the CONNACK return code that matches). The codec uses
+    0x81 Malformed Packet, 0x82 Protocol Error, 0x84 Unsupported Protocol Version,
+    0x85 Client Identifier not valid, 0x94 Topic Alias invalid and 0x95 Packet too
+    large; the message cites the rule, e.g. "[MQTT-3.3.1-4]".
+    """
+
+    def __init__(self, reason_code: int, message: str) -> None:
+        super().__init__(message)
+        self.reason_code = reason_code
+
+    def __reduce__(self) -> tuple[type[ProtocolError], tuple[int, str]]:
+        return (type(self), (self.reason_code, str(self)))
+
+
 class InvalidPartitionCount(InvalidInput):
     """A partition count is not 1, 2, 3 or a multiple of 4 or 6 (seed 003)."""
 

@@ -355,3 +355,38 @@ class PostgresServer:
         with contextlib.suppress(OSError, ValueError, IndexError):
             pid = int((data / "postmaster.pid").read_text().splitlines()[0])
             os.kill(pid, 9)
+
+
+# --------------------------------------------------------------------- clients of a database
+
+_OTHER_CLIENTS = (
+    "FROM pg_stat_activity WHERE datname = current_database()"
+    " AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
+)
+
+
+def terminate_connections(url: str) -> int:
+    """Terminate every client connection to `url`'s database, as an administrator's
+    `pg_terminate_backend` or a server restart would; return how many.
+
+    Waits (up to 5 s each) until they are gone, so the clients' next statement
+    fails for certain."""
+    with psycopg.connect(url, autocommit=True) as admin:
+        rows = admin.execute(f"SELECT pg_terminate_backend(pid, 5000) {_OTHER_CLIENTS}").fetchall()
+    return len(rows)
+
+
+def count_connections(url: str) -> int:
+    """Client connections to `url`'s database right now, this one's not counted."""
+    with psycopg.connect(url, autocommit=True) as admin:
+        row = admin.execute(f"SELECT count(*) {_OTHER_CLIENTS}").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def with_password(url: str, password: str) -> str:
+    """`postgresql://user@host/db` -> `postgresql://user:password@host/db`."""
+    scheme, _, rest = url.partition("://")
+    user, at, host = rest.partition("@")
+    assert at and ":" not in user, f"{url} has no user or has a password already"
+    return f"{scheme}://{user}:{password}@{host}"

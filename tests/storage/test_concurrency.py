@@ -18,12 +18,17 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
 
+from harness.postgres import terminate_connections
 from harness.storage import check_writers, create_topic, head, numbered_rows, writer_rows
 from riverbed.model import MessageIdGenerator
 from riverbed.storage import Storage, open_storage
+from riverbed.storage import postgres as postgres_module
+from riverbed.storage import sqlite as sqlite_module
 
 WRITER_SCRIPT = Path(__file__).with_name("writer_process.py")
 TESTS_DIR = Path(__file__).parents[1]
@@ -192,6 +197,120 @@ def test_wakeup_after_an_append_by_another_process(storage: Storage, storage_url
 
     # From `go` to the wake-up: includes the child's append (a few ms).
     assert elapsed < WAKEUP_BOUND
+
+
+def test_wakeup_after_a_topic_is_deleted_by_another_instance(
+    storage: Storage, storage_url: str
+) -> None:
+    # Readers of the deleted topic's streams must learn they are gone.
+    create_topic(storage, "orders", 1)
+    start_watching(storage)
+    seen = storage.wakeups.version
+    other = open_storage(storage_url)
+    try:
+        other.delete_topic("orders")
+    finally:
+        other.close()
+
+    started = time.monotonic()
+    assert storage.wakeups.wait(seen, 5.0) != seen
+    assert time.monotonic() - started < WAKEUP_BOUND
+
+
+@pytest.mark.postgres
+def test_the_listener_reconnects_and_wakes_readers(postgres_url: str) -> None:
+    storage = open_storage(postgres_url)
+    other = open_storage(postgres_url)
+    try:
+        (stream,) = create_topic(storage, "orders", 1)
+        start_watching(storage)
+
+        # The LISTEN connection is terminated with the others; an append right
+        # after it may NOTIFY while nobody listens.
+        assert terminate_connections(postgres_url) >= 2
+        other.append({stream.key: numbered_rows(1)})
+        assert wait_for_head(storage, stream.key, 1, timeout=5.0) < 2.0
+
+        # And it listens again.
+        time.sleep(3 * postgres_module.LISTEN_RETRY_FIRST)
+        appender = threading.Timer(0.05, other.append, ({stream.key: numbered_rows(1)},))
+        appender.start()
+        elapsed = wait_for_head(storage, stream.key, 2, timeout=5.0)
+        appender.join()
+        assert elapsed < WAKEUP_BOUND
+    finally:
+        other.close()
+        storage.close()
+
+
+@pytest.mark.postgres
+def test_the_listener_retries_connecting_with_backoff(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    connect = psycopg.connect
+    refused: list[float] = []
+
+    def refuse_the_listener_twice(*args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread().name == "riverbed-pg-listen" and len(refused) < 2:
+            refused.append(time.monotonic())
+            raise psycopg.OperationalError("the database system is starting up")
+        return connect(*args, **kwargs)
+
+    monkeypatch.setattr(psycopg, "connect", refuse_the_listener_twice)
+    storage = open_storage(postgres_url)
+    other = open_storage(postgres_url)
+    try:
+        (stream,) = create_topic(storage, "orders", 1)
+        seen = storage.wakeups.version
+        assert head(storage, stream.key).next_offset == 0
+        other.append({stream.key: numbered_rows(1)})  # nobody listens yet
+
+        assert storage.wakeups.wait(seen, 5.0) != seen  # woken once it could LISTEN
+        assert len(refused) == 2
+        assert refused[1] - refused[0] >= postgres_module.LISTEN_RETRY_FIRST
+        assert head(storage, stream.key).next_offset == 1
+    finally:
+        other.close()
+        storage.close()
+
+
+def test_the_sqlite_watcher_stops_when_nobody_waits_and_starts_again(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sqlite_module, "WATCH_IDLE", 0.2)
+    storage = open_storage(sqlite_url)
+    other = open_storage(sqlite_url)
+    assert isinstance(storage, sqlite_module.SqliteStorage)
+    try:
+        (stream,) = create_topic(storage, "orders", 1)
+        start_watching(storage)
+        first = storage._watcher
+        assert first is not None
+
+        # Nobody waits: the watcher stops polling.
+        first.join(timeout=5.0)
+        assert not first.is_alive()
+
+        # A reader looks at the head, another process appends, the reader waits:
+        # the watcher starts again and wakes it, though it saw no change itself.
+        seen = storage.wakeups.version
+        assert head(storage, stream.key).next_offset == 0
+        other.append({stream.key: numbered_rows(1)})
+        started = time.monotonic()
+        assert storage.wakeups.wait(seen, 5.0) != seen
+        assert time.monotonic() - started < WAKEUP_BOUND
+        assert storage._watcher is not first and storage._watcher.is_alive()
+
+        # A wait longer than the idle time keeps it watching.
+        seen = storage.wakeups.version
+        appender = threading.Timer(0.5, other.append, ({stream.key: numbered_rows(1)},))
+        appender.start()
+        assert storage.wakeups.wait(seen, 5.0) != seen
+        appender.join()
+        assert head(storage, stream.key).next_offset == 2
+    finally:
+        other.close()
+        storage.close()
 
 
 # --------------------------------------------------------------------------- concurrent writers

@@ -6,6 +6,10 @@ once per backend. Concurrency, wake-ups and URLs have their own modules.
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
+
+import psycopg
 import pytest
 
 from harness.storage import (
@@ -19,6 +23,8 @@ from harness.storage import (
 from riverbed.errors import (
     AlreadyExists,
     BindingOverlap,
+    InvalidInput,
+    InvalidOffset,
     PreconditionFailed,
     SubscriptionNotFound,
     TopicNotFound,
@@ -34,6 +40,7 @@ from riverbed.storage.base import (
     SubscriptionRecord,
     TopicRecord,
 )
+from riverbed.storage.sql import FIRST_OFFSET_AT
 
 
 def subscription(
@@ -400,6 +407,20 @@ def test_read_limit_middle_and_beyond_the_head(storage: Storage) -> None:
     assert storage.read(stream.key + 1000, 0, 4) == []
 
 
+def test_read_refuses_a_negative_offset_or_a_limit_below_one(storage: Storage) -> None:
+    # The databases disagree here (SQLite reads everything for LIMIT -1); the
+    # storage refuses before asking either.
+    (stream,) = create_topic(storage, "orders", 1)
+    storage.append({stream.key: numbered_rows(3)})
+
+    with pytest.raises(InvalidOffset, match="offset -1"):
+        storage.read(stream.key, -1, 10)
+    for limit in (0, -1):
+        with pytest.raises(InvalidInput, match=f"limit {limit}") as raised:
+            storage.read(stream.key, 0, limit)
+        assert isinstance(raised.value, ValueError)
+
+
 def test_stored_message_round_trips_every_field(storage: Storage) -> None:
     a, b = create_topic(storage, "orders", 2)
     message_id = MessageId.compose(1_700_000_000_123_456, 0xABCDEF123456, 7)
@@ -469,6 +490,45 @@ def test_first_offset_at_of_an_empty_stream_is_its_next_offset(storage: Storage)
     storage.append({stream.key: make_rows([b"a"], timestamps=[100])})
     storage.delete_before(stream.key, 1)
     assert storage.first_offset_at(stream.key, 0) == 1
+
+
+def test_first_offset_at_walks_the_primary_key_and_stops_at_the_first_match(
+    storage: Storage, storage_url: str
+) -> None:
+    a, b = create_topic(storage, "orders", 2)
+    count = 2000
+    for stream in (a, b):
+        storage.append({stream.key: make_rows([b"x"] * count, timestamps=range(count))})
+    assert storage.first_offset_at(a.key, 5) == 5
+    assert storage.first_offset_at(a.key, count) == count
+
+    if storage_url.startswith("sqlite"):
+        path = storage_url.removeprefix("sqlite:///")
+        with contextlib.closing(sqlite3.connect(path)) as conn:
+            plan = conn.execute(f"EXPLAIN QUERY PLAN {FIRST_OFFSET_AT}", (a.key, 5)).fetchall()
+            details = " / ".join(row[3] for row in plan)
+            assert "USING PRIMARY KEY (stream=?)" in details
+            assert "B-TREE" not in details  # no sort: offset order is the key's order
+            steps = [0]
+
+            def count_step() -> int:
+                steps[0] += 1
+                return 0
+
+            conn.set_progress_handler(count_step, 1)
+            assert conn.execute(FIRST_OFFSET_AT, (a.key, 5)).fetchone() == (5,)
+            assert steps[0] < 200  # VM instructions; a scan of the stream takes 10000s
+    else:
+        with psycopg.connect(storage_url, autocommit=True) as conn:
+            conn.execute("ANALYZE messages")  # as autovacuum would: the planner's statistics
+            sql = FIRST_OFFSET_AT.replace("?", "%s")
+            (plan,) = conn.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", (a.key, 5)).fetchone()
+        top = plan[0]["Plan"]
+        assert top["Node Type"] == "Limit"
+        (scan,) = top["Plans"]
+        assert scan["Node Type"] == "Index Scan" and scan["Index Name"] == "messages_pkey"
+        assert scan["Scan Direction"] == "Forward"
+        assert scan["Actual Rows"] == 1 and scan["Rows Removed by Filter"] == 5
 
 
 def test_delete_before(storage: Storage) -> None:

@@ -8,11 +8,12 @@ from urllib.parse import parse_qs, urlsplit
 
 from riverbed.errors import InvalidConfig
 from riverbed.storage.base import Storage
+from riverbed.storage.urls import redact_url
 
 DEFAULT_URL = "sqlite:///./riverbed-data/riverbed.db"
 ENV_VAR = "RIVERBED_DB"
 
-__all__ = ["DEFAULT_URL", "ENV_VAR", "Storage", "default_url", "open_storage"]
+__all__ = ["DEFAULT_URL", "ENV_VAR", "Storage", "default_url", "open_storage", "redact_url"]
 
 
 def default_url() -> str:
@@ -27,33 +28,35 @@ def open_storage(url: str | None = None) -> Storage:
     `?synchronous=full`; `postgresql://user@host:port/db` (or `postgres://`).
     """
     url = url or default_url()
+    shown = redact_url(url)  # what messages print
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - raises ValueError for a port that is not a number
     except ValueError as exc:
-        raise InvalidConfig(f"database URL {url!r} is malformed: {exc}") from None
+        raise InvalidConfig(f"database URL {shown!r} is malformed: {exc}") from None
     scheme = parts.scheme.lower()
     if scheme == "sqlite":
         from riverbed.storage.sqlite import SqliteStorage
 
         if parts.netloc:
             raise InvalidConfig(
-                f"database URL {url!r}: a sqlite URL has no host; write sqlite:///relative.db"
+                f"database URL {shown!r}: a sqlite URL has no host; write sqlite:///relative.db"
                 " or sqlite:////absolute.db"
             )
         path = parts.path[1:] if parts.path.startswith("/") else parts.path
         if not path or path.endswith("/"):
-            raise InvalidConfig(f"database URL {url!r} names no database file")
+            raise InvalidConfig(f"database URL {shown!r} names no database file")
         options = parse_qs(parts.query)
         unknown = set(options) - {"synchronous"}
         if unknown:
             raise InvalidConfig(
-                f"database URL {url!r}: unknown option(s) {sorted(unknown)}; known: synchronous"
+                f"database URL {shown!r}: unknown option(s) {sorted(unknown)}; known: synchronous"
             )
         synchronous = options.get("synchronous", ["normal"])[-1].upper()
         if synchronous not in ("NORMAL", "FULL"):
             raise InvalidConfig(
-                f"database URL {url!r}: synchronous={synchronous.lower()!r} must be normal or full"
+                f"database URL {shown!r}: synchronous={synchronous.lower()!r}"
+                " must be normal or full"
             )
         return SqliteStorage(url, Path(path), synchronous)
     if scheme in ("postgresql", "postgres"):
@@ -61,6 +64,6 @@ def open_storage(url: str | None = None) -> Storage:
 
         return PostgresStorage(url)
     raise InvalidConfig(
-        f"database URL {url!r}: unsupported scheme {parts.scheme!r}; use sqlite:///PATH"
+        f"database URL {shown!r}: unsupported scheme {parts.scheme!r}; use sqlite:///PATH"
         " or postgresql://..."
     )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -118,7 +119,14 @@ class StreamSealed(RiverbedError):
 
 
 class Storage(Protocol):
-    """What every backend provides. All methods are thread-safe."""
+    """What every backend provides. All methods are thread-safe.
+
+    Besides the errors each method names, any method may raise `StorageError`
+    when the database fails (`StorageUnavailable` when it cannot be reached or
+    the connection was lost mid-call; a write that raises it either wrote
+    nothing or, if its commit's answer was lost, says that its outcome is
+    unknown). After `close()` every method raises `StorageError`.
+    """
 
     url: str
     wakeups: Wakeups
@@ -185,7 +193,9 @@ class Storage(Protocol):
         ...
 
     def read(self, stream_key: int, offset: int, limit: int) -> list[StoredMessage]:
-        """Up to `limit` messages of a stream from `offset` on, in offset order."""
+        """Up to `limit` messages of a stream from `offset` on, in offset order.
+        Raises `InvalidOffset` for a negative offset, `InvalidInput` for a limit
+        below 1."""
         ...
 
     def first_offset_at(self, stream_key: int, timestamp_us: int) -> int:
@@ -266,6 +276,12 @@ class Wakeups:
     last saw and waits for it to change, then re-reads the heads it cares about
     (a small table). Backends bump it after their own commits and from a watcher
     of other processes' commits.
+
+    The watcher starts on the first wait. A watcher that costs something while it
+    runs (SQLite polls) may stop once nobody has waited for a while
+    (`watcher_may_stop`); the next wait starts it again. A watcher notifies once
+    when it starts: a commit between a reader's look at the heads and its wait
+    would otherwise go unnoticed.
     """
 
     def __init__(self, start_watcher: Callable[[], None] | None = None) -> None:
@@ -274,6 +290,10 @@ class Wakeups:
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._start_watcher = start_watcher
         self._watching = False
+        self._waiting = 0
+        """Waits in progress, blocking or async."""
+        self._last_wait = time.monotonic()
+        """When a wait last began or ended."""
 
     @property
     def version(self) -> int:
@@ -287,37 +307,72 @@ class Wakeups:
         for loop, future in waiters:
             loop.call_soon_threadsafe(_resolve, future)
 
-    def _ensure_watching(self) -> None:
-        if not self._watching and self._start_watcher is not None:
-            with self._cond:
-                if self._watching:
-                    return
-                self._watching = True
-            self._start_watcher()
+    def _enter_wait(self) -> None:
+        # Counting the waiter and checking the watcher under one lock: a watcher
+        # deciding to stop either sees this waiter or leaves `_watching` False for
+        # this waiter to start a new one.
+        starter = self._start_watcher
+        with self._cond:
+            self._waiting += 1
+            self._last_wait = time.monotonic()
+            start = not self._watching and starter is not None
+            self._watching = True
+        if start and starter is not None:
+            try:
+                starter()
+            except BaseException:
+                self.watcher_stopped()
+                raise
+
+    def _leave_wait(self) -> None:
+        with self._cond:
+            self._waiting -= 1
+            self._last_wait = time.monotonic()
+
+    def watcher_may_stop(self, idle: float) -> bool:
+        """For a watcher: True when nobody waits and nobody has for `idle` seconds,
+        and the watcher must then stop (the next wait starts a new one)."""
+        with self._cond:
+            if self._waiting or time.monotonic() - self._last_wait < idle:
+                return False
+            self._watching = False
+            return True
+
+    def watcher_stopped(self) -> None:
+        """For a watcher that stops for another reason (an error): the next wait
+        starts a new one."""
+        with self._cond:
+            self._watching = False
 
     def wait(self, seen: int, timeout: float) -> int:
         """Block until the version differs from `seen` or `timeout` passes."""
-        self._ensure_watching()
-        with self._cond:
-            self._cond.wait_for(lambda: self._version != seen, timeout)
-            return self._version
+        try:
+            self._enter_wait()
+            with self._cond:
+                self._cond.wait_for(lambda: self._version != seen, timeout)
+                return self._version
+        finally:
+            self._leave_wait()
 
     async def wait_async(self, seen: int, timeout: float) -> int:
         """Like `wait`, without blocking the event loop."""
-        self._ensure_watching()
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
-        with self._cond:
-            if self._version != seen:
-                return self._version
-            self._waiters.append((loop, future))
         try:
-            await asyncio.wait_for(future, timeout)
-        except TimeoutError:
+            self._enter_wait()
+            loop = asyncio.get_running_loop()
+            future: asyncio.Future[None] = loop.create_future()
             with self._cond:
-                if (loop, future) in self._waiters:
-                    self._waiters.remove((loop, future))
-        return self._version
+                if self._version != seen:
+                    return self._version
+                self._waiters.append((loop, future))
+            try:
+                await asyncio.wait_for(future, timeout)
+            except TimeoutError:
+                with self._cond:
+                    if (loop, future) in self._waiters:
+                        self._waiters.remove((loop, future))
+            return self._version
+        finally:
+            self._leave_wait()
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

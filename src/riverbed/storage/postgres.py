@@ -3,13 +3,16 @@
 Appends use binary COPY (about 3x `executemany` here, DESIGN.md). Concurrent
 appenders serialise per stream on row locks of the heads table, taken in stream
 order, so offsets stay dense across processes and nodes; metadata changes take
-one transaction-scoped advisory lock. Every append and seal NOTIFYs
-`riverbed_append` in its transaction; a LISTEN thread turns that into local
-wake-ups for readers in other processes.
+one transaction-scoped advisory lock. Every append, seal and topic deletion
+NOTIFYs `riverbed_append` in its transaction; a LISTEN thread turns that into
+local wake-ups for readers in other processes. When its connection breaks it
+connects again (backing off from `LISTEN_RETRY_FIRST` to `LISTEN_RETRY_MAX`
+seconds) and wakes the readers once: a NOTIFY sent meanwhile is lost.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -18,9 +21,14 @@ import psycopg
 
 from riverbed.errors import InvalidConfig, StorageUnavailable
 from riverbed.storage.base import Row
-from riverbed.storage.sql import Cursor, SqlStorage
+from riverbed.storage.connections import Cursor
+from riverbed.storage.sql import SqlStorage
+from riverbed.storage.urls import redact_password, redact_url
 
 CHANNEL = "riverbed_append"
+LISTEN_RETRY_FIRST = 0.1
+LISTEN_RETRY_MAX = 5.0
+"""Seconds the LISTEN thread waits before connecting again, doubling per failure."""
 META_LOCK = 0x52697665  # pg_advisory_xact_lock key for metadata changes ("Rive")
 
 _COPY = (
@@ -34,6 +42,7 @@ _COPY_TYPES = [
 
 class PostgresStorage(SqlStorage):
     PARAMSTYLE = "%s"
+    DRIVER_ERRORS = (psycopg.Error,)
     SCHEMA_TYPES: Mapping[str, str] = {
         "text": 'TEXT COLLATE "C"',
         "int": "BIGINT",
@@ -51,11 +60,22 @@ class PostgresStorage(SqlStorage):
         try:
             return psycopg.connect(self.url, autocommit=True, connect_timeout=10)
         except psycopg.ProgrammingError as exc:
-            raise InvalidConfig(f"database URL {self.url!r} is malformed: {exc}") from exc
+            # Not chained: libpq's message may quote the password, and ours says
+            # all it does, redacted.
+            raise InvalidConfig(
+                f"database URL {redact_url(self.url)!r} is malformed: {self._detail(exc)}"
+            ) from None
         except psycopg.Error as exc:
             raise StorageUnavailable(
-                f"cannot connect to PostgreSQL at {self.url!r}: {str(exc).strip()}"
+                f"cannot connect to PostgreSQL at {redact_url(self.url)!r}: {self._detail(exc)}"
             ) from exc
+
+    def _detail(self, exc: psycopg.Error) -> str:
+        # libpq quotes pieces of a malformed URL, the password among them.
+        return redact_password(" ".join(str(exc).split()), self.url)
+
+    def _is_broken(self, conn: Any) -> bool:
+        return bool(conn.closed)
 
     def _begin_write(self, conn: Any) -> None:
         conn.execute("BEGIN")
@@ -95,23 +115,40 @@ class PostgresStorage(SqlStorage):
         cur.execute(f"NOTIFY {CHANNEL}")
 
     def _start_watcher(self) -> None:
+        if self.closed:
+            return
         self._watcher = threading.Thread(target=self._watch, name="riverbed-pg-listen", daemon=True)
         self._watcher.start()
 
     def _watch(self) -> None:
-        try:
-            conn = psycopg.connect(self.url, autocommit=True)
-        except psycopg.Error:
-            return
+        delay = LISTEN_RETRY_FIRST
+        while not self._stopping.is_set():
+            try:
+                conn = psycopg.connect(self.url, autocommit=True, connect_timeout=10)
+            except psycopg.Error:
+                pass  # the server is down or restarting: try again later
+            else:
+                with contextlib.closing(conn):
+                    if self._listen(conn):
+                        delay = LISTEN_RETRY_FIRST
+            if self._stopping.wait(delay):
+                return
+            delay = min(delay * 2, LISTEN_RETRY_MAX)
+
+    def _listen(self, conn: psycopg.Connection[Any]) -> bool:
+        """Turn NOTIFYs into wake-ups until the storage closes or `conn` breaks;
+        False if LISTEN itself failed."""
         try:
             conn.execute(f"LISTEN {CHANNEL}")
-            # A NOTIFY sent before the LISTEN is lost to a reader that waits for the
-            # first time; one wake-up makes it look.
-            self.wakeups.notify()
-            while not self._closed:
+        except psycopg.Error:
+            return False
+        # A NOTIFY sent before this LISTEN (before the first, or while reconnecting)
+        # is lost to a reader waiting now; one wake-up makes it look.
+        self.wakeups.notify()
+        try:
+            while not self._stopping.is_set():
                 for _ in conn.notifies(timeout=0.5, stop_after=1):
                     self.wakeups.notify()
         except psycopg.Error:
-            pass  # closed under us
-        finally:
-            conn.close()
+            pass  # the connection broke: the caller connects again
+        return True

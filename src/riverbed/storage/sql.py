@@ -1,23 +1,23 @@
 """What both SQL backends share: every query but the hot append and the wake-ups.
 
 Queries are written once with `?` placeholders; a backend that uses another
-paramstyle sets `PARAMSTYLE` and they are rewritten once. Each thread has its
-own connection (sqlite3 and psycopg connections are not shared across threads);
-writes run in explicit transactions that a backend opens in `_begin_write`.
+paramstyle sets `PARAMSTYLE` and they are rewritten once. Reads go through
+`_q`, writes through `with self._write() as cur` (`connections.py`: per-thread
+connections, transactions, what happens when a connection breaks). Every public
+method is an `operation`: a driver error escaping it becomes a `StorageError`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from riverbed.errors import (
     AlreadyExists,
+    InvalidInput,
+    InvalidOffset,
     PreconditionFailed,
     SubscriptionNotFound,
     TopicNotFound,
@@ -35,14 +35,20 @@ from riverbed.storage.base import (
     TopicRecord,
     Wakeups,
 )
+from riverbed.storage.connections import ConnectedStorage, Cursor, operation
 from riverbed.storage.schema import MESSAGE_COLUMNS, MIGRATIONS
 
 _TOPIC_COLUMNS = "name, binding, retention_us, retention_policy, produce_pointer, created_us"
 _SUB_COLUMNS = "name, topic, topic_filter, start_kind, start_us, created_us"
 _HEAD_COLUMNS = "id, topic, generation, part, start_offset, next_offset, sealed"
+_STORAGE_TOPICS = (
+    "SELECT topic, generation, partitions, k FROM storage_topics"
+    " WHERE topic = ? ORDER BY generation"
+)
 
-Cursor = Any
-Connection = Any
+FIRST_OFFSET_AT = "SELECT off FROM messages WHERE stream = ? AND ts >= ? ORDER BY off LIMIT 1"
+"""Walks the stream's primary key in offset order and stops at the first match,
+so it costs what precedes the answer, whatever the planner makes of MIN()."""
 
 
 _stored = functools.partial(tuple.__new__, StoredMessage)
@@ -57,6 +63,12 @@ def _topic(row: Sequence[Any]) -> TopicRecord:
     return TopicRecord(row[0], row[1], row[2], RetentionPolicy(row[3]), row[4], row[5])
 
 
+def _found_topic(row: Sequence[Any] | None, name: str) -> TopicRecord:
+    if row is None:
+        raise TopicNotFound(f"topic {name!r} does not exist")
+    return _topic(row)
+
+
 def _head(row: Sequence[Any]) -> StreamHead:
     return StreamHead(row[0], StreamId(row[1], row[2], row[3]), row[4], row[5], bool(row[6]))
 
@@ -65,28 +77,16 @@ def _subscription(row: Sequence[Any]) -> SubscriptionRecord:
     return SubscriptionRecord(row[0], row[1], row[2], StartKind(row[3]), row[4], row[5])
 
 
-class SqlStorage:
-    """Base of the SQLite and PostgreSQL storages."""
+class SqlStorage(ConnectedStorage):
+    """Base of the SQLite and PostgreSQL storages: the queries."""
 
-    PARAMSTYLE = "?"
     SCHEMA_TYPES: Mapping[str, str] = {}
 
     def __init__(self, url: str) -> None:
-        self.url = url
-        self._local = threading.local()
-        self._connections: list[Connection] = []
-        self._connections_lock = threading.Lock()
-        self._sql_cache: dict[str, str] = {}
-        self._closed = False
+        super().__init__(url)
         self.wakeups = Wakeups(self._start_watcher)
 
     # --- backend hooks ------------------------------------------------------
-    def _connect(self) -> Connection:
-        raise NotImplementedError
-
-    def _begin_write(self, conn: Connection) -> None:
-        raise NotImplementedError
-
     def _insert_messages(
         self, cur: Cursor, batches: Mapping[int, Sequence[Row]], firsts: Mapping[int, int]
     ) -> None:
@@ -109,57 +109,10 @@ class SqlStorage:
     def _start_watcher(self) -> None:
         """Start watching other processes' commits (backend specific)."""
 
-    # --- plumbing -----------------------------------------------------------
-    def _sql(self, text: str) -> str:
-        cached = self._sql_cache.get(text)
-        if cached is None:
-            cached = text if self.PARAMSTYLE == "?" else text.replace("?", self.PARAMSTYLE)
-            self._sql_cache[text] = cached
-        return cached
-
-    def _conn(self) -> Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = self._connect()
-            self._local.conn = conn
-            with self._connections_lock:
-                self._connections.append(conn)
-        return conn
-
-    def _q(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
-        return self._conn().execute(self._sql(sql), params)
-
-    @contextmanager
-    def _write(self) -> Iterator[Cursor]:
-        """A write transaction; commits on success, rolls back on any error."""
-        conn = self._conn()
-        self._begin_write(conn)
-        cur = conn.cursor()
-        try:
-            yield cur
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
-
-    def _x(self, cur: Cursor, sql: str, params: Sequence[Any] = ()) -> Cursor:
-        cur.execute(self._sql(sql), params)
-        return cur
-
-    def close(self) -> None:
-        self._closed = True
-        with self._connections_lock:
-            conns, self._connections = self._connections, []
-        for conn in conns:
-            with contextlib.suppress(Exception):  # closing from another thread: best effort
-                conn.close()
-        self._local = threading.local()
-
+    # --- schema -------------------------------------------------------------
+    @operation
     def _migrate(self) -> None:
-        conn = self._conn()
-        self._begin_write(conn)
-        try:
-            cur = conn.cursor()
+        with self._write() as cur:
             version = self._schema_version(cur)
             for number, statements in enumerate(MIGRATIONS, start=1):
                 if number <= version:
@@ -172,10 +125,6 @@ class SqlStorage:
                     "ON CONFLICT (name) DO UPDATE SET value = excluded.value",
                     (number,),
                 )
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
 
     def _schema_version(self, cur: Cursor) -> int:
         raise NotImplementedError
@@ -184,17 +133,16 @@ class SqlStorage:
         self._x(cur, "UPDATE meta SET value = value + 1 WHERE name = 'meta_version'")
 
     # --- metadata -----------------------------------------------------------
+    @operation
     def meta_version(self) -> int:
         row = self._q("SELECT value FROM meta WHERE name = 'meta_version'").fetchone()
         return int(row[0])
 
     def _get_topic(self, cur: Cursor, name: str) -> TopicRecord:
         row = self._x(cur, f"SELECT {_TOPIC_COLUMNS} FROM topics WHERE name = ?", (name,))
-        found = row.fetchone()
-        if found is None:
-            raise TopicNotFound(f"topic {name!r} does not exist")
-        return _topic(found)
+        return _found_topic(row.fetchone(), name)
 
+    @operation
     def create_topic(
         self,
         topic: TopicRecord,
@@ -236,13 +184,20 @@ class SqlStorage:
             [(st.topic, st.generation, p) for p in range(st.partitions)],
         )
 
+    @operation
     def get_topic(self, name: str) -> TopicRecord:
-        return self._get_topic(self._conn().cursor(), name)
+        return self._read_topic(name)
 
+    def _read_topic(self, name: str) -> TopicRecord:
+        row = self._q(f"SELECT {_TOPIC_COLUMNS} FROM topics WHERE name = ?", (name,)).fetchone()
+        return _found_topic(row, name)
+
+    @operation
     def list_topics(self) -> list[TopicRecord]:
         rows = self._q(f"SELECT {_TOPIC_COLUMNS} FROM topics ORDER BY name").fetchall()
         return [_topic(r) for r in rows]
 
+    @operation
     def update_topic(
         self, name: str, retention_us: int | None, retention_policy: RetentionPolicy
     ) -> TopicRecord:
@@ -257,6 +212,7 @@ class SqlStorage:
             self._bump_meta(cur)
             return self._get_topic(cur, name)
 
+    @operation
     def delete_topic(self, name: str) -> int:
         with self._write() as cur:
             self._lock_meta(cur)
@@ -277,23 +233,21 @@ class SqlStorage:
             self._x(cur, "DELETE FROM storage_topics WHERE topic = ?", (name,))
             self._x(cur, "DELETE FROM topics WHERE name = ?", (name,))
             self._bump_meta(cur)
+            # Readers of its streams (in other processes too) learn they are gone.
+            self._notify_in_tx(cur)
         self.wakeups.notify()
         return int(deleted)
 
     def _storage_topics(self, cur: Cursor, topic: str) -> list[StorageTopicRecord]:
-        rows = self._x(
-            cur,
-            "SELECT topic, generation, partitions, k FROM storage_topics"
-            " WHERE topic = ? ORDER BY generation",
-            (topic,),
-        ).fetchall()
+        rows = self._x(cur, _STORAGE_TOPICS, (topic,)).fetchall()
         return [StorageTopicRecord(*r) for r in rows]
 
+    @operation
     def list_storage_topics(self, topic: str) -> list[StorageTopicRecord]:
-        cur = self._conn().cursor()
-        self._get_topic(cur, topic)
-        return self._storage_topics(cur, topic)
+        self._read_topic(topic)
+        return [StorageTopicRecord(*r) for r in self._q(_STORAGE_TOPICS, (topic,)).fetchall()]
 
+    @operation
     def add_storage_topic(
         self, topic: str, plan: Callable[[StorageTopicRecord], tuple[int, int]]
     ) -> StorageTopicRecord:
@@ -307,6 +261,7 @@ class SqlStorage:
             self._bump_meta(cur)
             return added
 
+    @operation
     def switch_produce(self, topic: str) -> TopicRecord:
         with self._write() as cur:
             self._lock_meta(cur)
@@ -332,6 +287,7 @@ class SqlStorage:
         self.wakeups.notify()
         return result
 
+    @operation
     def list_streams(self, topic: str | None = None) -> list[StreamHead]:
         if topic is None:
             rows = self._q(
@@ -345,6 +301,7 @@ class SqlStorage:
         return [_head(r) for r in rows]
 
     # --- messages -----------------------------------------------------------
+    @operation
     def append(self, batches: Mapping[int, Sequence[Row]]) -> dict[int, int]:
         keys = sorted(batches)  # a fixed lock order: concurrent appenders cannot deadlock
         with self._write() as cur:
@@ -363,7 +320,14 @@ class SqlStorage:
         self.wakeups.notify()
         return firsts
 
+    @operation
     def read(self, stream_key: int, offset: int, limit: int) -> list[StoredMessage]:
+        # Checked here, not left to the databases: they disagree (SQLite reads
+        # everything for LIMIT -1, PostgreSQL refuses it).
+        if offset < 0:
+            raise InvalidOffset(f"cannot read from offset {offset}: offsets start at 0")
+        if limit < 1:
+            raise InvalidInput(f"cannot read with limit {limit}: the limit must be at least 1")
         cursor = self._q(
             f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE stream = ? AND off >= ?"
             " ORDER BY off LIMIT ?",
@@ -371,16 +335,15 @@ class SqlStorage:
         )
         return list(map(_stored, self._rows(cursor)))
 
+    @operation
     def first_offset_at(self, stream_key: int, timestamp_us: int) -> int:
-        row = self._q(
-            "SELECT MIN(off) FROM messages WHERE stream = ? AND ts >= ?",
-            (stream_key, timestamp_us),
-        ).fetchone()
-        if row[0] is not None:
+        row = self._q(FIRST_OFFSET_AT, (stream_key, timestamp_us)).fetchone()
+        if row is not None:
             return int(row[0])
         head = self._q("SELECT next_offset FROM streams WHERE id = ?", (stream_key,)).fetchone()
         return int(head[0]) if head else 0
 
+    @operation
     def delete_before(self, stream_key: int, offset: int) -> int:
         with self._write() as cur:
             head = self._x(
@@ -402,6 +365,7 @@ class SqlStorage:
             return int(deleted)
 
     # --- subscriptions ------------------------------------------------------
+    @operation
     def create_subscription(
         self,
         record: SubscriptionRecord,
@@ -442,6 +406,7 @@ class SqlStorage:
                 [(record.name, k, v) for k, v in offsets.items()],
             )
 
+    @operation
     def get_subscription(self, name: str) -> SubscriptionRecord:
         row = self._q(
             f"SELECT {_SUB_COLUMNS} FROM subscriptions WHERE name = ?", (name,)
@@ -450,6 +415,7 @@ class SqlStorage:
             raise SubscriptionNotFound(f"subscription {name!r} does not exist")
         return _subscription(row)
 
+    @operation
     def list_subscriptions(self, topic: str | None = None) -> list[SubscriptionRecord]:
         if topic is None:
             rows = self._q(f"SELECT {_SUB_COLUMNS} FROM subscriptions ORDER BY name").fetchall()
@@ -460,12 +426,14 @@ class SqlStorage:
             ).fetchall()
         return [_subscription(r) for r in rows]
 
+    @operation
     def delete_subscription(self, name: str) -> None:
         with self._write() as cur:
             if self._x(cur, "DELETE FROM subscriptions WHERE name = ?", (name,)).rowcount == 0:
                 raise SubscriptionNotFound(f"subscription {name!r} does not exist")
             self._x(cur, "DELETE FROM cursors WHERE subscription = ?", (name,))
 
+    @operation
     def get_cursors(self, name: str) -> dict[int, int]:
         rows = self._q(
             "SELECT stream, committed FROM cursors WHERE subscription = ?", (name,)
@@ -476,6 +444,7 @@ class SqlStorage:
         if self._x(cur, "SELECT 1 FROM subscriptions WHERE name = ?", (name,)).fetchone() is None:
             raise SubscriptionNotFound(f"subscription {name!r} does not exist")
 
+    @operation
     def commit_cursors(self, name: str, offsets: Mapping[int, int]) -> None:
         if not offsets:
             return
@@ -491,6 +460,7 @@ class SqlStorage:
                 [(name, k, v) for k, v in offsets.items()],
             )
 
+    @operation
     def reset_cursors(self, name: str, offsets: Mapping[int, int]) -> None:
         with self._write() as cur:
             self._require_subscription(cur, name)
@@ -500,6 +470,7 @@ class SqlStorage:
                 [(name, k, v) for k, v in offsets.items()],
             )
 
+    @operation
     def min_cursors(self, topic: str) -> dict[int, int]:
         subs = self._q("SELECT COUNT(*) FROM subscriptions WHERE topic = ?", (topic,)).fetchone()
         total = int(subs[0])
@@ -518,12 +489,14 @@ class SqlStorage:
         return out
 
     # --- key-value ----------------------------------------------------------
+    @operation
     def kv_get(self, namespace: str, key: str) -> KVEntry | None:
         row = self._q(
             "SELECT value, version FROM kv WHERE namespace = ? AND key = ?", (namespace, key)
         ).fetchone()
         return None if row is None else KVEntry(namespace, key, bytes(row[0]), int(row[1]))
 
+    @operation
     def kv_list(self, namespace: str, prefix: str = "") -> list[KVEntry]:
         rows = self._q(
             "SELECT key, value, version FROM kv WHERE namespace = ? AND substr(key, 1, ?) = ?"
@@ -532,6 +505,7 @@ class SqlStorage:
         ).fetchall()
         return [KVEntry(namespace, k, bytes(v), int(ver)) for k, v, ver in rows]
 
+    @operation
     def kv_put(self, namespace: str, key: str, value: bytes) -> KVEntry:
         with self._write() as cur:
             row = self._x(
@@ -543,6 +517,7 @@ class SqlStorage:
             ).fetchone()
             return KVEntry(namespace, key, value, int(row[0]))
 
+    @operation
     def kv_put_if_absent(self, namespace: str, key: str, value: bytes) -> KVEntry:
         with self._write() as cur:
             row = self._x(
@@ -555,6 +530,7 @@ class SqlStorage:
                 raise PreconditionFailed(f"key {namespace}/{key} exists already")
             return KVEntry(namespace, key, value, 1)
 
+    @operation
     def kv_compare_and_set(
         self, namespace: str, key: str, expected_version: int, value: bytes
     ) -> KVEntry:
@@ -571,6 +547,7 @@ class SqlStorage:
                 )
             return KVEntry(namespace, key, value, int(row[0]))
 
+    @operation
     def kv_delete_if_version(self, namespace: str, key: str, expected_version: int) -> None:
         with self._write() as cur:
             deleted = self._x(

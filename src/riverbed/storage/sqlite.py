@@ -8,7 +8,8 @@ fastest in our measurements (DESIGN.md, Storage).
 
 Other processes' commits are noticed through `PRAGMA data_version`, which
 changes when another connection commits: a cheap check every few milliseconds
-on a watcher thread, started only once somebody waits.
+on a watcher thread, started when somebody waits and stopped once nobody has
+waited for `WATCH_IDLE` seconds (the next wait starts it again).
 """
 
 from __future__ import annotations
@@ -22,10 +23,15 @@ from typing import Any
 
 from riverbed.errors import StorageUnavailable
 from riverbed.storage.base import Row
-from riverbed.storage.sql import Cursor, SqlStorage
+from riverbed.storage.connections import Cursor
+from riverbed.storage.sql import SqlStorage
+from riverbed.storage.urls import redact_url
 
 WATCH_INTERVAL = 0.002
 """Seconds between two checks for other processes' commits."""
+
+WATCH_IDLE = 5.0
+"""Seconds without a waiter after which the watcher stops polling."""
 
 BUSY_TIMEOUT = 60.0
 """Seconds a connection waits for another's write lock before giving up."""
@@ -37,6 +43,7 @@ _INSERT = (
 
 
 class SqliteStorage(SqlStorage):
+    DRIVER_ERRORS = (sqlite3.Error,)
     SCHEMA_TYPES: Mapping[str, str] = {
         "text": "TEXT",
         "int": "INTEGER",
@@ -55,7 +62,9 @@ class SqliteStorage(SqlStorage):
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise StorageUnavailable(f"cannot create the directory of {url!r}: {exc}") from exc
+            raise StorageUnavailable(
+                f"cannot create the directory of {redact_url(url)!r}: {exc}"
+            ) from exc
         self._watcher: threading.Thread | None = None
         self._migrate()
 
@@ -71,7 +80,9 @@ class SqliteStorage(SqlStorage):
         except sqlite3.Error as exc:
             if conn is not None:
                 conn.close()
-            raise StorageUnavailable(f"cannot open SQLite database {self.url!r}: {exc}") from exc
+            raise StorageUnavailable(
+                f"cannot open SQLite database {redact_url(self.url)!r}: {exc}"
+            ) from exc
         return conn
 
     def _rows(self, cursor: Cursor) -> Iterable[Sequence[Any]]:
@@ -103,28 +114,35 @@ class SqliteStorage(SqlStorage):
             cur.executemany(_INSERT, [(key, first + i, *row) for i, row in enumerate(rows)])
 
     def _start_watcher(self) -> None:
+        if self.closed:
+            return
         self._watcher = threading.Thread(
             target=self._watch, name="riverbed-sqlite-watch", daemon=True
         )
         self._watcher.start()
 
     def _watch(self) -> None:
-        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        conn: sqlite3.Connection | None = None
         try:
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             last = conn.execute("PRAGMA data_version").fetchone()[0]
             # A commit by another process before `last` was read would go unnoticed
-            # by a reader that waits for the first time; one wake-up makes it look.
+            # by a reader that waits for the first time (or the first time since the
+            # watcher stopped); one wake-up makes it look.
             self.wakeups.notify()
-            while not self._closed:
-                threading.Event().wait(WATCH_INTERVAL)
+            while not self._stopping.wait(WATCH_INTERVAL):
                 version = conn.execute("PRAGMA data_version").fetchone()[0]
                 if version != last:
                     last = version
                     self.wakeups.notify()
+                if self.wakeups.watcher_may_stop(WATCH_IDLE):
+                    return
         except sqlite3.Error:
-            pass  # the storage was closed under us
+            # Closed under us, or the file went away: the next wait tries again.
+            self.wakeups.watcher_stopped()
         finally:
-            conn.close()
+            if conn is not None:
+                conn.close()
 
 
 def _enable_wal(conn: sqlite3.Connection) -> None:
