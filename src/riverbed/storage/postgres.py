@@ -35,6 +35,18 @@ _COPY = (
     "COPY messages (stream, off, id, ts, mqtt_topic, key, payload, properties, qos, retain)"
     " FROM STDIN (FORMAT BINARY)"
 )
+_RESERVE = f"""
+WITH locked AS (
+    SELECT id FROM streams WHERE id = ANY(%s) AND sealed = 0 ORDER BY id FOR UPDATE
+), moved AS (
+    UPDATE streams AS s SET next_offset = s.next_offset + v.n
+    FROM unnest(%s::bigint[], %s::bigint[]) AS v(id, n), locked
+    WHERE s.id = v.id AND locked.id = v.id
+    RETURNING s.id, s.next_offset - v.n AS first
+)
+SELECT id, first, pg_notify('{CHANNEL}', '') FROM moved
+"""
+
 _COPY_TYPES = [
     "int8", "int8", "bytea", "int8", "text", "text", "bytea", "bytea", "int2", "int2",
 ]  # fmt: skip
@@ -90,14 +102,14 @@ class PostgresStorage(SqlStorage):
         row = cur.execute("SELECT value FROM meta WHERE name = 'schema_version'").fetchone()
         return 0 if row is None else int(row[0])
 
-    def _lock_heads(self, cur: Cursor, keys: Sequence[int]) -> list[Any]:
-        return list(
-            cur.execute(
-                "SELECT id, next_offset, sealed FROM streams WHERE id = ANY(%s)"
-                " ORDER BY id FOR UPDATE",
-                (list(keys),),
-            ).fetchall()
-        )
+    def _reserve(self, cur: Cursor, counts: Mapping[int, int]) -> dict[int, int]:
+        # One round trip: lock the open heads in stream order (concurrent appenders
+        # cannot deadlock), move them on, and NOTIFY in the same statement. A head
+        # that a concurrent SwitchProduce sealed is re-read after its lock is
+        # released and drops out on `sealed = 0`.
+        keys = list(counts)
+        rows = cur.execute(_RESERVE, (keys, keys, [counts[k] for k in keys])).fetchall()
+        return {int(key): int(first) for key, first, _ in rows}
 
     def _insert_messages(
         self, cur: Cursor, batches: Mapping[int, Sequence[Row]], firsts: Mapping[int, int]

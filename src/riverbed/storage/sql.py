@@ -92,8 +92,11 @@ class SqlStorage(ConnectedStorage):
     ) -> None:
         raise NotImplementedError
 
-    def _lock_heads(self, cur: Cursor, keys: Sequence[int]) -> list[Any]:
-        """Rows (id, next_offset, sealed) of these streams, locked for this transaction."""
+    def _reserve(self, cur: Cursor, counts: Mapping[int, int]) -> dict[int, int]:
+        """Move the heads of these streams on by `counts`, locking them for this
+        transaction, and return each one's first reserved offset. Streams that are
+        sealed or gone are left out. Backends that notify other processes of
+        appends do it here, in the same statement where they can."""
         raise NotImplementedError
 
     def _rows(self, cursor: Cursor) -> Iterable[Sequence[Any]]:
@@ -303,20 +306,13 @@ class SqlStorage(ConnectedStorage):
     # --- messages -----------------------------------------------------------
     @operation
     def append(self, batches: Mapping[int, Sequence[Row]]) -> dict[int, int]:
-        keys = sorted(batches)  # a fixed lock order: concurrent appenders cannot deadlock
+        counts = {k: len(batches[k]) for k in sorted(batches)}  # a fixed lock order
         with self._write() as cur:
-            heads = self._lock_heads(cur, keys)
-            open_heads = {row[0]: row[1] for row in heads if not row[2]}
-            missing = [k for k in keys if k not in open_heads]
+            firsts = self._reserve(cur, counts)
+            missing = [k for k in counts if k not in firsts]
             if missing:
-                raise StreamSealed(missing)
-            firsts = {k: open_heads[k] for k in keys}
+                raise StreamSealed(missing)  # rolls the reservation back
             self._insert_messages(cur, batches, firsts)
-            cur.executemany(
-                self._sql("UPDATE streams SET next_offset = ? WHERE id = ?"),
-                [(firsts[k] + len(batches[k]), k) for k in keys],
-            )
-            self._notify_in_tx(cur)
         self.wakeups.notify()
         return firsts
 

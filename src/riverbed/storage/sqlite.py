@@ -36,6 +36,10 @@ WATCH_IDLE = 5.0
 BUSY_TIMEOUT = 60.0
 """Seconds a connection waits for another's write lock before giving up."""
 
+_RESERVE = (
+    "UPDATE streams SET next_offset = next_offset + ? WHERE id = ? AND sealed = 0"
+    " RETURNING next_offset"
+)
 _INSERT = (
     "INSERT INTO messages (stream, off, id, ts, mqtt_topic, key, payload, properties, qos, retain)"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
@@ -100,11 +104,14 @@ class SqliteStorage(SqlStorage):
         row = cur.execute("SELECT value FROM meta WHERE name = 'schema_version'").fetchone()
         return 0 if row is None else int(row[0])
 
-    def _lock_heads(self, cur: Cursor, keys: Sequence[int]) -> list[Any]:
+    def _reserve(self, cur: Cursor, counts: Mapping[int, int]) -> dict[int, int]:
         # The IMMEDIATE transaction already holds the database's write lock.
-        marks = ",".join("?" * len(keys))
-        sql = f"SELECT id, next_offset, sealed FROM streams WHERE id IN ({marks})"
-        return list(cur.execute(sql, keys).fetchall())
+        firsts: dict[int, int] = {}
+        for key, count in counts.items():
+            row = cur.execute(_RESERVE, (count, key)).fetchone()
+            if row is not None:
+                firsts[key] = row[0] - count
+        return firsts
 
     def _insert_messages(
         self, cur: Cursor, batches: Mapping[int, Sequence[Row]], firsts: Mapping[int, int]
