@@ -38,7 +38,7 @@ from riverbed.log.jsonlines import EPOCH, format_time, message_from_json, messag
 from riverbed.log.log import Log
 from riverbed.log.topics import DEFAULT_RETENTION_US
 from riverbed.model import Message, StreamId, format_duration, parse_duration
-from riverbed.storage import DEFAULT_URL, ENV_VAR, default_url
+from riverbed.storage import DEFAULT_URL, ENV_VAR, default_url, redact_url
 from riverbed.storage.base import RetentionPolicy, StartKind, StreamHead, SubscriptionRecord
 from riverbed.subscriptions.cursors import Start, StreamLag, Subscriptions
 from riverbed.tuning import tune_process
@@ -779,7 +779,7 @@ def demo() -> None:
         streams = log.storage.list_streams(DEMO_TOPIC)
         lags = subscriptions.lag(DEMO_SUBSCRIPTION)
     console = _console()
-    console.print(f"database: {log.storage.url}", markup=False)
+    console.print(f"database: {redact_url(log.storage.url)}", markup=False)
     console.print(
         f"produced {len(positions)} messages over {DEMO_KEYS} keys to topic '{DEMO_TOPIC}'"
         f" ({len({s for s, _ in positions})} streams); subscription '{DEMO_SUBSCRIPTION}'"
@@ -789,7 +789,7 @@ def demo() -> None:
     console.print(_topics_table(topics))
     console.print(_streams_table(streams))
     console.print(_lag_table(DEMO_SUBSCRIPTION, lags))
-    prefix = "riverbed" + (f" --db {shlex.quote(db)}" if db else "")
+    prefix = "riverbed" + (f" --db {shlex.quote(redact_url(db))}" if db else "")
     tries = [
         f"{prefix} topic describe {DEMO_TOPIC}",
         f'echo \'{{"key": "k", "payload": "hello", "mqtt_topic": "demo/x"}}\''
