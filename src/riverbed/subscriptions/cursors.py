@@ -225,16 +225,16 @@ class Consumer:
         deadline = time.monotonic() + timeout
         while True:
             seen = self.storage.wakeups.version
-            moved = sum(self._positions.values())  # positions only grow
-            out = self._poll_once(max_messages)
-            if not out and sum(self._positions.values()) != moved:
+            out, moved = self._poll_once(max_messages)
+            if not out and moved:
                 continue  # all we read was filtered out: read on before waiting
             remaining = deadline - time.monotonic()
             if out or remaining <= 0:
                 return out
             self.storage.wakeups.wait(seen, min(remaining, 0.5))
 
-    def _poll_once(self, max_messages: int, retry: bool = True) -> list[Delivery]:
+    def _poll_once(self, max_messages: int, retry: bool = True) -> tuple[list[Delivery], bool]:
+        """Read what is pending: (deliveries, whether any position moved)."""
         # Heads we know of that still have messages are read without asking the
         # database for fresh heads; only once they are drained do we look again.
         pending = self._pending()
@@ -242,12 +242,12 @@ class Consumer:
             self._refresh()
             pending = self._pending()
             if not pending:
-                return []
+                return [], False
         self._turn = (self._turn + 1) % len(pending)
         pending = pending[self._turn :] + pending[: self._turn]
         topic_filter = self.record.filter
         out: list[Delivery] = []
-        stale = False
+        stale = moved = False
         for head in pending:
             room = max_messages - len(out)
             if room <= 0:
@@ -266,11 +266,12 @@ class Consumer:
                 batch = [m for m in batch if matches(topic_filter, m.mqtt_topic)]
             out.extend(map(_delivery, zip(itertools.repeat(stream), batch)))
             self._positions[head.key] = last + 1
+            moved = True
         if stale:
             self._refresh()
-            if not out and retry:  # an empty answer must mean "caught up"
+            if not out and not moved and retry:  # an empty answer must mean "caught up"
                 return self._poll_once(max_messages, retry=False)
-        return out
+        return out, moved
 
     def commit(self) -> None:
         """Record everything polled so far as consumed."""
