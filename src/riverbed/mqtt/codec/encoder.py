@@ -1,0 +1,379 @@
+"""`encode(packet, protocol_level)`: a packet's bytes on the wire.
+
+Encoding is lossless or refuses: `Decoder(level).feed(encode(p, level)) == [p]`
+for every packet `encode` accepts. A packet that MQTT 3.1.1 cannot carry (any
+property, a reason code other than success, an AUTH, the MQTT 5 subscription
+options, a password without user name) raises `ProtocolError` at level 4
+instead of losing the part that does not fit; the caller builds the 3.1.1 form
+it means (for example `dataclasses.replace(publish, properties=...)`).
+
+Where MQTT 5 allows a short form (an acknowledgement without reason code and
+properties, §3.4.2.1; a DISCONNECT of Remaining Length 0, §3.14.2.1) the
+encoder writes the shortest one. Packets were validated when they were built,
+so only the rules that depend on the protocol level are checked here.
+"""
+
+from __future__ import annotations
+
+from typing import assert_never, cast
+
+from riverbed.errors import ProtocolError
+
+from .packets import (
+    Auth,
+    Connack,
+    Connect,
+    Disconnect,
+    Packet,
+    Pingreq,
+    Pingresp,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    Suback,
+    Subscribe,
+    Unsuback,
+    Unsubscribe,
+)
+from .properties import (
+    EMPTY_PROPERTIES,
+    NO_ACK_PROPERTIES,
+    NO_PUBLISH_PROPERTIES,
+    AckProperties,
+    AnyProperties,
+    PropertySpec,
+    is_empty,
+)
+from .reasons import CONNACK_REASONS_V311, SUBACK_REASONS_V311
+from .wire import (
+    MAX_VBI,
+    PACKET_TOO_LARGE,
+    UNSUPPORTED_PROTOCOL_VERSION,
+    encode_binary,
+    encode_string,
+    encode_vbi,
+    protocol_error,
+)
+
+_ONE_BYTE = tuple(bytes((value,)) for value in range(256))
+_PROTOCOL_NAME = b"\x00\x04MQTT"
+
+_CACHE_LIMIT = 4096
+_CACHEABLE_LENGTH = 256
+_encoded_topics: dict[str, bytes] = {}
+"""Topic name -> its length-prefixed UTF-8, for the names a broker publishes to
+again and again. Bounded like the decoder's name cache."""
+
+
+def encode(packet: Packet, protocol_level: int) -> bytes:
+    """The bytes of `packet` at `protocol_level` (4: MQTT 3.1.1, 5: MQTT 5.0).
+
+    Raises `ProtocolError` when the packet cannot be written at that level
+    without losing something, or is larger than the protocol allows (0x95).
+    """
+    if protocol_level == 5:
+        v5 = True
+    elif protocol_level == 4:
+        v5 = False
+    else:
+        raise ProtocolError(
+            UNSUPPORTED_PROTOCOL_VERSION,
+            f"protocol level {protocol_level!r} is not supported: 4 (MQTT 3.1.1) or 5 (MQTT 5.0)",
+        )
+    match packet:
+        case Publish():
+            return _publish(packet, v5)
+        case Puback():
+            return _ack(0x40, packet.packet_id, packet.reason_code, packet.properties, v5)
+        case Pubrec():
+            return _ack(0x50, packet.packet_id, packet.reason_code, packet.properties, v5)
+        case Pubrel():
+            # [MQTT-3.6.1-1] PUBREL's fixed header flags are 0010.
+            return _ack(0x62, packet.packet_id, packet.reason_code, packet.properties, v5)
+        case Pubcomp():
+            return _ack(0x70, packet.packet_id, packet.reason_code, packet.properties, v5)
+        case Pingreq():
+            return b"\xc0\x00"
+        case Pingresp():
+            return b"\xd0\x00"
+        case Subscribe():
+            return _subscribe(packet, v5)
+        case Suback():
+            return _suback(packet, v5)
+        case Unsubscribe():
+            return _unsubscribe(packet, v5)
+        case Unsuback():
+            return _unsuback(packet, v5)
+        case Connect():
+            return _connect(packet, protocol_level)
+        case Connack():
+            return _connack(packet, v5)
+        case Disconnect():
+            return _disconnect(packet, v5)
+        case Auth():
+            return _auth(packet, v5)
+        case _:
+            assert_never(packet)
+
+
+def _frame(first: int, parts: list[bytes]) -> bytes:
+    """Fixed header (type and flags, Remaining Length) and the parts after it."""
+    length = sum(map(len, parts))
+    if length < 0x80:
+        parts.insert(0, bytes((first, length)))
+    else:
+        if length > MAX_VBI:
+            raise ProtocolError(
+                PACKET_TOO_LARGE,
+                f"a packet of Remaining Length {length} is larger than MQTT allows ({MAX_VBI})",
+            )
+        parts.insert(0, _ONE_BYTE[first] + encode_vbi(length))
+    return b"".join(parts)
+
+
+def _v311_refuses(what: str) -> ProtocolError:
+    return protocol_error(f"MQTT 3.1.1 cannot carry {what}; build the packet without it")
+
+
+def _properties(props: AnyProperties, v5: bool, packet: str) -> bytes:
+    """Encoded properties at level 5; at level 4 nothing, if there are none."""
+    if v5:
+        return encode_properties(props)
+    if not is_empty(props):
+        raise _v311_refuses(f"properties (the {packet} has {props})")
+    return b""
+
+
+# --------------------------------------------------------------------- PUBLISH
+
+
+def _publish(packet: Publish, v5: bool) -> bytes:
+    topic = packet.topic
+    encoded_topic = _encoded_topics.get(topic)
+    if encoded_topic is None:
+        encoded_topic = encode_string(topic)
+        if len(topic) <= _CACHEABLE_LENGTH:
+            if len(_encoded_topics) >= _CACHE_LIMIT:
+                _encoded_topics.clear()
+            _encoded_topics[topic] = encoded_topic
+    qos = packet.qos
+    first = 0x30 | (qos << 1)
+    if packet.dup:
+        first |= 0x08
+    if packet.retain:
+        first |= 0x01
+    parts = [encoded_topic]
+    if qos:
+        parts.append(packet.packet_id.to_bytes(2, "big"))  # type: ignore[union-attr]
+    props = packet.properties
+    if v5:
+        parts.append(b"\x00" if props is NO_PUBLISH_PROPERTIES else encode_properties(props))
+    elif not is_empty(props):
+        # Also refuses an empty Topic Name: a Publish has one only with a Topic
+        # Alias, which 3.1.1 does not know [MQTT-4.7.3-1].
+        raise _v311_refuses(f"PUBLISH properties ({props})")
+    parts.append(packet.payload)
+    return _frame(first, parts)
+
+
+# --------------------------------------------------------------------- acknowledgements
+
+
+def _ack(first: int, packet_id: int, reason: int, props: AckProperties, v5: bool) -> bytes:
+    """PUBACK, PUBREC, PUBREL, PUBCOMP (§3.4-§3.7): the reason code and property
+    length are left out when they are Success and none (Remaining Length 2)."""
+    pid = packet_id.to_bytes(2, "big")
+    if props is NO_ACK_PROPERTIES or is_empty(props):
+        if not reason:
+            return bytes((first, 2)) + pid
+        if not v5:
+            raise _v311_refuses(f"a reason code ({reason!r})")
+        # Remaining Length 3: "If the Remaining Length is less than 4 there is no
+        # Property Length and the value of 0 is used" (§3.4.2.2.1).
+        return bytes((first, 3)) + pid + _ONE_BYTE[reason]
+    if not v5:
+        raise _v311_refuses(f"acknowledgement properties ({props})")
+    return _frame(first, [pid, _ONE_BYTE[reason], encode_properties(props)])
+
+
+# --------------------------------------------------------------------- subscriptions
+
+
+def _subscribe(packet: Subscribe, v5: bool) -> bytes:
+    parts = [packet.packet_id.to_bytes(2, "big"), _properties(packet.properties, v5, "SUBSCRIBE")]
+    for topic in packet.topics:
+        options = topic.qos
+        if topic.no_local:
+            options |= 0x04
+        if topic.retain_as_published:
+            options |= 0x08
+        options |= topic.retain_handling << 4
+        if not v5 and options > 0x03:
+            # 3.1.1 §3.8.3.1: bits 7-2 of the Requested QoS byte are reserved.
+            raise _v311_refuses(
+                f"No Local, Retain As Published or Retain Handling ({topic.topic_filter!r})"
+            )
+        parts.append(encode_string(topic.topic_filter))
+        parts.append(_ONE_BYTE[options])
+    # [MQTT-3.8.1-1] SUBSCRIBE's fixed header flags are 0010.
+    return _frame(0x82, parts)
+
+
+def _suback(packet: Suback, v5: bool) -> bytes:
+    if not v5:
+        for code in packet.reason_codes:
+            if code not in SUBACK_REASONS_V311:
+                # 3.1.1 [MQTT-3.9.3-2]: only 0x00, 0x01, 0x02 and 0x80.
+                raise _v311_refuses(f"SUBACK reason {code.name}")
+    parts = [packet.packet_id.to_bytes(2, "big"), _properties(packet.properties, v5, "SUBACK")]
+    parts.append(bytes(packet.reason_codes))
+    return _frame(0x90, parts)
+
+
+def _unsubscribe(packet: Unsubscribe, v5: bool) -> bytes:
+    parts = [
+        packet.packet_id.to_bytes(2, "big"),
+        _properties(packet.properties, v5, "UNSUBSCRIBE"),
+    ]
+    for topic_filter in packet.topic_filters:
+        parts.append(encode_string(topic_filter))
+    # [MQTT-3.10.1-1] UNSUBSCRIBE's fixed header flags are 0010.
+    return _frame(0xA2, parts)
+
+
+def _unsuback(packet: Unsuback, v5: bool) -> bytes:
+    pid = packet.packet_id.to_bytes(2, "big")
+    if not v5:
+        if packet.reason_codes:
+            raise _v311_refuses("UNSUBACK reason codes (its UNSUBACK has no payload)")
+        _properties(packet.properties, v5, "UNSUBACK")
+        return b"\xb0\x02" + pid
+    if not packet.reason_codes:
+        # [MQTT-3.11.3-1] one reason code per Topic Filter of the UNSUBSCRIBE.
+        raise protocol_error("an MQTT 5 UNSUBACK needs a reason code per filter [MQTT-3.11.3-1]")
+    parts = [pid, encode_properties(packet.properties), bytes(packet.reason_codes)]
+    return _frame(0xB0, parts)
+
+
+# --------------------------------------------------------------------- connection
+
+
+def _connect(packet: Connect, level: int) -> bytes:
+    v5 = level == 5
+    will = packet.will
+    flags = 0x02 if packet.clean_start else 0x00
+    if will is not None:
+        flags |= 0x04 | (will.qos << 3)
+        if will.retain:
+            flags |= 0x20
+    if packet.password is not None:
+        flags |= 0x40
+    if packet.username is not None:
+        flags |= 0x80
+    if not v5:
+        if packet.password is not None and packet.username is None:
+            raise _v311_refuses("a password without a user name [MQTT-3.1.2-22]")
+        if not packet.client_id and not packet.clean_start:
+            raise _v311_refuses(
+                "an empty Client Identifier without CleanSession [MQTT-3.1.3-7] (3.1.1)"
+            )
+    parts = [
+        _PROTOCOL_NAME,
+        bytes((level, flags)),
+        packet.keep_alive.to_bytes(2, "big"),
+        _properties(packet.properties, v5, "CONNECT"),
+        encode_string(packet.client_id),
+    ]
+    if will is not None:
+        if v5:
+            parts.append(encode_properties(will.properties))
+        elif not is_empty(will.properties):
+            raise _v311_refuses(f"Will properties ({will.properties})")
+        parts.append(encode_string(will.topic))
+        parts.append(encode_binary(will.payload))
+    if packet.username is not None:
+        parts.append(encode_string(packet.username))
+    if packet.password is not None:
+        parts.append(encode_binary(packet.password))
+    return _frame(0x10, parts)
+
+
+def _connack(packet: Connack, v5: bool) -> bytes:
+    flags = b"\x01" if packet.session_present else b"\x00"
+    if v5:
+        return _frame(
+            0x20, [flags, _ONE_BYTE[packet.reason_code], encode_properties(packet.properties)]
+        )
+    code = CONNACK_REASONS_V311.get(packet.reason_code)
+    if code is None:
+        # 3.1.1 [MQTT-3.2.2-6]: with none of its six return codes, a 3.1.1 server
+        # closes the connection without a CONNACK.
+        raise _v311_refuses(f"CONNACK reason {packet.reason_code.name}")
+    _properties(packet.properties, v5, "CONNACK")
+    return b"\x20\x02" + flags + _ONE_BYTE[code]
+
+
+def _disconnect(packet: Disconnect, v5: bool) -> bytes:
+    reason = packet.reason_code
+    if is_empty(packet.properties):
+        if not reason:
+            # §3.14.2.1: Remaining Length 0 means Normal disconnection.
+            return b"\xe0\x00"
+        if not v5:
+            raise _v311_refuses(f"a DISCONNECT reason ({reason.name})")
+        # §3.14.2.2.1: "If the Remaining Length is less than 2, a value of 0 is used".
+        return b"\xe0\x01" + _ONE_BYTE[reason]
+    if not v5:
+        raise _v311_refuses(f"DISCONNECT properties ({packet.properties})")
+    return _frame(0xE0, [_ONE_BYTE[reason], encode_properties(packet.properties)])
+
+
+def _auth(packet: Auth, v5: bool) -> bytes:
+    if not v5:
+        raise _v311_refuses("AUTH (MQTT 5 only)")
+    # The Authentication Method is mandatory (§3.15.2.2.2), so the short form of
+    # Remaining Length 0 never applies.
+    return _frame(0xF0, [_ONE_BYTE[packet.reason_code], encode_properties(packet.properties)])
+
+
+# --------------------------------------------------------------------- properties
+
+
+def encode_properties(props: AnyProperties) -> bytes:
+    """Property Length and Properties (§2.2.2); a lone zero byte when none [MQTT-2.2.2-1]."""
+    if props is EMPTY_PROPERTIES[type(props)]:
+        return b"\x00"
+    parts: list[bytes] = []
+    for spec in props.SPECS:
+        value = getattr(props, spec.attr)
+        if spec.repeatable:
+            for item in value:
+                parts.append(_encode_value(spec, item))
+        elif value is not None:
+            parts.append(_encode_value(spec, value))
+    body = b"".join(parts)
+    return encode_vbi(len(body)) + body
+
+
+def _encode_value(spec: PropertySpec, value: object) -> bytes:
+    """One property: identifier and value. The value was checked when its
+    properties object was built, so only its wire form is computed here."""
+    head = _ONE_BYTE[spec.id]
+    kind = spec.kind
+    if kind == "str" or kind == "topic":
+        return head + encode_string(cast(str, value))
+    if kind == "bin":
+        return head + encode_binary(cast(bytes, value))
+    if kind == "pair":
+        name, text = cast(tuple[str, str], value)
+        return head + encode_string(name) + encode_string(text)
+    number = int(cast(int, value))
+    if kind == "byte" or kind == "bool":
+        return head + _ONE_BYTE[number]
+    if kind == "u16":
+        return head + number.to_bytes(2, "big")
+    if kind == "u32":
+        return head + number.to_bytes(4, "big")
+    return head + encode_vbi(number)
