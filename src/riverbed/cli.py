@@ -737,6 +737,57 @@ def retention_run(topic: str | None) -> None:
     click.echo(f"deleted {total} messages from {len(results)} streams")
 
 
+# --------------------------------------------------------------------- passwd
+
+
+@cli.command(short_help="Add, change or delete a user of an MQTT password file.")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("username")
+@click.option("--delete", is_flag=True, help="Delete USERNAME from FILE.")
+@click.option(
+    "--stdin",
+    "from_stdin",
+    is_flag=True,
+    help="Read the password from stdin (one line) instead of asking twice.",
+)
+def passwd(file: str, username: str, delete: bool, from_stdin: bool) -> None:
+    """Set USERNAME's password in the MQTT password FILE, or --delete USERNAME.
+
+    FILE is created if missing (mode 0600) and rewritten atomically; it holds
+    scrypt hashes, never passwords. The broker reads it as `auth.password_file`.
+    """
+    from riverbed.errors import NotFound
+    from riverbed.mqtt.auth import (
+        MAX_PASSWORD_BYTES,
+        delete_user,
+        load_password_file,
+        set_password,
+        validate_username,
+    )
+
+    if delete:
+        if from_stdin:
+            raise click.UsageError("--delete takes no password: leave out --stdin")
+        delete_user(file, username)
+        click.echo(f"deleted user {username!r} from {file}")
+        return
+    validate_username(username)
+    with suppress(NotFound):
+        load_password_file(file)  # a broken file is refused before asking for a password
+    if from_stdin:
+        raw = sys.stdin.buffer.read(MAX_PASSWORD_BYTES + 3)
+        password = raw.removesuffix(b"\n").removesuffix(b"\r")
+        if b"\n" in password:
+            raise InvalidInput("the password on stdin must be one line; it has several")
+    else:
+        typed: str = click.prompt("Password", hide_input=True, confirmation_prompt=True, err=True)
+        password = typed.encode("utf-8", "surrogateescape")
+    if set_password(file, username, password):
+        click.echo(f"added user {username!r} to {file}")
+    else:
+        click.echo(f"changed the password of user {username!r} in {file}")
+
+
 # --------------------------------------------------------------------- demo
 
 DEMO_TOPIC = "demo"

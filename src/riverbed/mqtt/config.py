@@ -1,0 +1,580 @@
+"""The broker's configuration: a TOML file plus command-line overrides, validated once.
+
+    config = load_config("riverbed.toml", {"listeners.mqtt": "0.0.0.0:1883"})
+
+`load_config` reads the file (every key optional), lays the overrides over it
+(dotted keys; a `None` value means "flag not given"), and returns a frozen
+`BrokerConfig`. Every bad value is refused with `InvalidConfig` naming where it
+came from, the key, the value and the rule; an unknown key is refused with the
+keys its section knows. The dataclasses check themselves too, so a config built
+in code obeys the same rules.
+
+A complete file, with the defaults:
+
+    [listeners]
+    mqtt = "127.0.0.1:1883"          # HOST:PORT; [::1]:1883 for IPv6; port 0 = any free
+
+    [listeners.tls]                  # optional: the TLS listener (address, certfile, keyfile)
+    address = "0.0.0.0:8883"
+    certfile = "server.pem"          # PEM certificate chain
+    keyfile = "server.key"           # PEM private key
+    cafile = "clients-ca.pem"        # optional: require client certificates signed by it
+
+    [storage]
+    url = "sqlite:///./riverbed-data/riverbed.db"   # default: --db, $RIVERBED_DB, else this
+
+    [limits]
+    receive_maximum = 100            # QoS 1/2 PUBLISHes a client may have unacknowledged
+    topic_alias_maximum = 16         # topic aliases a client may set (0: none)
+    maximum_packet_size = 1048576    # bytes, the largest packet accepted
+    # server_keep_alive = 60         # seconds; unset: the client's own keep alive
+    max_session_expiry = "7d"        # the longest session expiry granted ("never" allowed)
+    # default_session_expiry = "7d"  # MQTT 3.1.1 clean session 0; unset: max_session_expiry
+    session_queue_limit = 1000       # messages queued in memory for one online session
+    max_inflight = 100               # QoS 1/2 messages sent to a client and unacknowledged
+    retain_available = true          # keep retained messages
+
+    [auth]
+    allow_anonymous = false          # clients without a user name
+    # password_file = "passwd"       # `riverbed passwd FILE USER` manages it
+    # acl_file = "acl"               # rules: riverbed.mqtt.auth
+
+Relative file names in the file are relative to the file's directory; in
+overrides, to the working directory (as is a relative `sqlite:///` path in
+`storage.url`, wherever it is given, like `--db`). Durations are whole seconds, as an integer
+or with a unit (`90`, `"15m"`, `"12h"`, `"7d"`).
+
+Why the defaults are what they are:
+
+- `receive_maximum` 100 and `max_inflight` 100. Riverbed answers PUBACK only
+  once the message is committed, so a publisher's throughput is at most its
+  window over the commit latency: 100 in flight at ~5 ms per group commit
+  allows 20k msg/s per connection, above what one client sends (DESIGN.md:
+  ~11k/s for paho), while one connection can tie up at most 100 unacknowledged
+  packets of memory. MQTT's own default, 65535, would let one client hold 64 GiB
+  at the default packet size. The outgoing window is the smaller of
+  `max_inflight` and the client's Receive Maximum; it also bounds what a crash
+  redelivers (the unacknowledged window, DESIGN.md guarantee 3).
+- `maximum_packet_size` 1 MiB: one packet is read whole into memory before it
+  is committed; large blobs belong in object storage, with a reference on the
+  bus. At least 128 bytes: below that a CONNECT with a 23-byte client id
+  [MQTT-3.1.3-5], a user name, a password and properties does not fit. At most
+  268,435,460, the largest packet MQTT can express.
+- `topic_alias_maximum` 16: enough for a device publishing to a handful of
+  topics to send each name once, while a connection's alias table stays small.
+- `max_session_expiry` 7 days, the default topic retention: a session keeps
+  its cursors, and so pins the log's retention, for at most that long after its
+  client left. MQTT 5 clients asking for more are granted this (the CONNACK says
+  so); MQTT 3.1.1 clients with clean session 0 have no expiry of their own and
+  get `default_session_expiry`, which defaults to the same.
+- `session_queue_limit` 1000: messages routed to an online session wait in
+  memory until its in-flight window has room; a session that falls this far
+  behind reads on from the log instead, so nothing is dropped for being slow.
+- `allow_anonymous` false: anonymous access only where configured (issue 3).
+  A configuration with neither anonymous access nor a password file is refused,
+  since no client could connect.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from riverbed.errors import InvalidConfig
+from riverbed.model import parse_duration
+from riverbed.mqtt.codec.wire import MAX_PACKET_SIZE
+from riverbed.storage.urls import redact_url
+
+MAX_UINT16 = 0xFFFF
+SESSION_NEVER_EXPIRES = 0xFFFF_FFFF
+"""Session Expiry Interval meaning "never" (MQTT 5.0 §3.1.2.11.2)."""
+MIN_PACKET_SIZE = 128
+"""The smallest `maximum_packet_size` accepted (why: the module docstring)."""
+DAY = 24 * 3600
+
+
+# --------------------------------------------------------------------- values
+
+
+@dataclass(frozen=True, slots=True)
+class Address:
+    """A listener's HOST:PORT. Port 0 asks the system for any free port."""
+
+    host: str
+    port: int
+
+    def __post_init__(self) -> None:
+        _check_host(self.host, "address", str(self))
+        if type(self.port) is not int or not 0 <= self.port <= MAX_UINT16:
+            raise InvalidConfig(f"address {str(self)!r}: the port must be 0..65535")
+
+    @classmethod
+    def parse(cls, text: str) -> Address:
+        """`HOST:PORT`, `[IPV6]:PORT`; HOST an IPv4 address or a DNS name."""
+        if text.startswith("["):
+            host, bracket, rest = text[1:].partition("]")
+            if not bracket or not rest.startswith(":"):
+                raise InvalidConfig(f"address {text!r} is not [IPV6]:PORT, e.g. [::1]:1883")
+            port = rest[1:]
+            try:
+                ipaddress.IPv6Address(host)
+            except ValueError:
+                raise InvalidConfig(
+                    f"address {text!r}: {host!r} in brackets is not an IPv6 address"
+                ) from None
+        else:
+            host, colon, port = text.rpartition(":")
+            if not colon:
+                raise InvalidConfig(f"address {text!r} is not HOST:PORT, e.g. 127.0.0.1:1883")
+            if ":" in host:
+                raise InvalidConfig(
+                    f"address {text!r}: an IPv6 address goes in brackets, e.g. [::1]:1883"
+                )
+        if not (port.isascii() and port.isdigit()) or int(port) > MAX_UINT16:
+            raise InvalidConfig(f"address {text!r}: the port {port!r} is not a number 0..65535")
+        return cls(host, int(port))
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+_DNS_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+_DOTTED_DIGITS = re.compile(r"[0-9.]+")
+"""All digits and dots: meant as an IPv4 address (300.1.1.1 is a typo, not a name)."""
+
+
+def _check_host(host: str, what: str, shown: str) -> None:
+    if not isinstance(host, str) or not host:
+        raise InvalidConfig(
+            f"{what} {shown!r} has no host: use 127.0.0.1 (this machine only), 0.0.0.0"
+            " (every IPv4 interface) or [::] (every IPv6 interface)"
+        )
+    try:
+        ipaddress.ip_address(host)
+        return
+    except ValueError:
+        pass
+    if _DOTTED_DIGITS.fullmatch(host):
+        raise InvalidConfig(f"{what} {shown!r}: the host {host!r} is not an IPv4 address")
+    labels = host.removesuffix(".").split(".")
+    if len(host) > 253 or not all(_DNS_LABEL.fullmatch(label) for label in labels):
+        raise InvalidConfig(
+            f"{what} {shown!r}: the host {host!r} is neither an IP address nor a DNS name"
+        )
+
+
+# --------------------------------------------------------------------- the tree
+
+
+def _check_fields(section: str, config: Any) -> None:
+    """Check each field of a config dataclass with its key's converter: a config
+    built in code obeys the rules a loaded one does, and holds typed values."""
+    for f in fields(config):
+        name = f"{section}.{f.name}"
+        key = KEYS.get(name)
+        if key is None:
+            continue
+        value = getattr(config, f.name)
+        typed = key.convert(name, value)
+        if typed != value or type(typed) is not type(value):
+            raise InvalidConfig(
+                f"{name} = {value!r}: must be {type(typed).__name__}, not"
+                f" {type(value).__name__} (load_config converts text)"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class TlsListener:
+    """The TLS listener. With `cafile`, clients must present a certificate it signed."""
+
+    address: Address
+    certfile: Path
+    keyfile: Path
+    cafile: Path | None = None
+
+    def __post_init__(self) -> None:
+        _check_fields("listeners.tls", self)
+
+
+@dataclass(frozen=True, slots=True)
+class Listeners:
+    """Where the broker listens: plain MQTT always, TLS when configured."""
+
+    mqtt: Address = Address("127.0.0.1", 1883)
+    tls: TlsListener | None = None
+
+    def __post_init__(self) -> None:
+        _check_fields("listeners", self)
+        if self.tls is not None and self.tls.address == self.mqtt and self.mqtt.port != 0:
+            raise InvalidConfig(
+                f"listeners.mqtt and listeners.tls.address are both {self.mqtt}:"
+                " the two listeners need different ports"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class StorageConfig:
+    """The database; `url=None` means `--db`, else `$RIVERBED_DB`, else the default."""
+
+    url: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_fields("storage", self)
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What the broker grants each client. Times are seconds (see the module
+    docstring for why each default is what it is)."""
+
+    receive_maximum: int = 100
+    topic_alias_maximum: int = 16
+    maximum_packet_size: int = 1 << 20
+    server_keep_alive: int | None = None
+    max_session_expiry: int = 7 * DAY
+    default_session_expiry: int | None = None
+    session_queue_limit: int = 1000
+    max_inflight: int = 100
+    retain_available: bool = True
+
+    def __post_init__(self) -> None:
+        _check_fields("limits", self)
+        if (
+            self.default_session_expiry is not None
+            and self.default_session_expiry > self.max_session_expiry
+        ):
+            raise InvalidConfig(
+                f"limits.default_session_expiry = {self.default_session_expiry} is more than"
+                f" limits.max_session_expiry = {self.max_session_expiry}: the default cannot"
+                " exceed the maximum"
+            )
+
+    @property
+    def v311_session_expiry(self) -> int:
+        """The session expiry of an MQTT 3.1.1 client connecting with clean session 0."""
+        if self.default_session_expiry is None:
+            return self.max_session_expiry
+        return self.default_session_expiry
+
+
+@dataclass(frozen=True, slots=True)
+class AuthConfig:
+    """Who may connect (`riverbed.mqtt.auth.Authenticator`) and what they may do
+    (`riverbed.mqtt.auth.Authorizer`; without an ACL file, anything)."""
+
+    allow_anonymous: bool = False
+    password_file: Path | None = None
+    acl_file: Path | None = None
+
+    def __post_init__(self) -> None:
+        _check_fields("auth", self)
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    """The whole broker configuration."""
+
+    listeners: Listeners = field(default_factory=Listeners)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    limits: Limits = field(default_factory=Limits)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+
+    def __post_init__(self) -> None:
+        if not self.auth.allow_anonymous and self.auth.password_file is None:
+            raise InvalidConfig(
+                "auth.allow_anonymous is false and no auth.password_file is set, so no client"
+                " could connect: set auth.password_file (`riverbed passwd FILE USER` creates"
+                " one) or auth.allow_anonymous = true"
+            )
+
+
+# --------------------------------------------------------------------- keys
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    """One configuration key: how to read its value, and what it means."""
+
+    convert: Callable[[str, object], Any]
+    """`convert(key, value)`: the typed value, or `InvalidConfig` naming the rule."""
+    help: str
+    is_path: bool = False
+
+
+def _fail(key: str, value: object, rule: str) -> InvalidConfig:
+    return InvalidConfig(f"{key} = {value!r}: {rule}")
+
+
+def _integer(low: int, high: int | None, why: str = "") -> Callable[[str, object], int]:
+    bounds = f"from {low} to {high}" if high is not None else f"of at least {low}"
+    rule = f"must be an integer {bounds}{why}"
+
+    def convert(key: str, value: object) -> int:
+        number = _as_int(value)
+        if number is None or number < low or (high is not None and number > high):
+            raise _fail(key, value, rule)
+        return number
+
+    return convert
+
+
+def _as_int(value: object) -> int | None:
+    if type(value) is int:
+        return value
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)
+    return None
+
+
+def _seconds(high: int, never: bool = False) -> Callable[[str, object], int]:
+    rule = (
+        f"must be whole seconds from 0 to {high}, as an integer or with a unit"
+        ' (90, "15m", "12h", "7d")' + (' or "never"' if never else "")
+    )
+
+    def convert(key: str, value: object) -> int:
+        if never and isinstance(value, str) and value.strip().lower() == "never":
+            return SESSION_NEVER_EXPIRES
+        number = _as_int(value)
+        if number is None and isinstance(value, str):
+            try:
+                micros = parse_duration(value)
+            except ValueError:
+                raise _fail(key, value, rule) from None
+            if micros % 1_000_000:
+                raise _fail(key, value, rule)
+            number = micros // 1_000_000
+        if number is None or number > high:
+            raise _fail(key, value, rule)
+        return number
+
+    return convert
+
+
+def _optional(convert: Callable[[str, object], Any]) -> Callable[[str, object], Any]:
+    def optional(key: str, value: object) -> Any:
+        return None if value is None else convert(key, value)
+
+    return optional
+
+
+_TRUE = {"true", "yes", "on", "1"}
+_FALSE = {"false", "no", "off", "0"}
+
+
+def _boolean(key: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    raise _fail(key, value, "must be true or false")
+
+
+def _address(key: str, value: object) -> Address:
+    if isinstance(value, Address):
+        return value
+    if not isinstance(value, str):
+        raise _fail(key, value, 'must be HOST:PORT as a string, e.g. "127.0.0.1:1883"')
+    try:
+        return Address.parse(value)
+    except InvalidConfig as exc:
+        raise InvalidConfig(f"{key}: {exc}") from None
+
+
+def _readable_file(key: str, value: object) -> Path:
+    if not isinstance(value, str | Path) or not str(value):
+        raise _fail(key, value, "must be the name of a file")
+    path = Path(value)
+    if not path.exists():
+        raise InvalidConfig(f"{key} = {str(path)!r}: no such file")
+    if not path.is_file():
+        raise InvalidConfig(f"{key} = {str(path)!r}: not a regular file")
+    try:
+        with path.open("rb"):
+            pass
+    except OSError as exc:
+        raise InvalidConfig(f"{key} = {str(path)!r}: cannot be read ({exc.strerror})") from None
+    return path
+
+
+_URL_SCHEMES = ("sqlite", "postgresql", "postgres")
+
+
+def _storage_url(key: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise _fail(key, value, "must be a database URL string")
+    shown = redact_url(value)
+    try:
+        scheme = urlsplit(value).scheme.lower()
+    except ValueError:
+        scheme = ""
+    if scheme not in _URL_SCHEMES:
+        # The URL may hold a password: show it redacted, never with !r of the raw value.
+        raise InvalidConfig(
+            f"{key} = {shown!r}: must be sqlite:///PATH or postgresql://USER@HOST/DB"
+        )
+    return value
+
+
+KEYS: dict[str, Key] = {
+    "listeners.mqtt": Key(_address, "HOST:PORT of the MQTT listener"),
+    "listeners.tls.address": Key(_address, "HOST:PORT of the TLS listener"),
+    "listeners.tls.certfile": Key(_readable_file, "PEM certificate chain", is_path=True),
+    "listeners.tls.keyfile": Key(_readable_file, "PEM private key", is_path=True),
+    "listeners.tls.cafile": Key(
+        _optional(_readable_file),
+        "PEM CA bundle; clients must present a certificate",
+        is_path=True,
+    ),
+    "storage.url": Key(_optional(_storage_url), "database URL"),
+    "limits.receive_maximum": Key(
+        _integer(
+            1, MAX_UINT16, " (MQTT 5.0 §3.2.2.3.3: a Receive Maximum of 0 is a Protocol Error)"
+        ),
+        "QoS 1/2 PUBLISHes a client may have unacknowledged",
+    ),
+    "limits.topic_alias_maximum": Key(
+        _integer(0, MAX_UINT16), "topic aliases a client may set (0: none)"
+    ),
+    "limits.maximum_packet_size": Key(
+        _integer(MIN_PACKET_SIZE, MAX_PACKET_SIZE, " bytes"), "the largest packet accepted"
+    ),
+    "limits.server_keep_alive": Key(
+        _optional(_seconds(MAX_UINT16)), "keep alive imposed on clients; unset: theirs"
+    ),
+    "limits.max_session_expiry": Key(
+        _seconds(SESSION_NEVER_EXPIRES, never=True), "the longest session expiry granted"
+    ),
+    "limits.default_session_expiry": Key(
+        _optional(_seconds(SESSION_NEVER_EXPIRES, never=True)),
+        "session expiry of MQTT 3.1.1 clients with clean session 0",
+    ),
+    "limits.session_queue_limit": Key(
+        _integer(1, None), "messages queued in memory for one online session"
+    ),
+    "limits.max_inflight": Key(
+        _integer(1, MAX_UINT16), "QoS 1/2 messages sent to a client and unacknowledged"
+    ),
+    "limits.retain_available": Key(_boolean, "keep retained messages"),
+    "auth.allow_anonymous": Key(_boolean, "let clients without a user name connect"),
+    "auth.password_file": Key(
+        _optional(_readable_file), "user names and scrypt hashes", is_path=True
+    ),
+    "auth.acl_file": Key(_optional(_readable_file), "publish/subscribe rules", is_path=True),
+}
+"""Every configuration key, dotted (`limits.receive_maximum`), in file order."""
+
+_SECTIONS = {key.rpartition(".")[0] for key in KEYS}
+_TLS_REQUIRED = ("listeners.tls.address", "listeners.tls.certfile", "listeners.tls.keyfile")
+
+
+# --------------------------------------------------------------------- loading
+
+
+def load_config(
+    path: str | Path | None = None, overrides: Mapping[str, object] | None = None
+) -> BrokerConfig:
+    """The configuration from the TOML file at `path` (if any) with `overrides`.
+
+    `overrides` maps dotted keys to values, as command-line flags give them
+    (strings, or already typed); `None` values are skipped.
+    """
+    typed: dict[str, object] = {}
+    if path is not None:
+        source = Path(path)
+        for key, value in _flatten(_read_toml(source), "", str(source)).items():
+            if KEYS[key].is_path and isinstance(value, str) and value:
+                value = source.parent / value  # relative to the file; absolute stays absolute
+            # A bad value in the file is refused even where a flag overrides it.
+            typed[key] = _convert(key, value, str(source))
+    for key, value in (overrides or {}).items():
+        if key not in KEYS:
+            raise _unknown(key, "command line")
+        if value is not None:
+            typed[key] = _convert(key, value, "command line")
+    return _build(typed)
+
+
+def _convert(key: str, value: object, origin: str) -> object:
+    try:
+        return KEYS[key].convert(key, value)
+    except InvalidConfig as exc:
+        raise InvalidConfig(f"{origin}: {exc}") from None
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as file:
+            return tomllib.load(file)
+    except FileNotFoundError:
+        raise InvalidConfig(f"config file {str(path)!r} does not exist") from None
+    except OSError as exc:
+        raise InvalidConfig(f"config file {str(path)!r} cannot be read: {exc.strerror}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidConfig(f"config file {str(path)!r} is not valid TOML: {exc}") from None
+
+
+def _flatten(table: Mapping[str, Any], prefix: str, source: str) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for name, value in table.items():
+        key = f"{prefix}{name}"
+        if key in _SECTIONS:
+            if not isinstance(value, dict):
+                raise InvalidConfig(f"{source}: {key} must be a table ([{key}]), not {value!r}")
+            out.update(_flatten(value, f"{key}.", source))
+        elif key in KEYS:
+            if isinstance(value, dict):
+                raise InvalidConfig(f"{source}: {key} must be a value, not a table")
+            out[key] = value
+        elif isinstance(value, dict):
+            sections = sorted(_SECTIONS)
+            guess = difflib.get_close_matches(key, sections, n=1)
+            hint = f" (did you mean [{guess[0]}]?)" if guess else ""
+            raise InvalidConfig(
+                f"{source}: unknown section [{key}]{hint}; known sections:"
+                f" {', '.join(f'[{s}]' for s in sections)}"
+            )
+        else:
+            raise _unknown(key, source)
+    return out
+
+
+def _unknown(key: str, source: str) -> InvalidConfig:
+    section = key.rpartition(".")[0]
+    known = [k for k in KEYS if k.rpartition(".")[0] == section] or list(KEYS)
+    guess = difflib.get_close_matches(key, KEYS, n=1)
+    hint = f" (did you mean {guess[0]}?)" if guess else ""
+    return InvalidConfig(f"{source}: unknown key {key!r}{hint}; known keys: {', '.join(known)}")
+
+
+def _build(values: Mapping[str, object]) -> BrokerConfig:
+    def section(name: str) -> dict[str, Any]:
+        return {
+            key.rpartition(".")[2]: value
+            for key, value in values.items()
+            if key.rpartition(".")[0] == name
+        }
+
+    tls_given = [key for key in KEYS if key.startswith("listeners.tls.") and key in values]
+    tls: TlsListener | None = None
+    if tls_given:
+        missing = [key for key in _TLS_REQUIRED if key not in values]
+        if missing:
+            raise InvalidConfig(
+                f"the TLS listener needs {', '.join(_TLS_REQUIRED)}; {', '.join(tls_given)}"
+                f" given but {', '.join(missing)} missing"
+            )
+        tls = TlsListener(**section("listeners.tls"))
+    return BrokerConfig(
+        listeners=Listeners(**section("listeners"), tls=tls),
+        storage=StorageConfig(**section("storage")),
+        limits=Limits(**section("limits")),
+        auth=AuthConfig(**section("auth")),
+    )
