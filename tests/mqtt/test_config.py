@@ -377,10 +377,18 @@ def test_files_must_exist_and_be_regular_files(
         load({**pem, key: str(tmp_path)})
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads every file")
-def test_files_must_be_readable(tmp_path: Path) -> None:
+def test_files_must_be_readable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     secret = touch(tmp_path / "passwd")
     secret.chmod(0)
+    if os.geteuid() == 0:  # root reads every file: make this one refuse anyway
+        opener = Path.open
+
+        def refuse(self: Path, *args: Any, **kwargs: Any) -> Any:
+            if self == secret:
+                raise PermissionError(13, "Permission denied", str(self))
+            return opener(self, *args, **kwargs)
+
+        monkeypatch.setattr(Path, "open", refuse)
     with pytest.raises(InvalidConfig, match="cannot be read"):
         load({"auth.password_file": str(secret)})
 
