@@ -4,13 +4,13 @@ PYTHON ?= python3
 VENV ?= .venv
 PY = $(VENV)/bin/python
 # Extras installed into the venv; add more comma-separated (e.g. dev,spark).
-EXTRAS ?= dev
+EXTRAS ?= dev,spark
 PYTEST_ARGS ?=
 
 # ruff fails on a path that does not exist, so lint only the directories that do.
-LINT_PATHS := $(wildcard src tests bench)
+LINT_PATHS := $(wildcard src tests bench examples)
 
-.PHONY: venv run test lint fmt bench-storage clean
+.PHONY: venv run test lint fmt bench-storage bench-spark clean
 
 venv: $(VENV)/.installed
 
@@ -38,6 +38,9 @@ fmt: venv
 
 bench-storage: venv
 	$(PY) bench/storage.py
+
+bench-spark: venv
+	$(PY) bench/spark.py
 
 clean:
 	rm -rf $(VENV) build dist .mypy_cache .ruff_cache .hypothesis .pytest_cache .import_linter_cache

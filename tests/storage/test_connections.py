@@ -38,6 +38,7 @@ TABLES = (
     "subscriptions",
     "cursors",
     "kv",
+    "markers",
 )
 
 
@@ -62,6 +63,9 @@ CALLS: dict[str, Callable[[Storage], object]] = {
     "list_streams": lambda s: s.list_streams(),
     "append": lambda s: s.append({1: numbered_rows(1)}),
     "read": lambda s: s.read(1, 0, 10),
+    "append_once": lambda s: s.append_once("m", {1: numbered_rows(1)}),
+    "delete_markers": lambda s: s.delete_markers(0),
+    "read_arrow": lambda s: s.read_arrow(1, 0, 10),
     "first_offset_at": lambda s: s.first_offset_at(1, 0),
     "delete_before": lambda s: s.delete_before(1, 5),
     "create_subscription": lambda s: s.create_subscription(subscription("s", "t"), no_cursors),

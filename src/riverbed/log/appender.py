@@ -201,6 +201,46 @@ class Appender:
             self._lead(pending)
         return pending.future.result(timeout)
 
+    def append_once(self, topic: str, rows: Sequence[Row], marker: str) -> dict[int, int] | None:
+        """Route `rows` to `topic`'s produce generation by their keys (seed 003
+        Produce; a row without a key is spread) and append them in one transaction
+        that also records `marker` (`Storage.append_once`): a second call with the
+        same marker writes nothing and returns None. Returns each stream's first
+        new offset (by stream key).
+
+        Not group-committed: the transaction must hold exactly these rows. This is
+        how a writer that may be retried (a Spark task) writes exactly once.
+        """
+        spread = self._spread
+        cache: dict[str, int] = {}
+        hashes: list[int] = []
+        for row in rows:
+            key = row[3]
+            if key is None:
+                hashes.append(next(spread))
+            else:
+                h = cache.get(key)
+                if h is None:
+                    h = cache[key] = key_hash(key)
+                hashes.append(h)
+        for _attempt in range(_MAX_ROUTE_ATTEMPTS):
+            layout = self._layout(topic)
+            partitions, k, keys = layout.partitions, layout.k, layout.keys
+            batches: dict[int, list[Row]] = {}
+            for h, row in zip(hashes, rows, strict=True):
+                stream = keys[route(h, partitions, k)]
+                same = batches.get(stream)
+                if same is None:
+                    same = batches[stream] = []
+                same.append(row)
+            try:
+                return self.storage.append_once(marker, batches)
+            except StreamSealed:
+                self._layouts.pop(topic, None)  # SwitchProduce happened: route again
+        raise StorageError(
+            f"could not route to an open stream after {_MAX_ROUTE_ATTEMPTS} attempts"
+        )
+
     def _prepare(self, topic: str, messages: Sequence[Message]) -> _Pending:
         future: Future[Positions] = Future()
         if not messages:

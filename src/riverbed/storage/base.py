@@ -19,10 +19,13 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from riverbed.errors import RiverbedError
 from riverbed.model import StoredMessage, StreamId
+
+if TYPE_CHECKING:
+    import pyarrow
 
 Row = tuple[bytes, int, str, "str | None", bytes, "bytes | None", int, int]
 """A message row to append: (id bytes, timestamp µs, mqtt topic, key, payload,
@@ -192,10 +195,44 @@ class Storage(Protocol):
         or gone."""
         ...
 
+    def append_once(
+        self, marker: str, batches: Mapping[int, Sequence[Row]]
+    ) -> dict[int, int] | None:
+        """`append`, idempotent: record `marker` in the same transaction as the rows.
+
+        If `marker` was recorded before, write nothing and return None; an empty
+        `batches` records the marker alone. Raises `StreamSealed` (writing nothing,
+        the marker neither) if any stream is sealed or gone.
+        """
+        ...
+
+    def delete_markers(self, before_us: int) -> int:
+        """Forget markers recorded before `before_us` (µs since the epoch); return
+        how many. A writer repeating an attempt older than that writes again."""
+        ...
+
     def read(self, stream_key: int, offset: int, limit: int) -> list[StoredMessage]:
         """Up to `limit` messages of a stream from `offset` on, in offset order.
         Raises `InvalidOffset` for a negative offset, `InvalidInput` for a limit
         below 1."""
+        ...
+
+    def read_arrow(
+        self,
+        stream_key: int,
+        start: int,
+        end: int,
+        *,
+        key: str | None = None,
+        since_us: int | None = None,
+        until_us: int | None = None,
+    ) -> pyarrow.Table:
+        """The messages of a stream with `start <= offset < end`, in offset order, as
+        one Arrow table with the columns of `ARROW_SCHEMA` (needs pyarrow, the
+        `riverbed[spark]` extra). Optionally only those with this key and a
+        timestamp in `[since_us, until_us)`. Deterministic for a range: what a
+        retried Spark task reads again. Raises `InvalidOffset` for a negative
+        start."""
         ...
 
     def first_offset_at(self, stream_key: int, timestamp_us: int) -> int:

@@ -71,6 +71,14 @@ MIGRATIONS: list[list[str]] = [
             version {int} NOT NULL,
             PRIMARY KEY (namespace, key))""",
     ],
+    # 2: idempotency markers. A writer that must not write twice (a Spark sink task,
+    # retried or replayed; an MQTT QoS 2 PUBLISH) records a marker in the transaction
+    # of its rows, and a second attempt with the same marker writes nothing.
+    [
+        """CREATE TABLE markers (
+            marker {text} PRIMARY KEY,
+            created_us {int} NOT NULL)""",
+    ],
 ]
 
 MESSAGE_COLUMNS = "off, id, ts, mqtt_topic, key, payload, properties, qos, retain"

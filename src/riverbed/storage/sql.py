@@ -23,6 +23,7 @@ from riverbed.errors import (
     TopicNotFound,
 )
 from riverbed.model import StoredMessage, StreamId
+from riverbed.storage import arrow
 from riverbed.storage.base import (
     KVEntry,
     RetentionPolicy,
@@ -81,10 +82,18 @@ class SqlStorage(ConnectedStorage):
     """Base of the SQLite and PostgreSQL storages: the queries."""
 
     SCHEMA_TYPES: Mapping[str, str] = {}
+    EMPTY_BLOB = "X''"
+    """An empty blob literal (`read_arrow`)."""
 
     def __init__(self, url: str) -> None:
         super().__init__(url)
         self.wakeups = Wakeups(self._start_watcher)
+        self.adbc = arrow.AdbcConnections(self._adbc_connect)
+        """Per-thread ADBC connections for `read_arrow` (none without the driver)."""
+
+    def close(self) -> None:
+        super().close()
+        self.adbc.close()
 
     # --- backend hooks ------------------------------------------------------
     def _insert_messages(
@@ -111,6 +120,14 @@ class SqlStorage(ConnectedStorage):
 
     def _start_watcher(self) -> None:
         """Start watching other processes' commits (backend specific)."""
+
+    def _adbc_connect(self) -> Any:
+        """An ADBC connection in autocommit mode (raises if the driver is missing)."""
+        raise ImportError("no ADBC driver for this backend")
+
+    def _adbc_sql(self, sql: str) -> str:
+        """`sql` with `?` placeholders in the ADBC driver's style."""
+        return sql
 
     # --- schema -------------------------------------------------------------
     @operation
@@ -315,6 +332,63 @@ class SqlStorage(ConnectedStorage):
             self._insert_messages(cur, batches, firsts)
         self.wakeups.notify()
         return firsts
+
+    @operation
+    def append_once(
+        self, marker: str, batches: Mapping[int, Sequence[Row]]
+    ) -> dict[int, int] | None:
+        counts = {k: len(batches[k]) for k in sorted(batches) if batches[k]}
+        with self._write() as cur:
+            # First, so that a concurrent attempt with the same marker waits here
+            # for ours to end (PostgreSQL: the unique index; SQLite: the write lock).
+            recorded = self._x(
+                cur,
+                "INSERT INTO markers (marker, created_us) VALUES (?, ?)"
+                " ON CONFLICT (marker) DO NOTHING RETURNING marker",
+                (marker, now_us()),
+            ).fetchone()
+            if recorded is None:
+                return None
+            if not counts:
+                return {}
+            firsts = self._reserve(cur, counts)
+            missing = [k for k in counts if k not in firsts]
+            if missing:
+                raise StreamSealed(missing)  # rolls the marker back too
+            self._insert_messages(cur, {k: batches[k] for k in counts}, firsts)
+        self.wakeups.notify()
+        return firsts
+
+    @operation
+    def delete_markers(self, before_us: int) -> int:
+        with self._write() as cur:
+            return int(
+                self._x(cur, "DELETE FROM markers WHERE created_us < ?", (before_us,)).rowcount
+            )
+
+    @operation
+    def read_arrow(
+        self,
+        stream_key: int,
+        start: int,
+        end: int,
+        *,
+        key: str | None = None,
+        since_us: int | None = None,
+        until_us: int | None = None,
+    ) -> Any:
+        sql, params = arrow.query(self.EMPTY_BLOB, stream_key, start, end, key, since_us, until_us)
+        conn = self.adbc.get()
+        if conn is not None:
+            try:
+                return arrow.conform(arrow.fetch_adbc(conn, self._adbc_sql(sql), params))
+            except Exception:
+                # Its state is unknown now: the next call reconnects. This one reads
+                # through the plain driver, whose errors say what went wrong in the
+                # storage's usual terms.
+                self.adbc.discard()
+        table = arrow.from_rows(self._q(sql, params).fetchall())
+        return arrow.conform(table)
 
     @operation
     def read(self, stream_key: int, offset: int, limit: int) -> list[StoredMessage]:

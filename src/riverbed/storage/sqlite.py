@@ -89,6 +89,11 @@ class SqliteStorage(SqlStorage):
             ) from exc
         return conn
 
+    def _adbc_connect(self) -> Any:
+        import adbc_driver_sqlite.dbapi
+
+        return adbc_driver_sqlite.dbapi.connect(str(self.path), autocommit=True)
+
     def _rows(self, cursor: Cursor) -> Iterable[Sequence[Any]]:
         return cursor  # type: ignore[no-any-return]  # iterating skips fetchall's list
 

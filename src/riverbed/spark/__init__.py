@@ -1,0 +1,30 @@
+"""Spark Structured Streaming and batch reads and writes of Riverbed topics.
+
+    from riverbed.spark import session
+    spark = session()  # local[*], the `riverbed` data source registered
+
+    spark.read.format("riverbed").option("db", URL).option("topic", "orders").load()
+    spark.readStream.format("riverbed").option("db", URL).option("subscription", "s").load()
+    df.write.format("riverbed").option("db", URL).option("topic", "out").mode("append").save()
+
+Needs the `riverbed[spark]` extra (pyspark, pyarrow, the ADBC drivers) and a
+JVM. Options are listed in `riverbed.spark.options`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from riverbed.spark.session import session
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["register", "session"]
+
+
+def register(spark: SparkSession) -> None:
+    """Register the `riverbed` data source with a SparkSession."""
+    from riverbed.spark.source import RiverbedDataSource
+
+    spark.dataSource.register(RiverbedDataSource)

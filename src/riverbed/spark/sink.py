@@ -1,0 +1,207 @@
+"""The `riverbed` sink: DataFrame rows become messages of a topic, exactly once.
+
+Each Spark task routes its rows through the topic's router (seed 003 Produce,
+by key) and appends them in one transaction that also records a marker naming
+the write and the task's partition (`Appender.append_once`). A retried task, a
+speculative copy or a replayed micro-batch finds the marker and writes nothing
+(DESIGN.md, Spark). Markers:
+
+- streaming: `spark/<query id>/<batch id>/<partition>`: Spark keeps the query id
+  in the checkpoint, so a restarted query replaying a batch uses the same one;
+- batch: `spark-write/<random id of this write>/<partition>` (task retries).
+
+Input columns: `payload` (binary or string, required), `key` (string; null
+spreads), `mqtt_topic` (string; must match the topic's binding), `properties`
+(string: the JSON the source reads, `[[name, value], ...]`), `qos` (int 0-2).
+Other columns are refused, so a misspelt one is not silently dropped. The
+writer's commit wakes the broker's subscribers like any append (the storage's
+cross-process wake-up).
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import BinaryType, IntegerType, StringType, StructType
+
+from riverbed.errors import InvalidInput
+from riverbed.spark.options import WriteOptions
+
+COLUMNS = {
+    "payload": (BinaryType, StringType),
+    "key": (StringType,),
+    "mqtt_topic": (StringType,),
+    "properties": (StringType,),
+    "qos": (IntegerType,),
+}
+
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+"""Local properties Spark sets on a micro-batch's tasks (StreamExecution,
+MicroBatchExecution): what makes a streaming marker."""
+
+
+def check_columns(schema: StructType) -> None:
+    """Refuse a DataFrame the sink cannot write, before any task runs."""
+    names = [f.name for f in schema.fields]
+    if "payload" not in names:
+        raise InvalidInput(f"the riverbed sink needs a 'payload' column; got {names}")
+    for field in schema.fields:
+        allowed = COLUMNS.get(field.name)
+        if allowed is None:
+            raise InvalidInput(
+                f"the riverbed sink does not know column {field.name!r}; it writes"
+                f" {sorted(COLUMNS)} (select or rename columns first)"
+            )
+        if not isinstance(field.dataType, allowed):
+            kinds = " or ".join(t.typeName() for t in allowed)
+            raise InvalidInput(
+                f"column {field.name!r} is {field.dataType.typeName()}; the riverbed sink"
+                f" wants {kinds}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class Written(WriterCommitMessage):
+    """What one task wrote: its marker and how many messages (0 if it found its
+    marker: written before)."""
+
+    marker: str
+    messages: int
+    duplicate: bool
+
+
+def _task() -> Any:
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    if context is None:  # pragma: no cover - Spark always runs writers in a task
+        raise RuntimeError("the riverbed sink runs inside a Spark task")
+    return context
+
+
+def write_batches(options: WriteOptions, marker: str, batches: Iterator[Any]) -> Written:
+    """Append one task's record batches to the topic under `marker`."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from riverbed.log.log import Log
+    from riverbed.model import Message, decode_properties, encode_properties
+    from riverbed.storage import open_storage
+    from riverbed.storage.base import Row
+
+    log = Log(open_storage(options.db))
+    try:
+        ids = log.appender.ids
+        rows: list[Row] = []
+        checked: set[str] = set()
+        properties_seen: dict[str, bytes | None] = {}
+        for batch in batches:
+            n = batch.num_rows
+            if n == 0:
+                continue
+            names = batch.schema.names
+            payload = batch.column(names.index("payload"))
+            if not pa.types.is_binary(payload.type):
+                payload = payload.cast(pa.binary())
+            payloads = payload.to_pylist()
+            if None in payloads:
+                raise InvalidInput("the riverbed sink cannot write a null payload")
+            keys = batch.column(names.index("key")).to_pylist() if "key" in names else [None] * n
+            if "mqtt_topic" in names:
+                column = batch.column(names.index("mqtt_topic"))
+                fresh = [t for t in pc.unique(column).to_pylist() if t and t not in checked]
+                log.check(options.topic, *(Message(b"", mqtt_topic=t) for t in fresh))
+                checked.update(fresh)
+                topics = [t or "" for t in column.to_pylist()]
+            else:
+                topics = [""] * n
+            if "properties" in names:
+                props: list[bytes | None] = []
+                for text in batch.column(names.index("properties")).to_pylist():
+                    if text is None:
+                        props.append(None)
+                        continue
+                    blob = properties_seen.get(text, b"")
+                    if blob == b"":
+                        try:
+                            blob = encode_properties(decode_properties(text.encode()))
+                        except (ValueError, TypeError, IndexError) as exc:
+                            raise InvalidInput(
+                                f"properties {text!r} are not [[name, value], ...]: {exc}"
+                            ) from None
+                        properties_seen[text] = blob
+                    props.append(blob)
+            else:
+                props = [None] * n
+            if "qos" in names:
+                qos = batch.column(names.index("qos")).fill_null(0)
+                low, high = pc.min_max(qos).values()
+                if low.as_py() < 0 or high.as_py() > 2:
+                    raise InvalidInput("the riverbed sink's qos column holds values outside 0-2")
+                qos_values: Any = qos.to_pylist()
+            else:
+                qos_values = itertools.repeat(0)
+            stamped = ids.reserve(n)
+            rows.extend(
+                zip(
+                    (i for i, _ in stamped),
+                    (t for _, t in stamped),
+                    topics,
+                    keys,
+                    payloads,
+                    props,
+                    qos_values,
+                    itertools.repeat(0),
+                )
+            )
+        firsts = log.appender.append_once(options.topic, rows, marker)
+        return Written(marker, len(rows) if firsts is not None else 0, firsts is None)
+    finally:
+        log.close()
+
+
+class BatchWriter(DataSourceArrowWriter):
+    """`df.write.format("riverbed")`: one transaction per task."""
+
+    def __init__(self, options: WriteOptions, schema: StructType) -> None:
+        self.options = options
+        self.write_id = uuid.uuid4().hex
+        """Made on the driver once per write; every task and retry shares it."""
+
+    def write(self, iterator: Iterator[Any]) -> Written:
+        marker = f"spark-write/{self.write_id}/{_task().partitionId()}"
+        return write_batches(self.options, marker, iterator)
+
+
+class StreamWriter(DataSourceStreamArrowWriter):
+    """`df.writeStream.format("riverbed")`: one transaction per task, idempotent
+    per (query, micro-batch, partition)."""
+
+    def __init__(self, options: WriteOptions, schema: StructType) -> None:
+        self.options = options
+
+    def write(self, iterator: Iterator[Any]) -> Written:
+        context = _task()
+        query = context.getLocalProperty(QUERY_ID_PROPERTY)
+        batch = context.getLocalProperty(BATCH_ID_PROPERTY)
+        if not query or batch is None:  # pragma: no cover - set by every micro-batch
+            raise RuntimeError("the riverbed sink found no streaming query or batch id")
+        marker = f"spark/{query}/{batch}/{context.partitionId()}"
+        return write_batches(self.options, marker, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Every task committed its own transaction: nothing is left to do."""
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """A failed task's transaction rolled back; a finished one stays, and a
+        replay of the batch skips it by its marker."""

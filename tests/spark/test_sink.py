@@ -1,0 +1,152 @@
+"""The `riverbed` sink: rows become messages through the router, exactly once per
+(query, batch, partition), and they wake the log's readers in other processes."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from riverbed.errors import InvalidInput
+from riverbed.log.log import Log
+from riverbed.log.router import key_hash, route
+from riverbed.model import Message
+from riverbed.spark.options import WriteOptions
+from riverbed.spark.sink import write_batches
+from riverbed.subscriptions import Subscriptions
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture
+def log(storage_url: str) -> Iterator[Log]:
+    opened = Log.open(storage_url)
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
+def messages_of(log: Log, topic: str) -> list[Any]:
+    out = []
+    for head in log.storage.list_streams(topic):
+        out += [(head.stream, m) for m in log.storage.read(head.key, 0, 1_000_000)]
+    return out
+
+
+def test_batch_write_routes_rows_by_key(spark: Any, log: Log, storage_url: str) -> None:
+    log.topics.create("out", partitions=4, binding="o/#")
+    frame = spark.createDataFrame(
+        [
+            (f"k{n % 5}", f"p{n}", f"o/{n % 2}", '[["a","x"]]' if n == 0 else None, 1)
+            for n in range(50)
+        ],
+        "key string, payload string, mqtt_topic string, properties string, qos int",
+    ).repartition(3)
+
+    frame.write.format("riverbed").option("db", storage_url).option("topic", "out").mode(
+        "append"
+    ).save()
+
+    got = messages_of(log, "out")
+    assert sorted(m.payload for _, m in got) == sorted(f"p{n}".encode() for n in range(50))
+    for stream, m in got:
+        assert stream.partition == route(key_hash(m.key), 4, 1)
+        assert m.qos == 1 and m.mqtt_topic == f"o/{int(m.payload[1:]) % 2}"
+    assert [m.properties for _, m in got if m.payload == b"p0"] == [(("a", "x"),)]
+
+
+def test_sink_refuses_what_it_cannot_write(spark: Any, sqlite_url: str) -> None:
+    frame = spark.createDataFrame([("a", 1)], "value string, n int")
+    with pytest.raises(Exception, match="payload"):
+        frame.write.format("riverbed").option("db", sqlite_url).option("topic", "x").mode(
+            "append"
+        ).save()
+
+
+def test_a_retried_task_writes_nothing_twice(log: Log, storage_url: str) -> None:
+    import pyarrow as pa
+
+    log.topics.create("out", partitions=2)
+    batch = pa.record_batch({"key": ["a", None], "payload": [b"1", b"2"]})
+    options = WriteOptions(storage_url, "out")
+
+    first = write_batches(options, "spark/q/7/0", iter([batch]))
+    again = write_batches(options, "spark/q/7/0", iter([batch]))
+
+    assert (first.messages, first.duplicate) == (2, False)
+    assert (again.messages, again.duplicate) == (0, True)
+    assert len(messages_of(log, "out")) == 2
+    with pytest.raises(InvalidInput, match="qos"):
+        bad = pa.record_batch({"payload": [b"1"], "qos": pa.array([3], pa.int32())})
+        write_batches(options, "spark/q/8/0", iter([bad]))
+
+
+def test_streaming_sink_stays_exactly_once_under_a_replayed_batch(
+    spark: Any, log: Log, storage_url: str, tmp_path: Path
+) -> None:
+    log.topics.create("in", partitions=2)
+    log.topics.create("out", partitions=3)
+    log.produce("in", [Message(str(n).encode(), key=f"k{n % 4}") for n in range(1000)])
+    Subscriptions(log.storage).create("sub", "in")
+    checkpoint = tmp_path / "checkpoint"
+
+    def run() -> Any:
+        query = (
+            spark.readStream.format("riverbed")
+            .option("db", storage_url)
+            .option("subscription", "sub")
+            .option("maxMessagesPerTrigger", "400")
+            .load()
+            .select("key", "payload")
+            .writeStream.format("riverbed")
+            .option("db", storage_url)
+            .option("topic", "out")
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(60)
+        assert query.exception() is None
+        return query
+
+    run()
+    assert len(messages_of(log, "out")) == 1000
+    # The driver "died" after the last batch's tasks committed but before Spark
+    # recorded the batch: the restart runs that batch again.
+    commits = sorted((checkpoint / "commits").glob("[0-9]*"), key=lambda p: int(p.name))
+    commits[-1].unlink()
+    (commits[-1].parent / f".{commits[-1].name}.crc").unlink(missing_ok=True)
+    replay = run()
+
+    assert [p["numInputRows"] for p in replay.recentProgress] == [200]
+    payloads = sorted(int(m.payload) for _, m in messages_of(log, "out"))
+    assert payloads == list(range(1000))
+
+
+def test_rows_written_by_spark_wake_readers_in_other_processes(
+    spark: Any, log: Log, storage_url: str
+) -> None:
+    log.topics.create("out", partitions=1)
+    storage = log.storage
+    woke = threading.Event()
+    seen = storage.wakeups.version
+
+    def wait() -> None:
+        # Spark's Python workers are other processes: only the storage's
+        # cross-process watcher (LISTEN/NOTIFY; SQLite's data_version) wakes us.
+        if storage.wakeups.wait(seen, 60) != seen:
+            woke.set()
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    spark.createDataFrame([("x",)], "payload string").write.format("riverbed").option(
+        "db", storage_url
+    ).option("topic", "out").mode("append").save()
+    waiter.join(60)
+
+    assert woke.is_set()
+    assert [m.payload for _, m in messages_of(log, "out")] == [b"x"]
