@@ -20,8 +20,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -e '.[$(EXTRAS)]'
 	touch $@
 
+# The broker on 127.0.0.1:1883 (anonymous clients allowed); Ctrl-C stops it.
 run: venv
-	$(VENV)/bin/riverbed demo
+	$(VENV)/bin/riverbed serve --allow-anonymous
 
 # Each line stops make at its first failure.
 test: venv

@@ -788,6 +788,65 @@ def passwd(file: str, username: str, delete: bool, from_stdin: bool) -> None:
         click.echo(f"changed the password of user {username!r} in {file}")
 
 
+# --------------------------------------------------------------------- serve
+
+
+@cli.command(short_help="Run the MQTT broker.")
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False),
+    help="A TOML configuration file (riverbed.mqtt.config).",
+)
+@click.option(
+    "--mqtt", metavar="HOST:PORT", help="Where to listen for MQTT (default 127.0.0.1:1883)."
+)
+@click.option(
+    "--allow-anonymous",
+    is_flag=True,
+    default=None,
+    help="Let clients connect without a user name.",
+)
+@db_option
+def serve(config_file: str | None, mqtt: str | None, allow_anonymous: bool | None) -> None:
+    """Run the MQTT 3.1.1 / 5 broker until SIGTERM or SIGINT.
+
+    Every message published is committed to the log before it is acknowledged;
+    sessions survive restarts. Stopping disconnects clients (MQTT 5: 0x8B Server
+    shutting down) and saves their sessions.
+    """
+    import asyncio
+    import logging
+
+    from riverbed.mqtt.broker import serve as run_broker
+    from riverbed.mqtt.config import load_config
+
+    db = click.get_current_context().meta.get(_DB_KEY)
+    config = load_config(
+        config_file,
+        {"listeners.mqtt": mqtt, "storage.url": db, "auth.allow_anonymous": allow_anonymous},
+    )
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    url = config.storage.url or default_url()
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        with Log.open(url) as log:
+            await run_broker(config, log, stop)
+
+    try:
+        import uvloop  # type: ignore[import-not-found]
+    except ImportError:
+        asyncio.run(main())
+    else:  # pragma: no cover - not installed here
+        uvloop.run(main())
+
+
 # --------------------------------------------------------------------- demo
 
 DEMO_TOPIC = "demo"
@@ -854,3 +913,7 @@ def demo() -> None:
     console.print("\ntry next:")
     for line in tries:
         console.print(f"  {line}", markup=False)
+
+
+if __name__ == "__main__":
+    main()

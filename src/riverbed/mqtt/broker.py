@@ -1,0 +1,177 @@
+"""The broker: an asyncio MQTT server whose sessions live on the log.
+
+    broker = Broker(config, Log.open(url))
+    await broker.start()          # listening
+    await broker.stop()           # graceful: see below
+    broker.log.close()
+
+`Broker` owns what the connections share: the listening socket, the client id
+registry (for takeover), the topic trie of online sessions' filters, the live
+router, the session store and the authenticator/authorizer. A background task
+discards sessions whose expiry passed (also those left behind by a broker that
+stopped: their expiry counts from when they were last seen).
+
+Stopping: stop accepting, send every MQTT 5 client DISCONNECT 0x8B Server
+shutting down, checkpoint every session and mark it disconnected, stop the
+router. The caller closes the log (which commits what is queued).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Hashable, Iterable
+from typing import cast
+
+from riverbed.errors import RiverbedError
+from riverbed.log.log import Log
+from riverbed.log.topics import BUILTIN_TOPIC
+from riverbed.mqtt.auth import load_auth
+from riverbed.mqtt.codec import DisconnectReason
+from riverbed.mqtt.config import BrokerConfig
+from riverbed.mqtt.connection import Connection
+from riverbed.mqtt.router import Router
+from riverbed.sessions.store import SessionStore, now_us
+from riverbed.topics.filters import filters_overlap
+from riverbed.topics.trie import TopicTrie
+
+log = logging.getLogger(__name__)
+
+
+class Broker:
+    """An MQTT 3.1.1 / 5 broker over one log.
+
+    `checkpoint_every` / `checkpoint_interval`: a session commits its cursors
+    after that many acknowledgements or that many seconds after they moved, and
+    at disconnect. `expiry_sweep`: seconds between looks for expired sessions.
+    """
+
+    def __init__(
+        self,
+        config: BrokerConfig,
+        log: Log,
+        *,
+        checkpoint_every: int = 100,
+        checkpoint_interval: float = 1.0,
+        expiry_sweep: float = 5.0,
+    ) -> None:
+        self.config = config
+        self.log = log
+        self.checkpoint_every = checkpoint_every
+        self.checkpoint_interval = checkpoint_interval
+        self.expiry_sweep = expiry_sweep
+        self.store = SessionStore(log.storage)
+        self.trie: TopicTrie[Hashable] = TopicTrie()
+        self.router = Router(log.storage, self.trie)
+        self.authenticator, self.authorizer = load_auth(config.auth)
+        self.connections: dict[str, Connection] = {}
+        """Client id -> the connection holding its session."""
+        self._all: set[Connection] = set()
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._server: asyncio.Server | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+        self._handlers: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        """Start the router and listen on `config.listeners.mqtt`."""
+        await self.router.start()
+        address = self.config.listeners.mqtt
+        self._server = await asyncio.start_server(self._accept, address.host, address.port)
+        self._sweeper = asyncio.create_task(self._sweep(), name="riverbed-session-expiry")
+        log.info("listening for MQTT on %s", ", ".join(self.addresses()))
+
+    def addresses(self) -> list[str]:
+        if self._server is None:
+            return []
+        out = []
+        for sock in self._server.sockets:
+            host, port = cast(tuple[str, int], sock.getsockname()[:2])
+            out.append(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+        return out
+
+    @property
+    def port(self) -> int:
+        """The port listened on (useful with port 0)."""
+        assert self._server is not None
+        return cast(int, self._server.sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        """Stop accepting, disconnect every client (0x8B), save their sessions."""
+        if self._server is not None:
+            self._server.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+        connections = list(self._all)
+        for connection in connections:
+            connection.close(DisconnectReason.SERVER_SHUTTING_DOWN)
+        for connection in connections:
+            await connection.done.wait()
+        if self._handlers:
+            await asyncio.gather(*self._handlers, return_exceptions=True)
+        await self.router.stop()
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 1.0)
+        log.info("stopped; %d sessions saved", len(connections))
+
+    def client_lock(self, client_id: str) -> asyncio.Lock:
+        """Serializes CONNECTs of one client id (takeover)."""
+        lock = self._locks.get(client_id)
+        if lock is None:
+            lock = self._locks[client_id] = asyncio.Lock()
+        return lock
+
+    def reachable_topics(
+        self, filters: Iterable[str], bindings: Iterable[tuple[str, str | None]]
+    ) -> list[str]:
+        """The topics whose messages these filters can match: those whose binding
+        overlaps one of them, and the built-in `mqtt` (docs/broker.md)."""
+        filters = list(filters)
+        if not filters:
+            return []
+        out = [BUILTIN_TOPIC]
+        for name, binding in bindings:
+            if binding is None or name == BUILTIN_TOPIC:
+                continue
+            if any(filters_overlap(binding, f) for f in filters):
+                out.append(name)
+        return out
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connection = Connection(self, reader, writer)
+        self._all.add(connection)
+        task = asyncio.current_task()
+        if task is not None:
+            self._handlers.add(task)
+        try:
+            await connection.run()
+        finally:
+            self._all.discard(connection)
+            if task is not None:
+                self._handlers.discard(task)
+            if connection.client_id and not self.client_lock(connection.client_id).locked():
+                self._locks.pop(connection.client_id, None)
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(self.expiry_sweep)
+            try:
+                gone = await asyncio.to_thread(self.store.expire, now_us(), set(self.connections))
+            except RiverbedError:
+                log.exception("looking for expired sessions failed")
+                continue
+            for client_id in gone:
+                log.info("session of client %s expired", client_id)
+
+
+async def serve(config: BrokerConfig, log_: Log, stop: asyncio.Event, **options: float) -> None:
+    """Run a broker until `stop` is set, then stop it gracefully."""
+    broker = Broker(config, log_, **options)  # type: ignore[arg-type]
+    await broker.start()
+    try:
+        await stop.wait()
+    finally:
+        await broker.stop()

@@ -1,0 +1,774 @@
+"""One client connection: bytes to packets, packets to session events and back.
+
+The asyncio side of a session, kept thin: it feeds the socket's bytes to the
+codec's `Decoder`, turns packets into `sessions.session` events and the
+session's effects into packets, storage work and router fetches. Storage calls
+run in worker threads.
+
+- CONNECT: MQTT 3.1.1 and 5; an empty client id gets an assigned one (MQTT 5
+  Assigned Client Identifier; 3.1.1 only with clean session [MQTT-3.1.3-8]);
+  a connection already holding the client id is taken over (it gets DISCONNECT
+  0x8E Session taken over and saves its session first); Clean Start=1 discards
+  the session and mints a new session id [MQTT-3.1.2-4]; Clean Start=0 resumes
+  it with Session Present=1 [MQTT-3.1.2-5] unless it expired [MQTT-4.1.0-2].
+- Keep alive: no packet for 1.5 times the keep alive closes the connection
+  [MQTT-3.1.2-22] (MQTT 5: DISCONNECT 0x8D).
+- A `ProtocolError` from the decoder (or a rule broken here) closes this
+  connection only: CONNACK with the reason code before the CONNACK was sent,
+  DISCONNECT with it after (MQTT 5); MQTT 3.1.1 just closes.
+- PUBLISH from the client is committed to the log (the topic `Log.topic_for`
+  picks) before its PUBACK/PUBREC goes out; acknowledgements go out in the
+  order the PUBLISHes came in [MQTT-4.6.0-2]. Inbound QoS 2 is deduplicated by
+  packet id within a connection (not yet across a broker crash: the durable
+  markers of docs/broker.md are still to come). Outbound QoS is at most 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from riverbed.errors import PreconditionFailed, ProtocolError, RiverbedError
+from riverbed.log.appender import Positions
+from riverbed.model import Message, StoredMessage, encode_properties
+from riverbed.mqtt.codec import (
+    MQTT_5,
+    NO_PUBLISH_PROPERTIES,
+    Auth,
+    Connack,
+    ConnackProperties,
+    Connect,
+    ConnectReason,
+    Decoder,
+    Disconnect,
+    DisconnectReason,
+    Packet,
+    Pingreq,
+    Pingresp,
+    Puback,
+    PubackReason,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    PubrecReason,
+    Pubrel,
+    Suback,
+    SubackReason,
+    Subscribe,
+    Unsuback,
+    UnsubackReason,
+    Unsubscribe,
+    encode,
+)
+from riverbed.mqtt.codec.reasons import CONNACK_REASONS_V311
+from riverbed.mqtt.messages import message_from_publish, publish_properties, publisher
+from riverbed.sessions.session import (
+    Acked,
+    Checkpoint,
+    Deliver,
+    Effect,
+    Event,
+    Fetch,
+    Follow,
+    Offered,
+    Session,
+    Subscription,
+    Tick,
+    cursors_by_topic,
+)
+from riverbed.sessions.store import NEVER_EXPIRES, SessionRecord, Stored, now_us
+
+if TYPE_CHECKING:
+    from riverbed.mqtt.broker import Broker
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT = 10.0
+"""Seconds a new connection has to send its CONNECT."""
+READ_SIZE = 65536
+
+
+class Connection:
+    """One client's network connection and, once connected, its session."""
+
+    def __init__(
+        self, broker: Broker, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        self.broker = broker
+        self.reader = reader
+        self.writer = writer
+        self.peer = str(writer.get_extra_info("peername"))
+        limits = broker.config.limits
+        self.decoder = Decoder(max_packet_size=limits.maximum_packet_size)
+        self.level = 4
+        self.client_id = ""
+        self.username: str | None = None
+        self.keep_alive = 0
+        self.session: Session | None = None
+        self.stored: Stored | None = None
+        self.expiry = 0
+        self.connack_sent = False
+        self.closing = False
+        self.done = asyncio.Event()
+        self._normal = False
+        self._aliases: dict[int, str] = {}
+        self._acks: deque[tuple[Future[Positions], Packet]] = deque()
+        self._qos2: set[int] = set()
+        self._client_max_packet: int | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._checkpoint: Checkpoint | None = None
+        self._checkpointing: asyncio.Task[None] | None = None
+        self._record_lock = asyncio.Lock()
+        self._loop = asyncio.get_running_loop()
+
+    # --- the read loop ---------------------------------------------------------------
+    async def run(self) -> None:
+        try:
+            await self._read_loop()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        except Exception:
+            log.exception("connection %s (%s) failed", self.client_id or "-", self.peer)
+        finally:
+            await self._teardown()
+
+    async def _read_loop(self) -> None:
+        while not self.closing:
+            if not self.connack_sent:
+                timeout: float | None = CONNECT_TIMEOUT
+            else:
+                timeout = self.keep_alive * 1.5 if self.keep_alive else None
+            try:
+                data = await asyncio.wait_for(self.reader.read(READ_SIZE), timeout)
+            except TimeoutError:
+                log.info("client %s: keep alive timeout", self.client_id or self.peer)
+                self.close(DisconnectReason.KEEP_ALIVE_TIMEOUT)
+                return
+            if not data:
+                return
+            try:
+                packets = self.decoder.feed(data)
+            except ProtocolError as exc:
+                self._refuse(exc)
+                return
+            for packet in packets:
+                if self.closing:
+                    return
+                try:
+                    await self._packet(packet)
+                except ProtocolError as exc:
+                    self._refuse(exc)
+                    return
+
+    def _refuse(self, exc: ProtocolError) -> None:
+        """Close this connection for a protocol violation, saying why (MQTT 5)."""
+        log.warning(
+            "client %s (%s): closing for a protocol error: %s (0x%02X)",
+            self.client_id or "-",
+            self.peer,
+            exc,
+            exc.reason_code,
+        )
+        level = self.decoder.protocol_level or 4
+        if not self.connack_sent:
+            try:
+                reason = ConnectReason(exc.reason_code)
+            except ValueError:
+                reason = ConnectReason.UNSPECIFIED_ERROR
+            if level == MQTT_5:
+                self._send(Connack(reason_code=reason), level)
+            elif reason in CONNACK_REASONS_V311:
+                self._send(Connack(reason_code=reason), 4)
+            self._close_transport()
+            return
+        try:
+            self.close(DisconnectReason(exc.reason_code))
+        except ValueError:
+            self.close(DisconnectReason.PROTOCOL_ERROR)
+
+    async def _packet(self, packet: Packet) -> None:
+        match packet:
+            case Connect():
+                await self._connect(packet)
+            case Publish():
+                await self._publish(packet)
+            case Puback(packet_id):
+                self._handle(Acked(packet_id))
+            case Subscribe():
+                await self._subscribe(packet)
+            case Unsubscribe():
+                await self._unsubscribe(packet)
+            case Pingreq():
+                self._send(Pingresp())
+            case Pubrel(packet_id):
+                self._qos2.discard(packet_id)
+                self._send(Pubcomp(packet_id))
+            case Disconnect():
+                self._disconnect(packet)
+            case Pubrec() | Pubcomp():
+                # The broker sends QoS 0 and 1 only, so nothing can be answered here.
+                raise ProtocolError(
+                    DisconnectReason.PROTOCOL_ERROR, "PUBREC/PUBCOMP for a QoS 2 never sent"
+                )
+            case Auth():
+                raise ProtocolError(
+                    DisconnectReason.PROTOCOL_ERROR, "AUTH without enhanced authentication"
+                )
+            case _:
+                raise ProtocolError(
+                    DisconnectReason.PROTOCOL_ERROR,
+                    f"a client must not send {type(packet).__name__}",
+                )
+
+    # --- CONNECT ---------------------------------------------------------------------
+    async def _connect(self, packet: Connect) -> None:
+        broker = self.broker
+        limits = broker.config.limits
+        self.level = level = self.decoder.protocol_level or 4
+        v5 = level == MQTT_5
+        props = packet.properties
+        if v5 and props.authentication_method is not None:
+            self._connack_refusal(ConnectReason.BAD_AUTHENTICATION_METHOD)
+            return
+        client_id = packet.client_id
+        assigned: str | None = None
+        if not client_id:
+            if not v5 and not packet.clean_start:
+                # 3.1.1 [MQTT-3.1.3-8]: an empty ClientId needs CleanSession=1.
+                self._connack_refusal(ConnectReason.CLIENT_IDENTIFIER_NOT_VALID)
+                return
+            client_id = assigned = f"auto-{uuid.uuid4().hex}"
+        result = await asyncio.to_thread(
+            broker.authenticator.authenticate, client_id, packet.username, packet.password
+        )
+        if not result.accepted:
+            log.info("client %s (%s): refused: %s", client_id, self.peer, result.reason.name)
+            self._connack_refusal(result.reason)
+            return
+        self.client_id = client_id
+        self.username = result.username
+        if v5:
+            requested = props.session_expiry_interval or 0
+            self.expiry = min(requested, limits.max_session_expiry)
+            if limits.max_session_expiry == NEVER_EXPIRES:
+                self.expiry = requested
+        else:
+            requested = self.expiry = 0 if packet.clean_start else limits.v311_session_expiry
+        self.keep_alive = (
+            limits.server_keep_alive if limits.server_keep_alive is not None else packet.keep_alive
+        )
+        receive_maximum = props.receive_maximum or 0xFFFF
+        window = min(receive_maximum, limits.max_inflight)
+        self._client_max_packet = props.maximum_packet_size
+
+        async with broker.client_lock(client_id):
+            old = broker.connections.get(client_id)
+            if old is not None and old is not self:
+                log.info("client %s: session taken over from %s", client_id, old.peer)
+                await old.take_over()
+            if self.closing:
+                return
+            broker.connections[client_id] = self
+            try:
+                present, follow = await self._open_session(packet.clean_start, level)
+            except PreconditionFailed:
+                # Another node wrote the record between our read and write.
+                broker.connections.pop(client_id, None)
+                self._connack_refusal(ConnectReason.SERVER_BUSY)
+                return
+        assert self.stored is not None
+        self.session = Session(
+            client_id,
+            self.stored.record.subscriptions,
+            window=window,
+            queue_limit=limits.session_queue_limit,
+            checkpoint_every=broker.checkpoint_every,
+            checkpoint_interval=broker.checkpoint_interval,
+            publisher=publisher,
+            now=self._loop.time(),
+        )
+        for sub in self.session.subscriptions:
+            broker.trie.add(sub.topic_filter, self)
+        connack_props = ConnackProperties()
+        if v5:
+            connack_props = ConnackProperties(
+                session_expiry_interval=self.expiry if self.expiry != requested else None,
+                receive_maximum=limits.receive_maximum,
+                retain_available=False,
+                maximum_packet_size=limits.maximum_packet_size,
+                assigned_client_identifier=assigned,
+                topic_alias_maximum=limits.topic_alias_maximum,
+                shared_subscription_available=False,
+                server_keep_alive=limits.server_keep_alive,
+            )
+            self._send(Connack(present, properties=connack_props))
+        else:
+            self._send(Connack(present))
+        self.connack_sent = True
+        log.info(
+            "client %s (%s) connected: MQTT %s, session %s%s, expiry %ss",
+            client_id,
+            self.peer,
+            "5" if v5 else "3.1.1",
+            self.stored.record.session_id,
+            " resumed" if present else "",
+            self.expiry,
+        )
+        for event in follow:
+            self._handle(event)
+        self._handle(Tick())
+
+    def _connack_refusal(self, reason: ConnectReason) -> None:
+        if self.level == MQTT_5 or reason in CONNACK_REASONS_V311:
+            self._send(Connack(reason_code=reason))
+        self._close_transport()
+
+    async def _open_session(self, clean_start: bool, level: int) -> tuple[bool, list[Event]]:
+        """Resume or create the session record; return (Session Present, Follow events)."""
+        broker = self.broker
+        store = broker.store
+        stored = await asyncio.to_thread(store.load, self.client_id)
+        at = now_us()
+        if stored is not None and not clean_start and not stored.record.expired(at):
+            old = stored.record
+            crashed = old.connected  # nobody saved it: its broker stopped without a goodbye
+            record = replace(
+                old,
+                protocol_level=level,
+                expiry_interval=self.expiry,
+                connected=True,
+                seen_us=at,
+                disconnected_us=None,
+            )
+            self.stored = await asyncio.to_thread(store.write, record, stored.version)
+            since = old.disconnected_us if old.disconnected_us is not None else old.seen_us
+            follow = await self._follow(
+                self._reachable_topics(record.subscriptions, await self._bindings()),
+                start_us=since,
+                dup=old.sent,
+                crashed=crashed,
+            )
+            return True, follow
+        record = SessionRecord(self.client_id, uuid.uuid4().hex, level, self.expiry, True, at, None)
+        self.stored = await asyncio.to_thread(
+            store.write, record, None if stored is None else stored.version
+        )
+        if stored is not None:
+            old = stored.record
+            await asyncio.to_thread(store.drop_cursors, old.session_id, old.topics)
+        return False, []
+
+    async def _bindings(self) -> list[tuple[str, str | None]]:
+        topics = await asyncio.to_thread(self.broker.log.storage.list_topics)
+        return [(t.name, t.binding) for t in topics]
+
+    def _reachable_topics(
+        self, subscriptions: tuple[Subscription, ...], bindings: list[tuple[str, str | None]]
+    ) -> list[str]:
+        return self.broker.reachable_topics([s.topic_filter for s in subscriptions], bindings)
+
+    async def _follow(
+        self,
+        topics: list[str],
+        *,
+        start_us: int | None,
+        dup: dict[int, int],
+        crashed: bool,
+    ) -> list[Event]:
+        """Make sure the session has cursors on `topics`; return Follow events for
+        their streams, and record the topics."""
+        assert self.stored is not None
+        stored = self.stored
+        store = self.broker.store
+        known = set(stored.record.topics)
+        new = [t for t in topics if t not in known]
+        all_topics = [*stored.record.topics, *new]
+        if not all_topics:
+            return []
+        session_id = stored.record.session_id
+        # Topics the session had before keep their cursors; a topic it reaches for
+        # the first time starts where the session was last seen (resume) or now.
+        await asyncio.to_thread(store.ensure_cursors, session_id, stored.record.topics, None)
+        await asyncio.to_thread(store.ensure_cursors, session_id, new, start_us)
+        if new:
+            async with self._record_lock:
+                record = replace(self.stored.record, topics=tuple(all_topics))
+                self.stored = await asyncio.to_thread(store.write, record, self.stored.version)
+        heads = await self.broker.router.refresh()
+        start_heads = self.broker.router.start_heads
+        events: list[Event] = []
+        storage = self.broker.log.storage
+        for topic in all_topics:
+            topic_heads = await asyncio.to_thread(storage.list_streams, topic)
+            positions = await asyncio.to_thread(store.positions, session_id, topic, topic_heads)
+            for key, cursor in positions.items():
+                dup_below = dup.get(key, 0)
+                if crashed:
+                    dup_below = max(dup_below, start_heads.get(key, heads.get(key, 0)))
+                events.append(Follow(key, cursor, dup_below))
+        return events
+
+    # --- PUBLISH from the client --------------------------------------------------------
+    async def _publish(self, packet: Publish) -> None:
+        self._require_session()
+        broker = self.broker
+        topic = packet.topic
+        alias = packet.properties.topic_alias
+        if alias is not None:
+            if alias > broker.config.limits.topic_alias_maximum:
+                raise ProtocolError(
+                    DisconnectReason.TOPIC_ALIAS_INVALID,
+                    f"Topic Alias {alias} above the maximum"
+                    f" {broker.config.limits.topic_alias_maximum} [MQTT-3.3.2-9]",
+                )
+            if topic:
+                self._aliases[alias] = topic
+            else:
+                found = self._aliases.get(alias)
+                if found is None:
+                    raise ProtocolError(
+                        DisconnectReason.PROTOCOL_ERROR,
+                        f"Topic Alias {alias} was never set on this connection [3.3.2.3.4]",
+                    )
+                topic = found
+        if packet.qos and len(self._acks) >= broker.config.limits.receive_maximum:
+            raise ProtocolError(
+                DisconnectReason.RECEIVE_MAXIMUM_EXCEEDED,
+                f"more than Receive Maximum {broker.config.limits.receive_maximum} QoS 1/2"
+                " PUBLISHes unacknowledged [MQTT-3.3.4-7]",
+            )
+        if packet.retain and self.level == MQTT_5:
+            raise ProtocolError(
+                DisconnectReason.RETAIN_NOT_SUPPORTED,
+                "retained messages are not available (CONNACK Retain Available 0) [MQTT-3.2.2-14]",
+            )
+        if packet.qos == 2 and packet.packet_id in self._qos2:
+            # A resent QoS 2 PUBLISH whose PUBREC was lost: committed already.
+            self._send(Pubrec(packet.packet_id or 0))
+            return
+        if not broker.authorizer.can_publish(self.username, self.client_id, topic):
+            log.info("client %s: not authorized to publish to %r", self.client_id, topic)
+            if packet.qos == 1:
+                refused = (
+                    PubackReason.NOT_AUTHORIZED if self.level == MQTT_5 else PubackReason.SUCCESS
+                )
+                self._send(Puback(packet.packet_id or 0, refused))
+            elif packet.qos == 2:
+                denied = (
+                    PubrecReason.NOT_AUTHORIZED if self.level == MQTT_5 else PubrecReason.SUCCESS
+                )
+                self._send(Pubrec(packet.packet_id or 0, denied))
+            return
+        message = message_from_publish(packet, topic, self.client_id)
+        log_topic = broker.log.topic_for(topic)
+        future = broker.log.produce_async(log_topic, [message])
+        self._acks.append((future, packet))
+        loop = self._loop
+
+        def done(f: Future[Positions], message: Message = message) -> None:
+            loop.call_soon_threadsafe(self._committed, f, message)
+
+        future.add_done_callback(done)
+
+    def _committed(self, future: Future[Positions], message: Message) -> None:
+        if not future.cancelled() and future.exception() is None:
+            stream, offset = future.result()[0]
+            row = StoredMessage(
+                offset,
+                b"",
+                now_us(),
+                message.mqtt_topic,
+                message.key,
+                message.payload,
+                encode_properties(message.properties),
+                message.qos,
+                int(message.retain),
+            )
+            self.broker.router.committed(stream, offset, [row])
+        acks = self._acks
+        while acks and acks[0][0].done():
+            done, packet = acks.popleft()
+            assert isinstance(packet, Publish)
+            failed = done.cancelled() or done.exception() is not None
+            if failed:
+                log.error(
+                    "client %s: committing a PUBLISH to %r failed: %s",
+                    self.client_id,
+                    packet.topic,
+                    None if done.cancelled() else done.exception(),
+                )
+                if self.level != MQTT_5:
+                    self.close(DisconnectReason.UNSPECIFIED_ERROR)  # the client sends it again
+                    return
+            if packet.qos == 1 and packet.packet_id is not None:
+                reason = PubackReason.UNSPECIFIED_ERROR if failed else PubackReason.SUCCESS
+                self._send(Puback(packet.packet_id, reason))
+            elif packet.qos == 2 and packet.packet_id is not None:
+                if not failed:
+                    self._qos2.add(packet.packet_id)
+                self._send(
+                    Pubrec(
+                        packet.packet_id,
+                        PubrecReason.UNSPECIFIED_ERROR if failed else PubrecReason.SUCCESS,
+                    )
+                )
+
+    # --- SUBSCRIBE / UNSUBSCRIBE -----------------------------------------------------------
+    async def _subscribe(self, packet: Subscribe) -> None:
+        session = self._require_session()
+        broker = self.broker
+        v5 = self.level == MQTT_5
+        identifier = packet.properties.subscription_identifier
+        codes: list[SubackReason] = []
+        added: list[Subscription] = []
+        for topic in packet.topics:
+            name = topic.topic_filter
+            if name.startswith("$share/") or name.startswith("$queue/"):
+                codes.append(
+                    SubackReason.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED
+                    if v5
+                    else SubackReason.UNSPECIFIED_ERROR
+                )
+                continue
+            if not broker.authorizer.can_subscribe(self.username, self.client_id, name):
+                codes.append(SubackReason.NOT_AUTHORIZED if v5 else SubackReason.UNSPECIFIED_ERROR)
+                continue
+            granted = min(topic.qos, 1)
+            sub = Subscription(
+                name,
+                granted,
+                topic.no_local,
+                topic.retain_as_published,
+                int(topic.retain_handling),
+                identifier,
+            )
+            added.append(sub)
+            codes.append(SubackReason(granted))
+        if added:
+            # Cursors first: whatever is published after the SUBACK is after them.
+            filters = [s.topic_filter for s in (*session.subscriptions, *added)]
+            topics = broker.reachable_topics(filters, await self._bindings())
+            follow = await self._follow(topics, start_us=None, dup={}, crashed=False)
+            for sub in added:
+                session.subscribe(sub)
+                broker.trie.add(sub.topic_filter, self)
+            await self._save_subscriptions()
+            for event in follow:
+                self._handle(event)
+        self._send(Suback(packet.packet_id, tuple(codes)))
+
+    async def _unsubscribe(self, packet: Unsubscribe) -> None:
+        session = self._require_session()
+        codes: list[UnsubackReason] = []
+        for name in packet.topic_filters:
+            if session.unsubscribe(name):
+                self.broker.trie.remove(name, self)
+                codes.append(UnsubackReason.SUCCESS)
+            else:
+                codes.append(UnsubackReason.NO_SUBSCRIPTION_EXISTED)
+        await self._save_subscriptions()
+        self._send(Unsuback(packet.packet_id, tuple(codes) if self.level == MQTT_5 else ()))
+
+    async def _save_subscriptions(self) -> None:
+        assert self.session is not None
+        async with self._record_lock:
+            if self.stored is None:
+                return
+            record = replace(self.stored.record, subscriptions=self.session.subscriptions)
+            self.stored = await asyncio.to_thread(
+                self.broker.store.write, record, self.stored.version
+            )
+
+    def _disconnect(self, packet: Disconnect) -> None:
+        interval = packet.properties.session_expiry_interval
+        if interval is not None:
+            if self.expiry == 0 and interval != 0:
+                # [MQTT-3.14.2-2]: 0 at CONNECT cannot become non-zero at DISCONNECT.
+                raise ProtocolError(
+                    DisconnectReason.PROTOCOL_ERROR,
+                    "Session Expiry Interval was 0 at CONNECT; DISCONNECT cannot set it"
+                    " [MQTT-3.14.2-2]",
+                )
+            self.expiry = min(interval, self.broker.config.limits.max_session_expiry)
+        self._normal = packet.reason_code == DisconnectReason.NORMAL_DISCONNECTION
+        self.closing = True
+        self._close_transport()
+
+    def _require_session(self) -> Session:
+        if self.session is None:
+            raise ProtocolError(DisconnectReason.PROTOCOL_ERROR, "a packet before the CONNECT")
+        return self.session
+
+    # --- session events and effects ---------------------------------------------------------
+    def _handle(self, event: Event) -> None:
+        session = self.session
+        if session is None or self.closing:
+            return
+        effects = session.handle(event, self._loop.time())
+        self._execute(effects)
+
+    def _execute(self, effects: list[Effect]) -> None:
+        for effect in effects:
+            match effect:
+                case Deliver():
+                    self._deliver(effect)
+                case Fetch(stream, offset, limit):
+                    self.broker.router.fetch(stream, offset, limit, self, self._offer)
+                case Checkpoint():
+                    self._queue_checkpoint(effect)
+        self._arm_timer()
+
+    def _offer(self, stream: int, messages: object, upto: int) -> None:
+        # Always on a later turn of the loop: a fetch answered from memory must not
+        # re-enter the session while it is handing out effects.
+        self._loop.call_soon(self._handle, Offered(stream, messages, upto))  # type: ignore[arg-type]
+
+    def _deliver(self, effect: Deliver) -> None:
+        message = effect.message
+        properties = NO_PUBLISH_PROPERTIES
+        if self.level == MQTT_5:
+            properties = publish_properties(message, effect.subscription_identifiers)
+        packet = Publish(
+            message.mqtt_topic,
+            message.payload,
+            effect.qos,
+            effect.retain,
+            effect.dup,
+            effect.packet_id,
+            properties,
+        )
+        data = encode(packet, self.level)
+        if self._client_max_packet is not None and len(data) > self._client_max_packet:
+            # [MQTT-3.1.2-25]: too large for the client, discarded as if delivered.
+            if effect.packet_id is not None:
+                self._loop.call_soon(self._handle, Acked(effect.packet_id))
+            return
+        self._write(data)
+
+    def _arm_timer(self) -> None:
+        session = self.session
+        if session is None or self.closing:
+            return
+        deadline = session.next_deadline()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if deadline is not None:
+            self._timer = self._loop.call_at(max(deadline, self._loop.time()), self._tick)
+
+    def _tick(self) -> None:
+        self._timer = None
+        self._handle(Tick())
+
+    def _queue_checkpoint(self, checkpoint: Checkpoint) -> None:
+        if self._checkpoint is None:
+            self._checkpoint = checkpoint
+        else:
+            self._checkpoint.cursors.update(checkpoint.cursors)
+            self._checkpoint = Checkpoint(self._checkpoint.cursors, checkpoint.sent)
+        if self._checkpointing is None or self._checkpointing.done():
+            self._checkpointing = asyncio.create_task(self._run_checkpoints())
+
+    async def _run_checkpoints(self) -> None:
+        while self._checkpoint is not None:
+            checkpoint, self._checkpoint = self._checkpoint, None
+            try:
+                await self._save_checkpoint(checkpoint, disconnected=False)
+            except PreconditionFailed:
+                log.warning("client %s: session taken over elsewhere", self.client_id)
+                self.close(DisconnectReason.SESSION_TAKEN_OVER)
+                return
+            except RiverbedError:
+                log.exception("client %s: checkpoint failed", self.client_id)
+
+    async def _save_checkpoint(self, checkpoint: Checkpoint, *, disconnected: bool) -> None:
+        async with self._record_lock:
+            stored = self.stored
+            if stored is None:
+                return
+            if disconnected:
+                at = now_us()
+                record = replace(
+                    stored.record,
+                    connected=False,
+                    disconnected_us=at,
+                    expiry_interval=self.expiry,
+                )
+                stored = Stored(record, stored.version)
+            by_topic = cursors_by_topic(checkpoint.cursors, self.broker.router.topic_of())
+            self.stored = await asyncio.to_thread(
+                self.broker.store.commit, stored, by_topic, checkpoint.sent
+            )
+
+    # --- closing ------------------------------------------------------------------------
+    def close(self, reason: DisconnectReason) -> None:
+        """Close the connection from the server's side (MQTT 5: DISCONNECT `reason`)."""
+        if self.closing:
+            return
+        self.closing = True
+        if self.connack_sent and self.level == MQTT_5:
+            self._send(Disconnect(reason))
+        self._close_transport()
+
+    async def take_over(self) -> None:
+        """Another connection claims this client id: leave, saving the session."""
+        self.close(DisconnectReason.SESSION_TAKEN_OVER)
+        await self.done.wait()
+
+    def _close_transport(self) -> None:
+        self.closing = True
+        with contextlib.suppress(Exception):
+            self.writer.close()
+
+    async def _teardown(self) -> None:
+        self.closing = True
+        self._close_transport()
+        if self._timer is not None:
+            self._timer.cancel()
+        broker = self.broker
+        try:
+            session = self.session
+            if session is not None:
+                broker.router.forget(self)
+                for sub in session.subscriptions:
+                    broker.trie.remove(sub.topic_filter, self)
+                if self._checkpointing is not None:
+                    with contextlib.suppress(Exception):
+                        await self._checkpointing
+                await self._end_session(session)
+        finally:
+            if self.client_id and broker.connections.get(self.client_id) is self:
+                del broker.connections[self.client_id]
+            self.done.set()
+            log.info("client %s (%s) disconnected", self.client_id or "-", self.peer)
+
+    async def _end_session(self, session: Session) -> None:
+        stored = self.stored
+        if stored is None:
+            return
+        try:
+            if self.expiry == 0:
+                # Ends with the connection [MQTT-4.1.0-2 with an interval of 0].
+                await asyncio.to_thread(self.broker.store.discard, stored)
+                self.stored = None
+                return
+            await self._save_checkpoint(session.checkpoint(self._loop.time()), disconnected=True)
+        except PreconditionFailed:
+            log.info("client %s: session was taken over; not saved", self.client_id)
+        except RiverbedError:
+            log.exception("client %s: saving the session failed", self.client_id)
+
+    # --- writing --------------------------------------------------------------------------
+    def _send(self, packet: Packet, level: int | None = None) -> None:
+        self._write(encode(packet, level or self.level))
+
+    def _write(self, data: bytes) -> None:
+        if self.writer.is_closing():
+            return
+        self.writer.write(data)

@@ -1,0 +1,109 @@
+"""PUBLISH packets to log messages and back.
+
+A PUBLISH becomes a `Message` with the MQTT topic name, the payload, QoS and
+retain flag. Its key (the ordering key, DESIGN.md) is the user property `key`
+if present, else the publisher's client id, so one publisher's messages stay in
+one stream, in order.
+
+MQTT 5 user properties are kept as they are, in order. The other properties a
+subscriber must see again (Payload Format Indicator, Content Type, Response
+Topic, Correlation Data, Message Expiry Interval) and the publisher's client id
+(for No Local) are kept under names starting with U+0000: no MQTT client can
+send such a name ([MQTT-1.5.4-2] forbids U+0000 in UTF-8 strings), so they never
+clash with a user property, and they are taken out again on the way to a
+subscriber.
+"""
+
+from __future__ import annotations
+
+from riverbed.model import Message, PropertyValue, StoredMessage, decode_properties
+from riverbed.mqtt.codec import NO_PUBLISH_PROPERTIES, Publish, PublishProperties
+
+KEY_PROPERTY = "key"
+"""The user property that sets a message's ordering key."""
+
+_CLIENT = "\x00client"
+_FORMAT = "\x00format"
+_CONTENT_TYPE = "\x00content_type"
+_RESPONSE_TOPIC = "\x00response_topic"
+_CORRELATION = "\x00correlation"
+_EXPIRY = "\x00expiry"
+
+
+def message_from_publish(packet: Publish, topic: str, client_id: str) -> Message:
+    """The log message for a PUBLISH to `topic` (its alias resolved) from `client_id`."""
+    props = packet.properties
+    key = client_id
+    properties: list[tuple[str, PropertyValue]] = [(_CLIENT, client_id)]
+    if props is not NO_PUBLISH_PROPERTIES:
+        for name, value in props.user_properties:
+            if name == KEY_PROPERTY:
+                key = value
+            properties.append((name, value))
+        if props.payload_format_indicator is not None:
+            properties.append((_FORMAT, props.payload_format_indicator))
+        if props.content_type is not None:
+            properties.append((_CONTENT_TYPE, props.content_type))
+        if props.response_topic is not None:
+            properties.append((_RESPONSE_TOPIC, props.response_topic))
+        if props.correlation_data is not None:
+            properties.append((_CORRELATION, props.correlation_data))
+        if props.message_expiry_interval is not None:
+            properties.append((_EXPIRY, props.message_expiry_interval))
+    return Message(
+        packet.payload,
+        key=key,
+        mqtt_topic=topic,
+        properties=tuple(properties),
+        qos=packet.qos,
+        retain=packet.retain,
+    )
+
+
+def publisher(message: StoredMessage) -> str | None:
+    """The client id that published a stored message, if it came through MQTT."""
+    blob = message.properties_blob
+    if not blob:
+        return None
+    for name, value in decode_properties(blob):
+        if name == _CLIENT and isinstance(value, str):
+            return value
+    return None
+
+
+def publish_properties(
+    message: StoredMessage, subscription_identifiers: tuple[int, ...]
+) -> PublishProperties:
+    """The MQTT 5 properties to deliver a stored message with."""
+    blob = message.properties_blob
+    if not blob and not subscription_identifiers:
+        return NO_PUBLISH_PROPERTIES
+    user: list[tuple[str, str]] = []
+    fields: dict[str, object] = {}
+    for name, value in decode_properties(blob):
+        if name.startswith("\x00"):
+            if name == _FORMAT:
+                fields["payload_format_indicator"] = value
+            elif name == _CONTENT_TYPE:
+                fields["content_type"] = value
+            elif name == _RESPONSE_TOPIC:
+                fields["response_topic"] = value
+            elif name == _CORRELATION:
+                fields["correlation_data"] = value
+            elif name == _EXPIRY:
+                fields["message_expiry_interval"] = value
+        elif isinstance(value, str):
+            user.append((name, value))
+        else:
+            # Written by another producer (CLI, Spark) as bytes or an int: MQTT user
+            # properties are strings.
+            user.append(
+                (name, value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value))
+            )
+    if not user and not fields and not subscription_identifiers:
+        return NO_PUBLISH_PROPERTIES
+    return PublishProperties(
+        user_properties=tuple(user),
+        subscription_identifiers=subscription_identifiers,
+        **fields,  # type: ignore[arg-type]
+    )

@@ -1,0 +1,292 @@
+"""The live router: committed messages to the online sessions that wait for them.
+
+Each session asks for its streams' messages one fetch at a time (`fetch(stream,
+offset, limit, sink)`, the runtime side of `sessions.session.Fetch`). The router
+answers from where it is cheapest:
+
+- the offset is what the router has routed up to: the fetch waits (the session
+  is *live*) and is answered as soon as the next messages of that stream are
+  routed, with the messages its filters can match (found through the topic
+  trie, once per message for all sessions) and the new position;
+- the offset is within the last `buffer_size` messages routed: answered at once
+  from memory;
+- it is further back: read from storage (in a worker thread), the session is
+  *replaying*.
+
+Per stream the router routes in offset order. Messages this broker committed
+arrive with their positions (`committed`); if one lands beyond a gap (another
+process appended in between), the gap is read first. Messages committed by
+others are found through the storage's wake-ups and the heads table, and read
+once for all the sessions waiting on that stream. A stream nobody waits on is
+not read at all: its position just moves to the head.
+
+Everything here runs on the event loop; only storage calls go to threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+
+from riverbed.errors import RiverbedError
+from riverbed.model import StoredMessage, StreamId
+from riverbed.storage.base import Storage, StreamHead
+from riverbed.topics.trie import TopicTrie
+
+log = logging.getLogger(__name__)
+
+Sink = Callable[[int, Sequence[StoredMessage], int], None]
+"""`sink(stream, messages, upto)`: the answer to a fetch (see `sessions.Offered`)."""
+
+READ_BATCH = 1000
+"""Messages per storage read while catching up."""
+WATCH_TIMEOUT = 1.0
+"""Seconds between looks at the heads when no wake-up comes."""
+
+
+@dataclass(slots=True)
+class _Waiter:
+    offset: int
+    limit: int
+    sink: Sink
+
+
+@dataclass(slots=True)
+class _Routed:
+    key: int
+    stream: StreamId
+    upto: int
+    """Everything below has been routed."""
+    buffer: deque[StoredMessage]
+    waiters: dict[Hashable, _Waiter] = field(default_factory=dict)
+    catching_up: bool = False
+    head: int = 0
+    """The highest head seen (storage or local commits)."""
+
+    @property
+    def base(self) -> int:
+        return self.upto - len(self.buffer)
+
+
+class Router:
+    """Routes each stream's committed messages, in offset order, to waiting sessions.
+
+    `trie` maps filters to session handles (the same hashables the sessions pass
+    to `fetch`); the broker keeps it in step with the online sessions' subscriptions.
+    """
+
+    def __init__(
+        self, storage: Storage, trie: TopicTrie[Hashable], *, buffer_size: int = 4096
+    ) -> None:
+        self.storage = storage
+        self.trie = trie
+        self.buffer_size = buffer_size
+        self._streams: dict[int, _Routed] = {}
+        self._keys: dict[StreamId, int] = {}
+        self._topics: dict[int, str] = {}
+        self._watcher: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._stopping = False
+        self.start_heads: dict[int, int] = {}
+        """Each stream's next offset when the router started (docs/broker.md, DUP)."""
+
+    # --- lifecycle ---------------------------------------------------------------
+    async def start(self) -> None:
+        heads = await asyncio.to_thread(self.storage.list_streams)
+        self._learn(heads)
+        self.start_heads = {h.key: h.next_offset for h in heads}
+        self._watcher = asyncio.create_task(self._watch(), name="riverbed-router-watch")
+
+    async def stop(self) -> None:
+        # The flag as well as the cancel: on Python 3.11 `asyncio.wait_for` (inside
+        # `Wakeups.wait_async`) can swallow a cancellation that races with its
+        # future completing, and the watcher would wait on for ever.
+        self._stopping = True
+        tasks = [*self._tasks, *([self._watcher] if self._watcher else [])]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=2 * WATCH_TIMEOUT)
+
+    # --- heads and topology --------------------------------------------------------
+    def heads(self) -> dict[int, int]:
+        return {key: r.head for key, r in self._streams.items()}
+
+    def topic_of(self) -> dict[int, str]:
+        """Stream key -> topic name, for every stream known."""
+        return dict(self._topics)
+
+    def _learn(self, heads: Sequence[StreamHead]) -> None:
+        for h in heads:
+            routed = self._streams.get(h.key)
+            if routed is None:
+                self._streams[h.key] = _Routed(
+                    h.key,
+                    h.stream,
+                    h.next_offset,
+                    deque(maxlen=self.buffer_size),
+                    head=h.next_offset,
+                )
+                self._keys[h.stream] = h.key
+                self._topics[h.key] = h.stream.topic
+            elif h.next_offset > routed.head:
+                routed.head = h.next_offset
+
+    async def refresh(self) -> dict[int, int]:
+        """Look at the heads now; route what others appended. Returns the heads."""
+        heads = await asyncio.to_thread(self.storage.list_streams)
+        self._learn(heads)
+        for routed in self._streams.values():
+            self._advance(routed)
+        return self.heads()
+
+    # --- sessions --------------------------------------------------------------------
+    def fetch(self, key: int, offset: int, limit: int, handle: Hashable, sink: Sink) -> None:
+        """Answer a session's fetch now (from memory), later (when the stream
+        moves) or after a storage read; `sink` is called exactly once."""
+        routed = self._streams.get(key)
+        if routed is None:
+            # A stream we have not seen yet (created since the last look): read it.
+            self._spawn(self._read_for(key, offset, limit, sink))
+            return
+        if offset >= routed.upto:
+            routed.waiters[handle] = _Waiter(offset, limit, sink)
+            if offset > routed.upto or routed.head > routed.upto:
+                self._advance(routed)
+            return
+        if offset >= routed.base:
+            start = offset - routed.base
+            buffer = routed.buffer
+            end = min(len(buffer), start + limit)
+            rows = [buffer[i] for i in range(start, end)]
+            sink(key, rows, rows[-1].offset + 1 if rows else offset)
+            return
+        self._spawn(self._read_for(key, offset, limit, sink))
+
+    def forget(self, handle: Hashable) -> None:
+        """Drop a session's waiting fetches (it went offline)."""
+        for routed in self._streams.values():
+            routed.waiters.pop(handle, None)
+
+    # --- routing ---------------------------------------------------------------------
+    def committed(self, stream: StreamId, first: int, rows: Sequence[StoredMessage]) -> None:
+        """Messages this broker committed to `stream` from offset `first` on."""
+        key = self._keys.get(stream)
+        if key is None:
+            self._spawn(self._refresh_quietly())
+            return
+        routed = self._streams[key]
+        end = first + len(rows)
+        routed.head = max(routed.head, end)
+        if end <= routed.upto:
+            return  # read from storage already
+        if first > routed.upto:
+            self._advance(routed)  # a gap: others appended first; read it in order
+            return
+        self._route(routed, rows[routed.upto - first :])
+
+    def _route(self, routed: _Routed, rows: Sequence[StoredMessage]) -> None:
+        if not rows:
+            return
+        routed.buffer.extend(rows)
+        upto = rows[-1].offset + 1
+        routed.upto = upto
+        routed.head = max(routed.head, upto)
+        waiters = routed.waiters
+        if not waiters:
+            return
+        # One trie match per message for all sessions; each waiting session gets
+        # the messages its filters can match, and the new position either way
+        # (an idle subscription's cursor moves on: DESIGN.md, Sessions).
+        matched: dict[Hashable, list[StoredMessage]] = {}
+        match = self.trie.match
+        for row in rows:
+            for handle in match(row.mqtt_topic):
+                if handle in waiters:
+                    mine = matched.setdefault(handle, [])
+                    if not mine or mine[-1] is not row:  # several of its filters match
+                        mine.append(row)
+        for handle, waiter in list(waiters.items()):
+            if waiter.offset >= upto:
+                continue
+            del waiters[handle]
+            mine = [m for m in matched.get(handle, ()) if m.offset >= waiter.offset]
+            answer_upto = upto
+            if len(mine) > waiter.limit:
+                answer_upto = mine[waiter.limit].offset
+                mine = mine[: waiter.limit]
+            waiter.sink(routed.key, mine, answer_upto)
+
+    def _advance(self, routed: _Routed) -> None:
+        """Bring the stream to its head: read the gap if anyone waits, else skip it."""
+        if routed.head <= routed.upto or routed.catching_up:
+            return
+        if not routed.waiters:
+            routed.buffer.clear()
+            routed.upto = routed.head
+            return
+        routed.catching_up = True
+        self._spawn(self._catch_up(routed))
+
+    async def _catch_up(self, routed: _Routed) -> None:
+        try:
+            while routed.upto < routed.head and routed.waiters:
+                rows = await asyncio.to_thread(
+                    self.storage.read, routed.key, routed.upto, READ_BATCH
+                )
+                rows = [r for r in rows if r.offset >= routed.upto]
+                if not rows:
+                    # Retention deleted what lay between: nothing to route there.
+                    routed.upto = routed.head
+                    routed.buffer.clear()
+                    break
+                if rows[0].offset > routed.upto:
+                    routed.buffer.clear()
+                    routed.upto = rows[0].offset
+                self._route(routed, rows)
+        except RiverbedError:
+            log.exception("reading stream %s failed; retrying on the next wake-up", routed.stream)
+        finally:
+            routed.catching_up = False
+        if routed.head > routed.upto and not routed.waiters:
+            self._advance(routed)
+
+    async def _read_for(self, key: int, offset: int, limit: int, sink: Sink) -> None:
+        try:
+            rows = await asyncio.to_thread(self.storage.read, key, offset, limit)
+        except RiverbedError:
+            log.exception("reading stream %d for a session failed", key)
+            rows = []
+        routed = self._streams.get(key)
+        if rows:
+            sink(key, rows, rows[-1].offset + 1)
+        elif routed is not None and offset < routed.base:
+            sink(key, (), routed.base)  # retention deleted the rest
+        else:
+            sink(key, (), offset)
+
+    async def _refresh_quietly(self) -> None:
+        with contextlib.suppress(RiverbedError):
+            await self.refresh()
+
+    async def _watch(self) -> None:
+        wakeups = self.storage.wakeups
+        seen = wakeups.version
+        while not self._stopping:
+            seen = await wakeups.wait_async(seen, WATCH_TIMEOUT)
+            if not any(r.waiters for r in self._streams.values()):
+                continue
+            try:
+                await self.refresh()
+            except RiverbedError:
+                log.exception("looking at the stream heads failed")
+                await asyncio.sleep(WATCH_TIMEOUT)
+
+    def _spawn(self, coro: object) -> None:
+        task = asyncio.ensure_future(coro)  # type: ignore[call-overload]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)

@@ -1,0 +1,407 @@
+"""One online session's delivery, as a sans-I/O state machine.
+
+A session follows streams of the log (docs/broker.md, "Where a session's
+messages come from"). For each stream it keeps
+
+- `fetched`: the next offset it has not taken in yet;
+- `pending`: messages taken in that match a subscription and wait for room in
+  the in-flight window;
+- `outstanding`: offsets sent with QoS 1 and not yet acknowledged;
+- `committed`: the cursor last handed out in a `Checkpoint`.
+
+The cursor of a stream is the first offset not yet done: the first outstanding
+offset, else the first pending one, else `fetched`. Only that contiguous
+acknowledged prefix is ever committed (DESIGN.md, data flow), so a crash
+redelivers the window since the last checkpoint and loses nothing.
+
+The session never reads anything itself. It asks for messages with a `Fetch`
+effect (stream, offset, how many it has room for) and the runtime answers with
+an `Offered` event, from the broker's router when the session is live or from
+storage when it is replaying: the session does not need to know which. One
+fetch per stream is outstanding at a time, so a stream's messages arrive in
+offset order and per-key order holds. Memory is bounded: a stream asks for at
+most its share of `queue_limit`.
+
+Overlapping subscriptions: one copy per message, with the highest QoS granted
+by any matching subscription and the identifiers of all of them
+([MQTT-3.3.4-2], [MQTT-3.3.4-3]); the message's own QoS caps it. No Local
+subscriptions [MQTT-3.8.3-3] do not match messages their own client published.
+
+DUP: a message goes out with DUP=1 when its offset is below the stream's
+`dup_below`, the offset up to which an earlier connection of this session may
+have sent it (docs/broker.md, "DUP after a restart"). Within one connection a
+message is sent once.
+
+Events: `Follow`, `Offered`, `Acked`, `Tick`. Effects: `Deliver`, `Fetch`,
+`Checkpoint`. Subscriptions change through `subscribe` / `unsubscribe`, which
+answer directly.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import assert_never
+
+from riverbed.model import StoredMessage
+from riverbed.topics.filters import matches
+
+MAX_PACKET_ID = 0xFFFF
+
+
+@dataclass(frozen=True, slots=True)
+class Subscription:
+    """One subscription of a session, with the QoS the broker granted."""
+
+    topic_filter: str
+    qos: int
+    no_local: bool = False
+    retain_as_published: bool = False
+    retain_handling: int = 0
+    identifier: int | None = None
+
+
+# --------------------------------------------------------------------- events
+
+
+@dataclass(frozen=True, slots=True)
+class Follow:
+    """Start following a stream from `cursor`; offsets below `dup_below` may
+    have been sent to the client before."""
+
+    stream: int
+    cursor: int
+    dup_below: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Offered:
+    """The answer to a `Fetch`: the stream has been looked at up to `upto`
+    (exclusive), and `messages` are the ones in that range that may match
+    (others may be left out). `upto` equal to the fetch's offset means nothing new."""
+
+    stream: int
+    messages: Sequence[StoredMessage]
+    upto: int
+
+
+@dataclass(frozen=True, slots=True)
+class Acked:
+    """The client acknowledged a QoS 1 message (PUBACK)."""
+
+    packet_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """Time passed: a deadline from `next_deadline` may be due."""
+
+
+Event = Follow | Offered | Acked | Tick
+
+
+# --------------------------------------------------------------------- effects
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    """Send this message to the client (a PUBLISH)."""
+
+    stream: int
+    message: StoredMessage
+    qos: int
+    packet_id: int | None
+    dup: bool
+    retain: bool
+    subscription_identifiers: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Fetch:
+    """Offer this stream's messages from `offset` on, at most `limit` of them."""
+
+    stream: int
+    offset: int
+    limit: int
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """Persist these cursors (only those changed since the last checkpoint) and
+    `sent`, per stream the offset below which messages may have been sent."""
+
+    cursors: dict[int, int]
+    sent: dict[int, int]
+
+
+Effect = Deliver | Fetch | Checkpoint
+
+
+# --------------------------------------------------------------------- state
+
+
+@dataclass(slots=True)
+class _Queued:
+    offset: int
+    message: StoredMessage
+    qos: int
+    retain: bool
+    identifiers: tuple[int, ...]
+
+
+@dataclass(slots=True)
+class _Stream:
+    key: int
+    fetched: int
+    committed: int
+    dup_below: int
+    sent: int
+    pending: deque[_Queued] = field(default_factory=deque)
+    outstanding: dict[int, None] = field(default_factory=dict)
+    fetching: bool = False
+
+    def cursor(self) -> int:
+        if self.outstanding:
+            return next(iter(self.outstanding))
+        if self.pending:
+            return self.pending[0].offset
+        return self.fetched
+
+
+class Session:
+    """The delivery state of one online session (sans-I/O; `now` in seconds).
+
+    `window`: how many QoS 1 messages may be unacknowledged (the client's
+    Receive Maximum, capped by the broker). `queue_limit`: messages held in
+    memory waiting for the window, over all streams. Cursors are checkpointed
+    every `checkpoint_every` acknowledgements or `checkpoint_interval` seconds
+    after they changed, whichever comes first. `publisher(message)` names the
+    client that published a message, for No Local.
+    """
+
+    def __init__(
+        self,
+        client_id: str,
+        subscriptions: Sequence[Subscription] = (),
+        *,
+        window: int = 100,
+        queue_limit: int = 1000,
+        checkpoint_every: int = 100,
+        checkpoint_interval: float = 1.0,
+        publisher: Callable[[StoredMessage], str | None] | None = None,
+        now: float = 0.0,
+    ) -> None:
+        if window < 1 or queue_limit < 1 or checkpoint_every < 1 or checkpoint_interval <= 0:
+            raise ValueError("window, queue_limit, checkpoint_every and the interval must be > 0")
+        self.client_id = client_id
+        self.window = window
+        self.queue_limit = queue_limit
+        self.checkpoint_every = checkpoint_every
+        self.checkpoint_interval = checkpoint_interval
+        self._publisher = publisher
+        self._subscriptions: dict[str, Subscription] = {s.topic_filter: s for s in subscriptions}
+        self._streams: dict[int, _Stream] = {}
+        self._ready: deque[int] = deque()
+        """Streams with pending messages, in turn order."""
+        self._inflight: dict[int, tuple[int, int]] = {}
+        """packet id -> (stream, offset) of QoS 1 messages sent, not acknowledged."""
+        self._next_packet_id = 1
+        self._acks = 0
+        self._last_checkpoint = now
+
+    # --- subscriptions ---------------------------------------------------------
+    @property
+    def subscriptions(self) -> tuple[Subscription, ...]:
+        return tuple(self._subscriptions.values())
+
+    def subscribe(self, subscription: Subscription) -> bool:
+        """Add or replace the subscription with this filter; True if it existed
+        (MQTT 5.0 §3.8.4: a SUBSCRIBE with an existing filter replaces it)."""
+        existed = subscription.topic_filter in self._subscriptions
+        self._subscriptions[subscription.topic_filter] = subscription
+        return existed
+
+    def unsubscribe(self, topic_filter: str) -> bool:
+        """Drop the subscription with this filter; False if there was none.
+        Messages already taken in are still delivered [MQTT-3.10.4-3]."""
+        return self._subscriptions.pop(topic_filter, None) is not None
+
+    # --- inspection --------------------------------------------------------------
+    @property
+    def streams(self) -> frozenset[int]:
+        return frozenset(self._streams)
+
+    @property
+    def inflight(self) -> int:
+        return len(self._inflight)
+
+    @property
+    def queued(self) -> int:
+        return sum(len(s.pending) for s in self._streams.values())
+
+    def cursors(self) -> dict[int, int]:
+        """Every followed stream's cursor: the first offset not yet done."""
+        return {key: s.cursor() for key, s in self._streams.items()}
+
+    def sent(self) -> dict[int, int]:
+        """Per stream, the offset below which messages may have been sent."""
+        return {key: max(s.sent, s.dup_below) for key, s in self._streams.items()}
+
+    def next_deadline(self) -> float | None:
+        """When a `Tick` would checkpoint changed cursors; None if none changed."""
+        if any(s.cursor() != s.committed for s in self._streams.values()):
+            return self._last_checkpoint + self.checkpoint_interval
+        return None
+
+    # --- events ------------------------------------------------------------------
+    def handle(self, event: Event, now: float) -> list[Effect]:
+        effects: list[Effect] = []
+        match event:
+            case Follow(stream, cursor, dup_below):
+                if stream not in self._streams:
+                    self._streams[stream] = _Stream(stream, cursor, cursor, dup_below, cursor)
+            case Offered(stream, messages, upto):
+                self._offered(stream, messages, upto)
+            case Acked(packet_id):
+                found = self._inflight.pop(packet_id, None)
+                if found is not None:
+                    key, offset = found
+                    state = self._streams.get(key)
+                    if state is not None:
+                        state.outstanding.pop(offset, None)
+                    self._acks += 1
+            case Tick():
+                pass
+            case _:
+                assert_never(event)
+        self._pump(effects)
+        self._fetch(effects)
+        if self._acks >= self.checkpoint_every or now >= (
+            self._last_checkpoint + self.checkpoint_interval
+        ):
+            self._checkpoint(effects, now)
+        return effects
+
+    def checkpoint(self, now: float) -> Checkpoint:
+        """A checkpoint of everything now, changed or not (at disconnect)."""
+        self._acks = 0
+        self._last_checkpoint = now
+        cursors = self.cursors()
+        for key, offset in cursors.items():
+            self._streams[key].committed = offset
+        return Checkpoint(cursors, self.sent())
+
+    # --- internals -------------------------------------------------------------
+    def _offered(self, key: int, messages: Sequence[StoredMessage], upto: int) -> None:
+        state = self._streams.get(key)
+        if state is None:
+            return
+        state.fetching = False
+        if upto <= state.fetched:
+            return
+        was_empty = not state.pending
+        for message in messages:
+            offset = message.offset
+            if offset < state.fetched or offset >= upto:
+                continue
+            queued = self._match(message)
+            if queued is not None:
+                state.pending.append(queued)
+        state.fetched = upto
+        if was_empty and state.pending:
+            self._ready.append(key)
+
+    def _match(self, message: StoredMessage) -> _Queued | None:
+        topic = message.mqtt_topic
+        qos = -1
+        retain = False
+        identifiers: list[int] = []
+        publisher: str | None = None
+        looked_up = False
+        for sub in self._subscriptions.values():
+            if not matches(sub.topic_filter, topic):
+                continue
+            if sub.no_local:
+                if not looked_up:
+                    publisher = self._publisher(message) if self._publisher else None
+                    looked_up = True
+                if publisher == self.client_id:
+                    continue
+            qos = max(qos, sub.qos)
+            retain = retain or (sub.retain_as_published and bool(message.retain))
+            if sub.identifier is not None:
+                identifiers.append(sub.identifier)
+        if qos < 0:
+            return None
+        return _Queued(message.offset, message, min(qos, message.qos), retain, tuple(identifiers))
+
+    def _pump(self, effects: list[Effect]) -> None:
+        ready = self._ready
+        while ready and len(self._inflight) < self.window:
+            key = ready.popleft()
+            state = self._streams[key]
+            item = state.pending.popleft()
+            packet_id: int | None = None
+            if item.qos > 0:
+                packet_id = self._packet_id()
+                self._inflight[packet_id] = (key, item.offset)
+                state.outstanding[item.offset] = None
+            effects.append(
+                Deliver(
+                    key,
+                    item.message,
+                    item.qos,
+                    packet_id,
+                    item.offset < state.dup_below,
+                    item.retain,
+                    item.identifiers,
+                )
+            )
+            state.sent = max(state.sent, item.offset + 1)
+            if state.pending:
+                ready.append(key)
+
+    def _packet_id(self) -> int:
+        # At most `window` (< 65535) ids are in use, so a free one is near.
+        while True:
+            packet_id = self._next_packet_id
+            self._next_packet_id = packet_id % MAX_PACKET_ID + 1
+            if packet_id not in self._inflight:
+                return packet_id
+
+    def _fetch(self, effects: list[Effect]) -> None:
+        if not self._streams:
+            return
+        share = max(1, self.queue_limit // len(self._streams))
+        for state in self._streams.values():
+            if state.fetching or len(state.pending) * 2 > share:
+                continue
+            state.fetching = True
+            effects.append(Fetch(state.key, state.fetched, share - len(state.pending)))
+
+    def _checkpoint(self, effects: list[Effect], now: float) -> None:
+        changed = {
+            key: offset
+            for key, state in self._streams.items()
+            if (offset := state.cursor()) != state.committed
+        }
+        self._acks = 0
+        self._last_checkpoint = now
+        if not changed:
+            return
+        for key, offset in changed.items():
+            self._streams[key].committed = offset
+        effects.append(Checkpoint(changed, self.sent()))
+
+
+def cursors_by_topic(
+    cursors: Mapping[int, int], topic_of: Mapping[int, str]
+) -> dict[str, dict[int, int]]:
+    """Group stream cursors by the topic each stream belongs to."""
+    out: dict[str, dict[int, int]] = {}
+    for key, offset in cursors.items():
+        topic = topic_of.get(key)
+        if topic is not None:
+            out.setdefault(topic, {})[key] = offset
+    return out

@@ -1,0 +1,238 @@
+"""The durable part of sessions: a KV record per client id, cursors per topic.
+
+Record (KV namespace `sessions`, key = client id, JSON): session id, protocol
+level, expiry interval, whether a connection holds it, when it was last
+disconnected or seen, its subscriptions, the topics it has cursors on, and per
+stream the offset below which messages may have been sent (for DUP). Every write
+is a compare-and-set on the version the writer read (`PreconditionFailed`
+otherwise): the version is the session's incarnation, so a connection that was
+taken over cannot write over its successor (DESIGN.md, Sessions).
+
+Cursors: one named subscription per (session id, topic), named
+`$session.<session id>.<topic>`. `Subscriptions.create` refuses names starting
+with `$`, so the prefix is reserved for sessions; retention sees these cursors
+like any other subscription's. A clean start mints a new session id, so nothing
+the old session left behind can be mistaken for the new one's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+from riverbed.errors import AlreadyExists, NotFound, PreconditionFailed, SubscriptionNotFound
+from riverbed.sessions.session import Subscription
+from riverbed.storage.base import StartKind, Storage, StreamHead, SubscriptionRecord
+
+NAMESPACE = "sessions"
+CURSOR_PREFIX = "$session."
+NEVER_EXPIRES = 0xFFFF_FFFF
+"""Session Expiry Interval meaning "never" (MQTT 5.0 §3.1.2.11.2)."""
+
+
+def cursor_name(session_id: str, topic: str) -> str:
+    """The named subscription holding a session's cursors on one topic."""
+    return f"{CURSOR_PREFIX}{session_id}.{topic}"
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRecord:
+    """What survives a session's connection and the broker."""
+
+    client_id: str
+    session_id: str
+    protocol_level: int
+    expiry_interval: int
+    """Seconds the session outlives its connection; `NEVER_EXPIRES` for ever."""
+    connected: bool
+    seen_us: int
+    """When a connection last wrote the record (connect, checkpoint, disconnect)."""
+    disconnected_us: int | None = None
+    subscriptions: tuple[Subscription, ...] = ()
+    topics: tuple[str, ...] = ()
+    """Topics the session has cursors on (named subscriptions)."""
+    sent: dict[int, int] = field(default_factory=dict)
+    """Per stream key, the offset below which messages may have been sent."""
+
+    def expires_us(self) -> int | None:
+        """When the session expires if no connection resumes it; None for never.
+
+        A record still marked connected that no live connection holds (its
+        broker crashed) counts from when it was last seen.
+        """
+        if self.expiry_interval == NEVER_EXPIRES:
+            return None
+        since = self.disconnected_us if self.disconnected_us is not None else self.seen_us
+        return since + self.expiry_interval * 1_000_000
+
+    def expired(self, at_us: int) -> bool:
+        """[MQTT-4.1.0-2]: discarded once the connection is closed and the interval passed."""
+        expires = self.expires_us()
+        return expires is not None and at_us >= expires
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {
+                "client_id": self.client_id,
+                "session_id": self.session_id,
+                "protocol_level": self.protocol_level,
+                "expiry_interval": self.expiry_interval,
+                "connected": self.connected,
+                "seen_us": self.seen_us,
+                "disconnected_us": self.disconnected_us,
+                "subscriptions": [
+                    [
+                        s.topic_filter,
+                        s.qos,
+                        s.no_local,
+                        s.retain_as_published,
+                        s.retain_handling,
+                        s.identifier,
+                    ]
+                    for s in self.subscriptions
+                ],
+                "topics": list(self.topics),
+                "sent": {str(k): v for k, v in self.sent.items()},
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> SessionRecord:
+        data = json.loads(raw)
+        return cls(
+            client_id=data["client_id"],
+            session_id=data["session_id"],
+            protocol_level=data["protocol_level"],
+            expiry_interval=data["expiry_interval"],
+            connected=data["connected"],
+            seen_us=data["seen_us"],
+            disconnected_us=data["disconnected_us"],
+            subscriptions=tuple(
+                Subscription(f, q, bool(nl), bool(rap), rh, ident)
+                for f, q, nl, rap, rh, ident in data["subscriptions"]
+            ),
+            topics=tuple(data["topics"]),
+            sent={int(k): int(v) for k, v in data["sent"].items()},
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """A record with the KV version it was read or written at (its incarnation)."""
+
+    record: SessionRecord
+    version: int
+
+
+class SessionStore:
+    """Session records and session cursors in one storage. Blocking: the broker
+    calls it from worker threads."""
+
+    def __init__(self, storage: Storage) -> None:
+        self.storage = storage
+
+    # --- records -----------------------------------------------------------------
+    def load(self, client_id: str) -> Stored | None:
+        entry = self.storage.kv_get(NAMESPACE, client_id)
+        if entry is None:
+            return None
+        return Stored(SessionRecord.from_json(entry.value), entry.version)
+
+    def all(self) -> list[Stored]:
+        return [
+            Stored(SessionRecord.from_json(e.value), e.version)
+            for e in self.storage.kv_list(NAMESPACE)
+        ]
+
+    def write(self, record: SessionRecord, version: int | None) -> Stored:
+        """Create (`version` None) or compare-and-set the record. Raises
+        `PreconditionFailed` if another writer got there first."""
+        raw = record.to_json()
+        if version is None:
+            entry = self.storage.kv_put_if_absent(NAMESPACE, record.client_id, raw)
+        else:
+            entry = self.storage.kv_compare_and_set(NAMESPACE, record.client_id, version, raw)
+        return Stored(record, entry.version)
+
+    def discard(self, stored: Stored) -> None:
+        """Delete the session: its cursors, then its record (if still at this
+        version; `PreconditionFailed` otherwise, and the record stays)."""
+        self.storage.kv_delete_if_version(NAMESPACE, stored.record.client_id, stored.version)
+        self.drop_cursors(stored.record.session_id, stored.record.topics)
+
+    def drop_cursors(self, session_id: str, topics: Iterable[str]) -> None:
+        for topic in topics:
+            with contextlib.suppress(SubscriptionNotFound, NotFound):
+                self.storage.delete_subscription(cursor_name(session_id, topic))
+
+    # --- cursors -----------------------------------------------------------------
+    def ensure_cursors(self, session_id: str, topics: Iterable[str], start_us: int | None) -> None:
+        """Create the session's cursors on `topics` that do not exist yet: at the
+        streams' heads (`start_us` None), or at the first message at or after
+        `start_us` (a topic that appeared while the session was away)."""
+        for topic in topics:
+            name = cursor_name(session_id, topic)
+
+            def initial(heads: list[StreamHead], at: int | None = start_us) -> dict[int, int]:
+                if at is None:
+                    return {h.key: h.next_offset for h in heads}
+                return {
+                    h.key: max(h.start_offset, self.storage.first_offset_at(h.key, at))
+                    for h in heads
+                }
+
+            record = SubscriptionRecord(
+                name,
+                topic,
+                None,
+                StartKind.LATEST if start_us is None else StartKind.TIME,
+                start_us,
+                now_us(),
+            )
+            with contextlib.suppress(AlreadyExists):
+                self.storage.create_subscription(record, initial)
+
+    def positions(self, session_id: str, topic: str, heads: Iterable[StreamHead]) -> dict[int, int]:
+        """The committed cursor of every stream of `topic` (streams that appeared
+        since, new generations, start at their first retained offset)."""
+        stored = self.storage.get_cursors(cursor_name(session_id, topic))
+        return {h.key: max(stored.get(h.key, h.start_offset), h.start_offset) for h in heads}
+
+    def commit(
+        self,
+        stored: Stored,
+        cursors: Mapping[str, Mapping[int, int]],
+        sent: Mapping[int, int],
+        at_us: int | None = None,
+    ) -> Stored:
+        """A checkpoint: fence on the record's version (raising `PreconditionFailed`
+        if the session was taken over), then commit the cursors per topic."""
+        record = replace(stored.record, seen_us=at_us or now_us(), sent=dict(sent))
+        written = self.write(record, stored.version)
+        for topic, offsets in cursors.items():
+            if offsets:
+                self.storage.commit_cursors(cursor_name(record.session_id, topic), offsets)
+        return written
+
+    def expire(self, at_us: int, live: set[str]) -> list[str]:
+        """Discard every session whose expiry has passed at `at_us`, except those
+        of client ids in `live` (connected here); return their client ids."""
+        gone: list[str] = []
+        for stored in self.all():
+            record = stored.record
+            if record.client_id in live or not record.expired(at_us):
+                continue
+            try:
+                self.discard(stored)
+            except PreconditionFailed:
+                continue  # resumed meanwhile
+            gone.append(record.client_id)
+        return gone

@@ -1,0 +1,301 @@
+"""The broker in a subprocess, for end-to-end tests with real MQTT clients.
+
+    with BrokerProcess(db_url) as broker:
+        client.connect("127.0.0.1", broker.port)
+        broker.restart()            # SIGTERM, wait, start again on the same port
+        broker.kill()               # SIGKILL: a crash
+        broker.start()
+
+`start()` runs `python -m riverbed.cli serve --mqtt 127.0.0.1:PORT --db URL
+--allow-anonymous` on a free loopback port and waits until the port accepts
+connections. `stop()` sends SIGTERM and waits (SIGKILL after `timeout`);
+`kill()` sends SIGKILL. The broker's output goes to a log file whose tail is
+shown when the broker fails to start or exits with an error.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import paho.mqtt.client as paho
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class BrokerProcess:
+    """`riverbed serve` in a subprocess, on a free loopback port."""
+
+    def __init__(self, db_url: str, *, extra_args: tuple[str, ...] = (), port: int = 0) -> None:
+        self.db_url = db_url
+        self.extra_args = extra_args
+        self.port = port or free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+        self._log_dir = Path(tempfile.mkdtemp(prefix="riverbed-broker-"))
+        self.log_path = self._log_dir / "broker.log"
+        self.starts = 0
+
+    def start(self, timeout: float = 20.0) -> None:
+        assert self.process is None or self.process.poll() is not None, "already running"
+        self.starts += 1
+        log = self.log_path.open("ab")
+        log.write(f"--- start {self.starts}\n".encode())
+        log.flush()
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-X",
+                "faulthandler",  # SIGABRT dumps every thread's stack (see `stop`)
+                "-m",
+                "riverbed.cli",
+                "serve",
+                "--mqtt",
+                f"127.0.0.1:{self.port}",
+                "--db",
+                self.db_url,
+                "--allow-anonymous",
+                *self.extra_args,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"broker exited with {self.process.returncode}:\n{self.tail()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        self.kill()
+        raise RuntimeError(f"broker did not listen within {timeout}s:\n{self.tail()}")
+
+    def stop(self, timeout: float = 15.0) -> int:
+        """SIGTERM, then wait; SIGKILL if it takes longer than `timeout`."""
+        process = self.process
+        if process is None or process.poll() is not None:
+            return process.returncode if process else 0
+        process.send_signal(signal.SIGTERM)
+        try:
+            return process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGABRT)  # faulthandler: where is it stuck?
+            try:
+                process.wait(5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            raise RuntimeError(f"broker ignored SIGTERM for {timeout}s:\n{self.tail()}") from None
+
+    def kill(self) -> None:
+        process = self.process
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait()
+
+    def restart(self) -> None:
+        code = self.stop()
+        assert code == 0, f"broker exited with {code}:\n{self.tail()}"
+        self.start()
+
+    def tail(self, lines: int = 60) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def __enter__(self) -> BrokerProcess:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            code = self.stop()
+        finally:
+            self.kill()
+        if kind is None and code not in (0, -signal.SIGKILL):
+            raise AssertionError(f"broker exited with {code}:\n{self.tail()}")
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    topic: str
+    payload: bytes
+    qos: int
+    dup: bool
+
+
+class Client:
+    """A paho-mqtt 2.x client that records what happens to it, for tests.
+
+    `connect()` waits for the CONNACK and returns Session Present; messages
+    received are appended to `received` (acknowledged by paho after the
+    callback); `disconnects` holds the reason codes of DISCONNECTs and losses.
+    """
+
+    def __init__(self, port: int, client_id: str = "", *, protocol: int = paho.MQTTv5) -> None:
+        self.port = port
+        self.client_id = client_id
+        self.protocol = protocol
+        self.received: list[Received] = []
+        self.disconnects: list[int] = []
+        self.connack: tuple[bool, int] | None = None
+        self.connack_properties: Any = None
+        self.acked: list[int] = []
+        self._connected = threading.Event()
+        self._disconnected = threading.Event()
+        self._lock = threading.Lock()
+        self._subacks: dict[int, list[int]] = {}
+        self.paho: paho.Client | None = None
+
+    def connect(
+        self,
+        *,
+        clean: bool = True,
+        expiry: int | None = None,
+        keepalive: int = 60,
+        timeout: float = 10.0,
+    ) -> bool:
+        """Connect (clean start / clean session `clean`); return Session Present."""
+        v5 = self.protocol == paho.MQTTv5
+        if v5:
+            mqtt = paho.Client(CallbackAPIVersion.VERSION2, self.client_id, protocol=self.protocol)
+        else:
+            mqtt = paho.Client(
+                CallbackAPIVersion.VERSION2,
+                self.client_id,
+                protocol=self.protocol,
+                clean_session=clean,
+            )
+        mqtt.on_connect = self._on_connect
+        mqtt.on_message = self._on_message
+        mqtt.on_disconnect = self._on_disconnect
+        mqtt.on_subscribe = self._on_subscribe
+        mqtt.on_publish = self._on_publish
+        self.paho = mqtt
+        self._connected.clear()
+        self._disconnected.clear()
+        self.connack = None
+        properties = None
+        if v5 and expiry is not None:
+            properties = Properties(PacketTypes.CONNECT)
+            properties.SessionExpiryInterval = expiry
+        if v5:
+            mqtt.connect(
+                "127.0.0.1", self.port, keepalive, clean_start=clean, properties=properties
+            )
+        else:
+            mqtt.connect("127.0.0.1", self.port, keepalive)
+        mqtt.loop_start()
+        if not self._connected.wait(timeout):
+            raise AssertionError(f"no CONNACK for {self.client_id!r} within {timeout}s")
+        assert self.connack is not None
+        present, code = self.connack
+        assert code == 0, f"CONNECT of {self.client_id!r} refused: 0x{code:02X}"
+        return present
+
+    def subscribe(self, *filters: str, qos: int = 1, timeout: float = 10.0) -> list[int]:
+        assert self.paho is not None
+        result, mid = self.paho.subscribe([(f, qos) for f in filters])
+        assert result == paho.MQTT_ERR_SUCCESS and mid is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if mid in self._subacks:
+                    return self._subacks.pop(mid)
+            time.sleep(0.01)
+        raise AssertionError(f"no SUBACK within {timeout}s")
+
+    def publish(self, topic: str, payload: bytes, qos: int = 1) -> paho.MQTTMessageInfo:
+        assert self.paho is not None
+        return self.paho.publish(topic, payload, qos)
+
+    def disconnect(self, expiry: int | None = None) -> None:
+        if self.paho is None:
+            return
+        properties = None
+        if expiry is not None:
+            properties = Properties(PacketTypes.DISCONNECT)
+            properties.SessionExpiryInterval = expiry
+        self.paho.disconnect(properties=properties)
+        self._disconnected.wait(5)
+        self.close()
+
+    def close(self) -> None:
+        """Stop the network loop; a connected client then just goes silent."""
+        if self.paho is not None:
+            self.paho.loop_stop()
+            self.paho = None
+
+    def wait_disconnected(self, timeout: float) -> bool:
+        return self._disconnected.wait(timeout)
+
+    def wait_for(self, count: int, timeout: float = 15.0) -> list[Received]:
+        """Wait until at least `count` messages were received; return them all."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if len(self.received) >= count:
+                    return list(self.received)
+            time.sleep(0.02)
+        with self._lock:
+            return list(self.received)
+
+    def payloads(self) -> list[bytes]:
+        with self._lock:
+            return [m.payload for m in self.received]
+
+    # --- paho callbacks (paho's thread) ---------------------------------------------
+    def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
+        self.connack = (bool(flags.session_present), int(reason.value))
+        self.connack_properties = props
+        self._connected.set()
+
+    def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
+        with self._lock:
+            self.received.append(
+                Received(message.topic, bytes(message.payload), message.qos, bool(message.dup))
+            )
+
+    def _on_disconnect(
+        self, client: Any, userdata: Any, flags: Any, reason: Any, props: Any
+    ) -> None:
+        with self._lock:
+            self.disconnects.append(int(reason.value))
+        self._disconnected.set()
+        self._connected.set()  # a refused or lost connection ends the wait too
+
+    def _on_subscribe(self, client: Any, userdata: Any, mid: int, reasons: Any, props: Any) -> None:
+        with self._lock:
+            self._subacks[mid] = [int(r.value) for r in reasons]
+
+    def _on_publish(self, client: Any, userdata: Any, mid: int, reason: Any, props: Any) -> None:
+        with self._lock:
+            self.acked.append(mid)

@@ -1,0 +1,159 @@
+"""The session state machine, sans-I/O: events in, effects out, time passed in."""
+
+from __future__ import annotations
+
+from riverbed.model import StoredMessage
+from riverbed.sessions.session import (
+    Acked,
+    Checkpoint,
+    Deliver,
+    Effect,
+    Fetch,
+    Follow,
+    Offered,
+    Session,
+    Subscription,
+    Tick,
+)
+
+
+def msg(offset: int, topic: str = "a/b", qos: int = 1, client: str | None = None) -> StoredMessage:
+    return StoredMessage(offset, b"", 0, topic, "k", b"%d" % offset, None, qos, 0)
+
+
+def of(kind: type, effects: list[Effect]) -> list:  # type: ignore[type-arg]
+    return [e for e in effects if isinstance(e, kind)]
+
+
+def session(**options: object) -> Session:
+    return Session("c", [Subscription("a/#", 1)], **options)  # type: ignore[arg-type]
+
+
+def test_follow_fetches_from_the_cursor() -> None:
+    s = session(queue_limit=100)
+    effects = s.handle(Follow(7, 40), now=0.0)
+    assert of(Fetch, effects) == [Fetch(7, 40, 100)]
+    # One fetch per stream at a time.
+    assert of(Fetch, s.handle(Tick(), now=0.0)) == []
+
+
+def test_delivers_in_order_within_the_window() -> None:
+    s = session(window=2)
+    s.handle(Follow(1, 0), now=0.0)
+    effects = s.handle(Offered(1, [msg(0), msg(1), msg(2)], 3), now=0.0)
+    sent = of(Deliver, effects)
+    assert [(d.message.offset, d.packet_id, d.dup) for d in sent] == [(0, 1, False), (1, 2, False)]
+    assert s.inflight == 2 and s.queued == 1
+    sent = of(Deliver, s.handle(Acked(1), now=0.0))
+    assert [(d.message.offset, d.packet_id) for d in sent] == [(2, 3)]
+
+
+def test_cursor_is_the_contiguous_acknowledged_prefix() -> None:
+    s = session(window=10, checkpoint_every=1000, checkpoint_interval=60)
+    s.handle(Follow(1, 0), now=0.0)
+    s.handle(Offered(1, [msg(0), msg(1), msg(2)], 5), now=0.0)
+    assert s.cursors() == {1: 0}
+    s.handle(Acked(2), now=0.0)  # offset 1 acknowledged first
+    assert s.cursors() == {1: 0}
+    s.handle(Acked(1), now=0.0)
+    assert s.cursors() == {1: 2}
+    s.handle(Acked(3), now=0.0)
+    assert s.cursors() == {1: 5}  # offsets 3 and 4 did not match or were not there
+
+
+def test_non_matching_messages_move_the_cursor() -> None:
+    s = session()
+    s.handle(Follow(1, 0), now=0.0)
+    effects = s.handle(Offered(1, [msg(0, "other"), msg(1, "x/y")], 2), now=0.0)
+    assert of(Deliver, effects) == []
+    assert s.cursors() == {1: 2}
+
+
+def test_checkpoint_every_n_acks() -> None:
+    s = session(window=10, checkpoint_every=2, checkpoint_interval=60)
+    s.handle(Follow(1, 0), now=0.0)
+    s.handle(Offered(1, [msg(0), msg(1), msg(2)], 3), now=0.0)
+    assert of(Checkpoint, s.handle(Acked(1), now=0.0)) == []
+    checkpoints = of(Checkpoint, s.handle(Acked(2), now=0.0))
+    assert [c.cursors for c in checkpoints] == [{1: 2}]
+    assert checkpoints[0].sent == {1: 3}
+
+
+def test_checkpoint_after_the_interval() -> None:
+    s = session(window=10, checkpoint_every=100, checkpoint_interval=1.0)
+    s.handle(Follow(1, 0), now=0.0)
+    s.handle(Offered(1, [msg(0)], 1), now=0.0)
+    assert of(Checkpoint, s.handle(Acked(1), now=0.5)) == []
+    assert s.next_deadline() == 1.0
+    checkpoints = of(Checkpoint, s.handle(Tick(), now=1.0))
+    assert [c.cursors for c in checkpoints] == [{1: 1}]
+    assert s.next_deadline() is None  # nothing changed since
+
+
+def test_dup_below_marks_possible_redeliveries() -> None:
+    s = session()
+    s.handle(Follow(1, 10, dup_below=12), now=0.0)
+    sent = of(Deliver, s.handle(Offered(1, [msg(10), msg(11), msg(12)], 13), now=0.0))
+    assert [(d.message.offset, d.dup) for d in sent] == [(10, True), (11, True), (12, False)]
+
+
+def test_qos_is_capped_by_message_and_overlaps_give_one_copy() -> None:
+    s = Session(
+        "c",
+        [Subscription("a/#", 0, identifier=3), Subscription("a/+", 1, identifier=4)],
+    )
+    s.handle(Follow(1, 0), now=0.0)
+    sent = of(Deliver, s.handle(Offered(1, [msg(0, qos=1), msg(1, qos=0)], 2), now=0.0))
+    assert [(d.qos, d.subscription_identifiers) for d in sent] == [(1, (3, 4)), (0, (3, 4))]
+    assert sent[1].packet_id is None
+
+
+def test_dollar_topics_and_no_local() -> None:
+    s = Session(
+        "me",
+        [Subscription("#", 1), Subscription("$sys/+", 1, no_local=True)],
+        publisher=lambda m: "me" if m.mqtt_topic == "$sys/mine" else "other",
+    )
+    s.handle(Follow(1, 0), now=0.0)
+    sent = of(
+        Deliver,
+        s.handle(Offered(1, [msg(0, "$sys/mine"), msg(1, "$sys/theirs"), msg(2, "x")], 3), 0.0),
+    )
+    assert [d.message.mqtt_topic for d in sent] == ["$sys/theirs", "x"]
+
+
+def test_queue_is_bounded_per_stream_share() -> None:
+    s = session(window=1, queue_limit=10)
+    assert of(Fetch, s.handle(Follow(1, 0), now=0.0)) == [Fetch(1, 0, 10)]
+    # A stream's share shrinks as streams are added (a fetch asked for before keeps
+    # its limit: memory stays within a small multiple of the limit).
+    assert of(Fetch, s.handle(Follow(2, 0), now=0.0)) == [Fetch(2, 0, 5)]
+    effects = s.handle(Offered(1, [msg(i) for i in range(5)], 5), now=0.0)
+    assert of(Fetch, effects) == []  # 4 queued, more than half the share
+    assert s.queued == 4
+
+
+def test_stale_offer_is_ignored() -> None:
+    s = session()
+    s.handle(Follow(1, 5), now=0.0)
+    s.handle(Offered(1, [msg(5)], 6), now=0.0)
+    sent = of(Deliver, s.handle(Offered(1, [msg(5)], 6), now=0.0))
+    assert sent == []
+
+
+def test_unknown_ack_is_ignored_and_ids_wrap() -> None:
+    s = session(window=1)
+    s.handle(Follow(1, 0), now=0.0)
+    assert s.handle(Acked(999), now=0.0) is not None
+    s._next_packet_id = 65535
+    sent = of(Deliver, s.handle(Offered(1, [msg(0), msg(1)], 2), now=0.0))
+    assert sent[0].packet_id == 65535
+    sent = of(Deliver, s.handle(Acked(65535), now=0.0))
+    assert sent[0].packet_id == 1
+
+
+def test_final_checkpoint_has_every_cursor() -> None:
+    s = session()
+    s.handle(Follow(1, 3), now=0.0)
+    s.handle(Follow(2, 4), now=0.0)
+    assert s.checkpoint(now=5.0) == Checkpoint({1: 3, 2: 4}, {1: 3, 2: 4})

@@ -1,0 +1,83 @@
+"""The session store on both backends: records fenced by version, cursors, expiry."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.storage import create_topic, numbered_rows
+from riverbed.errors import PreconditionFailed
+from riverbed.sessions.session import Subscription
+from riverbed.sessions.store import (
+    NEVER_EXPIRES,
+    SessionRecord,
+    SessionStore,
+    cursor_name,
+)
+from riverbed.storage import Storage
+
+
+def record(client_id: str = "c", session_id: str = "s1", **changes: object) -> SessionRecord:
+    base = SessionRecord(client_id, session_id, 5, 60, True, 1_000_000)
+    return SessionRecord(**{**{f: getattr(base, f) for f in base.__slots__}, **changes})  # type: ignore[arg-type]
+
+
+def test_record_round_trips() -> None:
+    r = record(
+        subscriptions=(Subscription("a/#", 1, True, False, 2, 9),),
+        topics=("mqtt",),
+        sent={3: 7},
+        disconnected_us=5,
+    )
+    assert SessionRecord.from_json(r.to_json()) == r
+
+
+def test_expiry() -> None:
+    r = record(expiry_interval=10, disconnected_us=1_000_000)
+    assert not r.expired(10_999_999)
+    assert r.expired(11_000_000)
+    assert not record(expiry_interval=NEVER_EXPIRES).expired(1 << 62)
+    # A record left "connected" by a broker that died counts from when it was seen.
+    assert record(expiry_interval=1, seen_us=0).expired(1_000_000)
+
+
+def test_writes_are_fenced_by_version(storage: Storage) -> None:
+    store = SessionStore(storage)
+    first = store.write(record(), None)
+    with pytest.raises(PreconditionFailed):
+        store.write(record(), None)
+    second = store.write(record(session_id="s2"), first.version)
+    with pytest.raises(PreconditionFailed):  # the taken-over incarnation's late write
+        store.write(record(session_id="late"), first.version)
+    loaded = store.load("c")
+    assert loaded == second
+
+
+def test_cursors_start_at_the_head_and_commit(storage: Storage) -> None:
+    heads = create_topic(storage, "t", partitions=2)
+    storage.append({heads[0].key: numbered_rows(3)})
+    store = SessionStore(storage)
+    stored = store.write(record(topics=("t",)), None)
+    store.ensure_cursors("s1", ["t"], None)
+    heads = storage.list_streams("t")
+    assert store.positions("s1", "t", heads) == {heads[0].key: 3, heads[1].key: 0}
+    stored = store.commit(stored, {"t": {heads[0].key: 3}}, {heads[0].key: 3})
+    storage.append({heads[0].key: numbered_rows(2)})
+    store.commit(stored, {"t": {heads[0].key: 4}}, {})
+    assert store.positions("s1", "t", storage.list_streams("t"))[heads[0].key] == 4
+    with pytest.raises(PreconditionFailed):
+        store.commit(stored, {"t": {heads[0].key: 5}}, {})  # stale version: nothing written
+    assert store.positions("s1", "t", storage.list_streams("t"))[heads[0].key] == 4
+    assert storage.get_subscription(cursor_name("s1", "t")).topic == "t"
+
+
+def test_expire_discards_record_and_cursors(storage: Storage) -> None:
+    create_topic(storage, "t")
+    store = SessionStore(storage)
+    store.write(record("old", "s-old", expiry_interval=1, seen_us=0, topics=("t",)), None)
+    store.write(record("live", "s-live", expiry_interval=1, seen_us=0), None)
+    store.write(record("fresh", "s-fresh", expiry_interval=100, seen_us=0), None)
+    store.ensure_cursors("s-old", ["t"], None)
+    assert store.expire(2_000_000, live={"live"}) == ["old"]
+    assert store.load("old") is None
+    assert store.load("live") is not None and store.load("fresh") is not None
+    assert [s.name for s in storage.list_subscriptions("t")] == []
