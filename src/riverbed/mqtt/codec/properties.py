@@ -248,8 +248,22 @@ def _repr(props: object, specs: tuple[PropertySpec, ...]) -> str:
 # --------------------------------------------------------------------- classes
 
 
+class _Properties:
+    """What every packet's properties class shares: it validates itself against
+    its `SPECS` when built and prints only the properties that are present."""
+
+    __slots__ = ()
+    SPECS: ClassVar[tuple[PropertySpec, ...]] = ()
+
+    def __post_init__(self) -> None:
+        _validate(self, self.SPECS)
+
+    def __repr__(self) -> str:
+        return _repr(self, self.SPECS)
+
+
 @dataclass(frozen=True, slots=True, repr=False)
-class ConnectProperties:
+class ConnectProperties(_Properties):
     """CONNECT properties (MQTT 5.0 §3.1.2.11)."""
 
     session_expiry_interval: int | None = None
@@ -274,15 +288,9 @@ class ConnectProperties:
         AUTHENTICATION_DATA,
     )
 
-    def __post_init__(self) -> None:
-        _validate(self, self.SPECS)
-
-    def __repr__(self) -> str:
-        return _repr(self, self.SPECS)
-
 
 @dataclass(frozen=True, slots=True, repr=False)
-class WillProperties:
+class WillProperties(_Properties):
     """Will properties, in the CONNECT payload (MQTT 5.0 §3.1.3.2)."""
 
     will_delay_interval: int | None = None
@@ -303,15 +311,9 @@ class WillProperties:
         USER_PROPERTIES,
     )
 
-    def __post_init__(self) -> None:
-        _validate(self, self.SPECS)
-
-    def __repr__(self) -> str:
-        return _repr(self, self.SPECS)
-
 
 @dataclass(frozen=True, slots=True, repr=False)
-class ConnackProperties:
+class ConnackProperties(_Properties):
     """CONNACK properties (MQTT 5.0 §3.2.2.3)."""
 
     session_expiry_interval: int | None = None
@@ -352,15 +354,9 @@ class ConnackProperties:
         AUTHENTICATION_DATA,
     )
 
-    def __post_init__(self) -> None:
-        _validate(self, self.SPECS)
-
-    def __repr__(self) -> str:
-        return _repr(self, self.SPECS)
-
 
 @dataclass(frozen=True, slots=True, repr=False)
-class PublishProperties:
+class PublishProperties(_Properties):
     """PUBLISH properties (MQTT 5.0 §3.3.2.3).
 
     `subscription_identifiers` is only for PUBLISH packets a server sends; a
@@ -387,15 +383,9 @@ class PublishProperties:
         CONTENT_TYPE,
     )
 
-    def __post_init__(self) -> None:
-        _validate(self, self.SPECS)
-
-    def __repr__(self) -> str:
-        return _repr(self, self.SPECS)
-
 
 @dataclass(frozen=True, slots=True, repr=False)
-class AckProperties:
+class AckProperties(_Properties):
     """Properties of PUBACK, PUBREC, PUBREL, PUBCOMP, SUBACK and UNSUBACK (MQTT 5.0
     §3.4.2.2, §3.5.2.2, §3.6.2.2, §3.7.2.2, §3.9.2.1, §3.11.2.1): all six allow the
     same two."""
@@ -405,15 +395,9 @@ class AckProperties:
 
     SPECS: ClassVar[tuple[PropertySpec, ...]] = (REASON_STRING, USER_PROPERTIES)
 
-    def __post_init__(self) -> None:
-        _validate(self, self.SPECS)
-
-    def __repr__(self) -> str:
-        return _repr(self, self.SPECS)
-
 
 @dataclass(frozen=True, slots=True, repr=False)
-class SubscribeProperties:
+class SubscribeProperties(_Properties):
     """SUBSCRIBE properties (MQTT 5.0 §3.8.2.1). At most one Subscription
     Identifier: a second one is a Protocol Error."""
 
@@ -422,30 +406,18 @@ class SubscribeProperties:
 
     SPECS: ClassVar[tuple[PropertySpec, ...]] = (SUBSCRIPTION_IDENTIFIER, USER_PROPERTIES)
 
-    def __post_init__(self) -> None:
-        _validate(self, self.SPECS)
-
-    def __repr__(self) -> str:
-        return _repr(self, self.SPECS)
-
 
 @dataclass(frozen=True, slots=True, repr=False)
-class UnsubscribeProperties:
+class UnsubscribeProperties(_Properties):
     """UNSUBSCRIBE properties (MQTT 5.0 §3.10.2.1)."""
 
     user_properties: UserProperties = ()
 
     SPECS: ClassVar[tuple[PropertySpec, ...]] = (USER_PROPERTIES,)
 
-    def __post_init__(self) -> None:
-        _validate(self, self.SPECS)
-
-    def __repr__(self) -> str:
-        return _repr(self, self.SPECS)
-
 
 @dataclass(frozen=True, slots=True, repr=False)
-class DisconnectProperties:
+class DisconnectProperties(_Properties):
     """DISCONNECT properties (MQTT 5.0 §3.14.2.2). A server must not send Session
     Expiry Interval [MQTT-3.14.2-2]; the connection enforces that."""
 
@@ -461,15 +433,9 @@ class DisconnectProperties:
         SERVER_REFERENCE,
     )
 
-    def __post_init__(self) -> None:
-        _validate(self, self.SPECS)
-
-    def __repr__(self) -> str:
-        return _repr(self, self.SPECS)
-
 
 @dataclass(frozen=True, slots=True, repr=False)
-class AuthProperties:
+class AuthProperties(_Properties):
     """AUTH properties (MQTT 5.0 §3.15.2.2). The AUTH packet itself requires the
     Authentication Method."""
 
@@ -484,12 +450,6 @@ class AuthProperties:
         REASON_STRING,
         USER_PROPERTIES,
     )
-
-    def __post_init__(self) -> None:
-        _validate(self, self.SPECS)
-
-    def __repr__(self) -> str:
-        return _repr(self, self.SPECS)
 
 
 AnyProperties = (
