@@ -323,7 +323,7 @@ def test_topic_delete_needs_confirmation(db: str, monkeypatch: pytest.MonkeyPatc
     assert "--yes" in result.stderr and "messages: 3, subscriptions: 1" in result.stderr
     assert total(db, "orders") == 3
 
-    monkeypatch.setattr(cli_module, "_interactive", lambda: True)
+    monkeypatch.setattr(cli_module.topics, "_interactive", lambda: True)
     result = rb(db, "topic", "delete", "orders", input="n\n")
     assert result.exit_code == 1 and total(db, "orders") == 3  # Aborted!
     ok(db, "topic", "delete", "orders", input="y\n")

@@ -1,0 +1,30 @@
+"""`riverbed ...`: the command line over topics, producing and named subscriptions.
+
+Output is for people (rich tables) unless `--json` asks for machine-readable
+JSON; `produce` and `consume` speak JSON lines. Every `RiverbedError` ends the
+command with `error: <message>` on stderr and no traceback: exit code 2 for a bad
+value (`InvalidInput`, like click's own usage errors), 1 for everything else
+(not found, exists already, storage unreachable).
+
+The database is `--db URL` on the command, else `--db URL` on `riverbed`, else
+`$RIVERBED_DB`, else the embedded default (`riverbed.storage.default_url`).
+"""
+
+from __future__ import annotations
+
+# Each module adds its commands to `cli` when imported.
+from riverbed.cli import broker, demo, messages, subscriptions, topics
+from riverbed.cli._app import PRODUCE_BATCH, cli, main
+from riverbed.cli.demo import DEMO_MESSAGES
+
+__all__ = [
+    "DEMO_MESSAGES",
+    "PRODUCE_BATCH",
+    "broker",
+    "cli",
+    "demo",
+    "main",
+    "messages",
+    "subscriptions",
+    "topics",
+]

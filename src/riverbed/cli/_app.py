@@ -1,0 +1,210 @@
+"""The root command, its options and what every command shares: `--db`,
+`--json`, error handling, parsing of times and offsets, tables.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+import click
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from riverbed.errors import InvalidInput, RiverbedError
+from riverbed.log.jsonlines import EPOCH
+from riverbed.log.log import Log
+from riverbed.model import StreamId, parse_duration
+from riverbed.storage import DEFAULT_URL, ENV_VAR, default_url
+from riverbed.storage.base import StartKind
+from riverbed.subscriptions.cursors import Start
+from riverbed.tuning import tune_process
+
+F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
+
+PRODUCE_BATCH = 1000
+"""Messages per `Log.produce_async` call."""
+PRODUCE_IN_FLIGHT = 8
+"""Batches queued at once: enough for the appender to group-commit several."""
+FOLLOW_WAIT = 0.5
+"""Seconds one `poll` waits in `consume --follow`: how soon a signal is noticed."""
+
+
+# --------------------------------------------------------------------- plumbing
+
+DB_KEY = "riverbed.db"
+
+
+def _remember_db(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    # ctx.meta is shared by a command and its parents; the root group's --db is
+    # processed first, so a leaf's --db overwrites it.
+    if value is not None:
+        ctx.meta[DB_KEY] = value
+
+
+def db_option(command: F) -> F:
+    """Give a command `--db URL` (a leaf's wins over the root group's)."""
+    return click.option(
+        "--db",
+        metavar="URL",
+        expose_value=False,
+        callback=_remember_db,
+        help=f"Database: sqlite:///PATH or postgresql://USER@HOST/DB. Default: ${ENV_VAR},"
+        f" else {DEFAULT_URL}.",
+    )(command)
+
+
+def json_option(command: F) -> F:
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")(
+        command
+    )
+
+
+def open_log() -> Log:
+    """The log of the database this command names."""
+    return Log.open(click.get_current_context().meta.get(DB_KEY) or default_url())
+
+
+class RiverbedGroup(click.Group):
+    """The root group: turns a `RiverbedError` into `error: ...` and an exit code."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except RiverbedError as exc:
+            click.echo(f"error: {exc}", err=True)
+            raise click.exceptions.Exit(2 if isinstance(exc, InvalidInput) else 1) from None
+
+
+def parse_time(text: str) -> int:
+    """An ISO 8601 time as µs since the epoch; a time without a zone is UTC."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidInput(
+            f"time {text!r} is not an ISO 8601 time such as 2024-05-01T12:00:00Z"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    micros = (moment - EPOCH) // timedelta(microseconds=1)
+    if micros < 0:
+        raise InvalidInput(f"time {text!r} is before 1970-01-01T00:00:00Z")
+    return micros
+
+
+def parse_offsets(text: str) -> dict[StreamId, int]:
+    """`orders/0/1=42,orders/0/2=7` as {stream: offset}."""
+    offsets: dict[StreamId, int] = {}
+    for item in text.split(","):
+        name, sep, number = item.strip().rpartition("=")
+        if not sep:
+            raise InvalidInput(f"{item!r} is not STREAM=OFFSET, e.g. orders/0/1=42")
+        stream = StreamId.parse(name)
+        if not number.isdigit():
+            raise InvalidInput(f"offset {number!r} for {stream} is not an integer >= 0")
+        if stream in offsets:
+            raise InvalidInput(f"stream {stream} is given twice")
+        offsets[stream] = int(number)
+    return offsets
+
+
+def parse_start(text: str) -> Start:
+    if text.lower() in ("earliest", "latest"):
+        return StartKind(text.lower())
+    return parse_time(text)
+
+
+class _Parsed(click.ParamType[T]):
+    """A click type over one of our parsers: its `InvalidInput` is a usage error."""
+
+    def __init__(self, name: str, parse: Callable[[str], T]) -> None:
+        self.name = name
+        self._parse = parse
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> T:
+        if not isinstance(value, str):
+            return value  # type: ignore[no-any-return]  # a default, already converted
+        try:
+            return self._parse(value)
+        except InvalidInput as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def _retention(text: str) -> int | None:
+    return None if text.lower() == "none" else parse_duration(text)
+
+
+def _reset_target(text: str) -> Start | dict[StreamId, int]:
+    return parse_offsets(text) if "=" in text else parse_start(text)
+
+
+RETENTION = _Parsed("DURATION|none", _retention)
+START = _Parsed("earliest|latest|ISO-TIME", parse_start)
+RESET_TARGET = _Parsed("earliest|latest|ISO-TIME|OFFSETS", _reset_target)
+
+
+def make_console() -> Console:
+    # Piped output is never cut to 80 columns; a terminal gets its own width.
+    return Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 250)
+
+
+def make_table(
+    title: str,
+    columns: Sequence[str],
+    rows: Sequence[Sequence[object]],
+    footer: Sequence[object] | None = None,
+) -> Table:
+    """A table; columns whose cells are all numbers are right-aligned."""
+    table = Table(title=title, title_justify="left", box=box.SIMPLE, show_footer=footer is not None)
+    for index, column in enumerate(columns):
+        cells = [row[index] for row in rows if row[index] is not None]
+        numeric = bool(cells) and all(_is_number(cell) for cell in cells)
+        table.add_column(
+            column,
+            "" if footer is None else _cell(footer[index]),
+            justify="right" if numeric else "left",
+        )
+    for row in rows:
+        # Text, not markup: names and filters may contain "[".
+        table.add_row(*(Text(_cell(cell)) for cell in row))
+    return table
+
+
+def _is_number(cell: object) -> bool:
+    return isinstance(cell, int) and not isinstance(cell, bool)
+
+
+def _cell(cell: object) -> str:
+    if isinstance(cell, bool):
+        return "yes" if cell else "no"
+    return "-" if cell is None else str(cell)
+
+
+def print_json(value: object) -> None:
+    click.echo(json.dumps(value, indent=2, ensure_ascii=False))
+
+
+# --------------------------------------------------------------------- root
+
+
+@click.group(cls=RiverbedGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@db_option
+@click.version_option(package_name="riverbed")
+def cli() -> None:
+    """Riverbed: a durable message bus over a partitioned, replayable log.
+
+    Every command takes --db URL (here or after the command; the command's wins).
+    `riverbed demo` shows the basics.
+    """
+
+
+def main() -> None:
+    """The `riverbed` console script."""
+    tune_process()
+    cli.main(prog_name="riverbed")

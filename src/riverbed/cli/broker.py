@@ -1,0 +1,123 @@
+"""`riverbed serve` and `riverbed passwd`."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from contextlib import suppress
+
+import click
+
+from riverbed.cli._app import DB_KEY, cli, db_option
+from riverbed.errors import InvalidInput
+from riverbed.log.log import Log
+from riverbed.storage import default_url
+
+# --------------------------------------------------------------------- passwd
+
+
+@cli.command(short_help="Add, change or delete a user of an MQTT password file.")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("username")
+@click.option("--delete", is_flag=True, help="Delete USERNAME from FILE.")
+@click.option(
+    "--stdin",
+    "from_stdin",
+    is_flag=True,
+    help="Read the password from stdin (one line) instead of asking twice.",
+)
+def passwd(file: str, username: str, delete: bool, from_stdin: bool) -> None:
+    """Set USERNAME's password in the MQTT password FILE, or --delete USERNAME.
+
+    FILE is created if missing (mode 0600) and rewritten atomically; it holds
+    scrypt hashes, never passwords. The broker reads it as `auth.password_file`.
+    """
+    from riverbed.errors import NotFound
+    from riverbed.mqtt.auth import (
+        MAX_PASSWORD_BYTES,
+        delete_user,
+        load_password_file,
+        set_password,
+        validate_username,
+    )
+
+    if delete:
+        if from_stdin:
+            raise click.UsageError("--delete takes no password: leave out --stdin")
+        delete_user(file, username)
+        click.echo(f"deleted user {username!r} from {file}")
+        return
+    validate_username(username)
+    with suppress(NotFound):
+        load_password_file(file)  # a broken file is refused before asking for a password
+    if from_stdin:
+        raw = sys.stdin.buffer.read(MAX_PASSWORD_BYTES + 3)
+        password = raw.removesuffix(b"\n").removesuffix(b"\r")
+        if b"\n" in password:
+            raise InvalidInput("the password on stdin must be one line; it has several")
+    else:
+        typed: str = click.prompt("Password", hide_input=True, confirmation_prompt=True, err=True)
+        password = typed.encode("utf-8", "surrogateescape")
+    if set_password(file, username, password):
+        click.echo(f"added user {username!r} to {file}")
+    else:
+        click.echo(f"changed the password of user {username!r} in {file}")
+
+
+# --------------------------------------------------------------------- serve
+
+
+@cli.command(short_help="Run the MQTT broker.")
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False),
+    help="A TOML configuration file (riverbed.mqtt.config).",
+)
+@click.option(
+    "--mqtt", metavar="HOST:PORT", help="Where to listen for MQTT (default 127.0.0.1:1883)."
+)
+@click.option(
+    "--allow-anonymous",
+    is_flag=True,
+    default=None,
+    help="Let clients connect without a user name.",
+)
+@db_option
+def serve(config_file: str | None, mqtt: str | None, allow_anonymous: bool | None) -> None:
+    """Run the MQTT 3.1.1 / 5 broker until SIGTERM or SIGINT.
+
+    Every message published is committed to the log before it is acknowledged;
+    sessions survive restarts. Stopping disconnects clients (MQTT 5: 0x8B Server
+    shutting down) and saves their sessions.
+    """
+    import asyncio
+    import logging
+
+    from riverbed.mqtt.broker import serve as run_broker
+    from riverbed.mqtt.config import load_config
+
+    db = click.get_current_context().meta.get(DB_KEY)
+    config = load_config(
+        config_file,
+        {"listeners.mqtt": mqtt, "storage.url": db, "auth.allow_anonymous": allow_anonymous},
+    )
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    url = config.storage.url or default_url()
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        with Log.open(url) as log:
+            await run_broker(config, log, stop)
+
+    try:
+        import uvloop  # type: ignore[import-not-found]
+    except ImportError:
+        asyncio.run(main())
+    else:  # pragma: no cover - not installed here
+        uvloop.run(main())

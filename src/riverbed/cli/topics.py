@@ -1,0 +1,244 @@
+"""`riverbed topic ...` and `riverbed retention run`."""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import click
+from rich.table import Table
+
+from riverbed.cli._app import (
+    RETENTION,
+    cli,
+    db_option,
+    json_option,
+    make_console,
+    make_table,
+    open_log,
+    print_json,
+)
+from riverbed.log.log import Log
+from riverbed.log.topics import DEFAULT_RETENTION_US
+from riverbed.model import format_duration
+from riverbed.storage.base import RetentionPolicy, StreamHead
+from riverbed.subscriptions.cursors import Subscriptions
+
+# --------------------------------------------------------------------- topics
+
+
+@cli.group()
+def topic() -> None:
+    """Create, inspect, scale and delete topics."""
+
+
+@topic.command("create")
+@click.argument("name")
+@click.option("--partitions", type=int, required=True, help="1, 2, 3 or a multiple of 4 or 6.")
+@click.option("--binding", metavar="FILTER", help="MQTT topic filter this topic stores.")
+@click.option(
+    "--retention",
+    type=RETENTION,
+    default=format_duration(DEFAULT_RETENTION_US),
+    show_default=True,
+    help="How long messages are kept, e.g. 12h, 7d, 1h30m; `none` keeps them forever.",
+)
+@click.option(
+    "--retention-policy",
+    type=click.Choice([p.value for p in RetentionPolicy]),
+    default=RetentionPolicy.CONSUMED_AND_EXPIRED.value,
+    show_default=True,
+    help="What retention may delete.",
+)
+@db_option
+def topic_create(
+    name: str, partitions: int, binding: str | None, retention: int | None, retention_policy: str
+) -> None:
+    """Create topic NAME with one storage topic of --partitions streams."""
+    with open_log() as log:
+        log.topics.create(name, partitions, binding, retention, RetentionPolicy(retention_policy))
+    click.echo(f"created topic {name!r} with {partitions} partitions")
+
+
+def topic_rows(log: Log) -> list[dict[str, Any]]:
+    storage = log.storage
+    messages: Counter[str] = Counter()
+    for head in storage.list_streams():
+        messages[head.stream.topic] += head.next_offset - head.start_offset
+    subscriptions = Counter(s.topic for s in storage.list_subscriptions())
+    rows: list[dict[str, Any]] = []
+    for record in log.topics.list():
+        generations = storage.list_storage_topics(record.name)
+        produce = generations[record.produce_pointer]
+        rows.append(
+            {
+                "name": record.name,
+                "binding": record.binding,
+                "partitions": produce.partitions,
+                "generations": len(generations),
+                "retention": None
+                if record.retention_us is None
+                else format_duration(record.retention_us),
+                "retention_policy": record.retention_policy.value,
+                "messages": messages[record.name],
+                "subscriptions": subscriptions[record.name],
+            }
+        )
+    return rows
+
+
+def topics_table(rows: list[dict[str, Any]]) -> Table:
+    cells = [
+        [
+            r["name"],
+            r["binding"],
+            r["partitions"],
+            r["generations"],
+            f"{r['retention'] or 'none'} ({r['retention_policy']})",
+            r["messages"],
+            r["subscriptions"],
+        ]
+        for r in rows
+    ]
+    columns = ["topic", "binding", "partitions", "gens", "retention", "messages", "subs"]
+    return make_table("Topics", columns, cells)
+
+
+@topic.command("list")
+@json_option
+@db_option
+def topic_list(as_json: bool) -> None:
+    """List topics with their current partition count, messages and subscriptions."""
+    with open_log() as log:
+        rows = topic_rows(log)
+    if as_json:
+        print_json(rows)
+    else:
+        make_console().print(topics_table(rows))
+
+
+@topic.command("describe")
+@click.argument("name")
+@json_option
+@db_option
+def topic_describe(name: str, as_json: bool) -> None:
+    """Show a topic's storage topics, produce pointer and streams."""
+    with open_log() as log:
+        description = log.topics.describe(name)
+        subscriptions = [s.name for s in Subscriptions(log.storage).list(name)]
+    info = description.as_dict() | {"subscriptions": subscriptions}
+    if as_json:
+        print_json(info)
+        return
+    record = description.topic
+    produce = description.storage_topics[record.produce_pointer].generation
+    console = make_console()
+    console.print(
+        f"topic {name}: binding {record.binding or '-'}, retention {info['retention'] or 'none'}"
+        f" ({record.retention_policy.value}), produces to generation {produce}",
+        markup=False,
+    )
+    console.print(f"subscriptions: {', '.join(subscriptions) or '-'}", markup=False)
+    console.print(
+        make_table(
+            "Storage topics",
+            ["generation", "partitions", "K", "produce"],
+            [
+                [s.generation, s.partitions, s.k, "<- produce" if s.generation == produce else ""]
+                for s in description.storage_topics
+            ],
+        )
+    )
+    console.print(streams_table(description.streams))
+
+
+def streams_table(heads: Sequence[StreamHead]) -> Table:
+    return make_table(
+        "Streams",
+        ["stream", "start", "next", "messages", "sealed"],
+        [
+            [h.stream, h.start_offset, h.next_offset, h.next_offset - h.start_offset, h.sealed]
+            for h in heads
+        ],
+    )
+
+
+@topic.command("add-storage-topic")
+@click.argument("name")
+@click.option("--partitions", type=int, required=True, help="1, 2, 3 or a multiple of 4 or 6.")
+@db_option
+def topic_add_storage_topic(name: str, partitions: int) -> None:
+    """Add a generation of --partitions streams (seed 003 AddStorageTopic).
+
+    Producers keep writing to the current generation until `switch-produce`.
+    """
+    with open_log() as log:
+        added = log.topics.add_storage_topic(name, partitions)
+    click.echo(
+        f"added generation {added.generation} to topic {name!r}: {added.partitions} partitions,"
+        f" K={added.k}; run `riverbed topic switch-produce {name}` to produce to it"
+    )
+
+
+@topic.command("switch-produce")
+@click.argument("name")
+@db_option
+def topic_switch_produce(name: str) -> None:
+    """Produce to the next generation and seal the earlier ones (seed 003 SwitchProduce)."""
+    with open_log() as log:
+        before = log.topics.get(name).produce_pointer
+        record = log.topics.switch_produce(name)
+        generation = log.storage.list_storage_topics(name)[record.produce_pointer]
+    where = f"generation {generation.generation} ({generation.partitions} partitions)"
+    if record.produce_pointer == before:
+        click.echo(f"topic {name!r} already produces to its newest {where}")
+    else:
+        click.echo(f"topic {name!r} now produces to {where}; earlier generations are sealed")
+
+
+@topic.command("delete")
+@click.argument("name")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@db_option
+def topic_delete(name: str, yes: bool) -> None:
+    """Delete a topic with all its messages and subscriptions."""
+    with open_log() as log:
+        description = log.topics.describe(name)
+        messages = sum(h.next_offset - h.start_offset for h in description.streams)
+        subscriptions = len(Subscriptions(log.storage).list(name))
+        what = f"topic {name!r} (messages: {messages}, subscriptions: {subscriptions})"
+        if not yes:
+            if not _interactive():
+                raise click.UsageError(f"not deleting {what}: pass --yes to confirm")
+            click.confirm(f"Delete {what}?", abort=True, err=True)
+        log.topics.delete(name)
+    click.echo(f"deleted {what}")
+
+
+def _interactive() -> bool:
+    return sys.stdin.isatty()
+
+
+# --------------------------------------------------------------------- retention
+
+
+@cli.group()
+def retention() -> None:
+    """Delete what topics' retention allows."""
+
+
+@retention.command("run")
+@click.argument("topic", required=False)
+@db_option
+def retention_run(topic: str | None) -> None:
+    """Apply retention to TOPIC (or every topic) now."""
+    from riverbed.log.retention import run_retention
+
+    with open_log() as log:
+        results = run_retention(log.storage, topic=topic)
+    for r in results:
+        click.echo(f"{r.stream}: deleted {r.deleted}, first retained offset now {r.start_offset}")
+    total = sum(r.deleted for r in results)
+    click.echo(f"deleted {total} messages from {len(results)} streams")
