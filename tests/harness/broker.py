@@ -32,6 +32,7 @@ import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
 
 
 def free_port() -> int:
@@ -150,6 +151,9 @@ class Received:
     payload: bytes
     qos: int
     dup: bool
+    retain: bool = False
+    expiry: int | None = None
+    """The Message Expiry Interval the broker sent (MQTT 5), if any."""
 
 
 class Client:
@@ -182,6 +186,8 @@ class Client:
         expiry: int | None = None,
         keepalive: int = 60,
         timeout: float = 10.0,
+        will: tuple[str, bytes, int, bool] | None = None,
+        will_delay: int | None = None,
     ) -> bool:
         """Connect (clean start / clean session `clean`); return Session Present."""
         v5 = self.protocol == paho.MQTTv5
@@ -199,6 +205,12 @@ class Client:
         mqtt.on_disconnect = self._on_disconnect
         mqtt.on_subscribe = self._on_subscribe
         mqtt.on_publish = self._on_publish
+        if will is not None:
+            will_properties = None
+            if v5 and will_delay is not None:
+                will_properties = Properties(PacketTypes.WILLMESSAGE)
+                will_properties.WillDelayInterval = will_delay
+            mqtt.will_set(*will, properties=will_properties)
         self.paho = mqtt
         self._connected.clear()
         self._disconnected.clear()
@@ -221,9 +233,22 @@ class Client:
         assert code == 0, f"CONNECT of {self.client_id!r} refused: 0x{code:02X}"
         return present
 
-    def subscribe(self, *filters: str, qos: int = 1, timeout: float = 10.0) -> list[int]:
+    def subscribe(
+        self,
+        *filters: str,
+        qos: int = 1,
+        timeout: float = 10.0,
+        retain_handling: int = 0,
+        retain_as_published: bool = False,
+    ) -> list[int]:
         assert self.paho is not None
-        result, mid = self.paho.subscribe([(f, qos) for f in filters])
+        if self.protocol == paho.MQTTv5:
+            options = SubscribeOptions(
+                qos, retainAsPublished=retain_as_published, retainHandling=retain_handling
+            )
+            result, mid = self.paho.subscribe([(f, options) for f in filters])
+        else:
+            result, mid = self.paho.subscribe([(f, qos) for f in filters])
         assert result == paho.MQTT_ERR_SUCCESS and mid is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -233,9 +258,20 @@ class Client:
             time.sleep(0.01)
         raise AssertionError(f"no SUBACK within {timeout}s")
 
-    def publish(self, topic: str, payload: bytes, qos: int = 1) -> paho.MQTTMessageInfo:
+    def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int = 1,
+        retain: bool = False,
+        expiry: int | None = None,
+    ) -> paho.MQTTMessageInfo:
         assert self.paho is not None
-        return self.paho.publish(topic, payload, qos)
+        properties = None
+        if expiry is not None:
+            properties = Properties(PacketTypes.PUBLISH)
+            properties.MessageExpiryInterval = expiry
+        return self.paho.publish(topic, payload, qos, retain, properties)
 
     def disconnect(self, expiry: int | None = None) -> None:
         if self.paho is None:
@@ -247,6 +283,15 @@ class Client:
         self.paho.disconnect(properties=properties)
         self._disconnected.wait(5)
         self.close()
+
+    def drop(self) -> None:
+        """Close the network connection without a DISCONNECT (a lost connection)."""
+        if self.paho is not None:
+            self.paho.loop_stop()
+            sock = self.paho.socket()
+            if sock is not None:
+                sock.close()
+            self.paho = None
 
     def close(self) -> None:
         """Stop the network loop; a connected client then just goes silent."""
@@ -281,7 +326,14 @@ class Client:
     def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
         with self._lock:
             self.received.append(
-                Received(message.topic, bytes(message.payload), message.qos, bool(message.dup))
+                Received(
+                    message.topic,
+                    bytes(message.payload),
+                    message.qos,
+                    bool(message.dup),
+                    bool(message.retain),
+                    getattr(message.properties, "MessageExpiryInterval", None),
+                )
             )
 
     def _on_disconnect(

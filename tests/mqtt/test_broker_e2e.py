@@ -43,14 +43,15 @@ def test_qos_is_the_lower_of_message_and_subscription(broker: BrokerProcess) -> 
     sub = Client(broker.port, "sub")
     sub.connect()
     assert sub.subscribe("low/#", qos=0) == [0]
-    assert sub.subscribe("high/#", qos=2) == [1]  # outbound QoS 2 is not offered yet
+    assert sub.subscribe("high/#", qos=2) == [2]
     pub = Client(broker.port, "pub")
     pub.connect()
     pub.publish("low/x", b"a", qos=1).wait_for_publish(5)
     pub.publish("high/x", b"b", qos=0).wait_for_publish(5)
     pub.publish("high/x", b"c", qos=1).wait_for_publish(5)
-    got = sub.wait_for(3)
-    assert [(m.payload, m.qos) for m in got] == [(b"a", 0), (b"b", 0), (b"c", 1)]
+    pub.publish("high/x", b"d", qos=2).wait_for_publish(5)
+    got = sub.wait_for(4)
+    assert [(m.payload, m.qos) for m in got] == [(b"a", 0), (b"b", 0), (b"c", 1), (b"d", 2)]
     pub.disconnect()
     sub.disconnect()
 

@@ -65,6 +65,8 @@ CALLS: dict[str, Callable[[Storage], object]] = {
     "read": lambda s: s.read(1, 0, 10),
     "append_once": lambda s: s.append_once("m", {1: numbered_rows(1)}),
     "delete_markers": lambda s: s.delete_markers(0),
+    "delete_marker": lambda s: s.delete_marker("m"),
+    "delete_markers_with_prefix": lambda s: s.delete_markers_with_prefix("m"),
     "read_arrow": lambda s: s.read_arrow(1, 0, 10),
     "first_offset_at": lambda s: s.first_offset_at(1, 0),
     "delete_before": lambda s: s.delete_before(1, 5),

@@ -97,3 +97,26 @@ def test_append_once_wakes_readers(storage: Storage) -> None:
     seen = storage.wakeups.version
     storage.append_once("m", {a.key: numbered_rows(1)})
     assert storage.wakeups.version != seen
+
+
+def test_delete_marker_forgets_one_marker(storage: Storage) -> None:
+    (a,) = create_topic(storage, "t")
+    assert storage.append_once("qos2/s1/1", {a.key: numbered_rows(1)}) == {a.key: 0}
+    assert storage.append_once("qos2/s1/12", {}) == {}
+
+    assert storage.delete_marker("qos2/s1/1") is True
+    assert storage.delete_marker("qos2/s1/1") is False
+
+    assert storage.append_once("qos2/s1/1", {a.key: numbered_rows(1, 1)}) == {a.key: 1}
+    assert storage.append_once("qos2/s1/12", {}) is None  # untouched
+
+
+def test_delete_markers_with_prefix(storage: Storage) -> None:
+    for marker in ("qos2/s1/1", "qos2/s1/2", "qos2/s10/1", "qos2/s%/1"):
+        assert storage.append_once(marker, {}) == {}
+
+    assert storage.delete_markers_with_prefix("qos2/s1/") == 2
+    assert storage.delete_markers_with_prefix("qos2/s%") == 1  # literal, not a pattern
+
+    assert storage.append_once("qos2/s1/1", {}) == {}
+    assert storage.append_once("qos2/s10/1", {}) is None

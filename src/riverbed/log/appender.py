@@ -241,6 +241,15 @@ class Appender:
             f"could not route to an open stream after {_MAX_ROUTE_ATTEMPTS} attempts"
         )
 
+    def stream_of(self, topic: str, key: int) -> StreamId | None:
+        """The stream with this key in `topic`'s produce generation as last seen
+        (where `append_once` routed to); None if it is not there."""
+        layout = self._layout(topic)
+        for stream_key, stream in zip(layout.keys, layout.streams, strict=True):
+            if stream_key == key:
+                return stream
+        return None
+
     def _prepare(self, topic: str, messages: Sequence[Message]) -> _Pending:
         future: Future[Positions] = Future()
         if not messages:

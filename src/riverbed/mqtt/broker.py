@@ -31,7 +31,9 @@ from riverbed.mqtt.auth import load_auth
 from riverbed.mqtt.codec import DisconnectReason
 from riverbed.mqtt.config import BrokerConfig
 from riverbed.mqtt.connection import Connection
+from riverbed.mqtt.retained import RetainedStore
 from riverbed.mqtt.router import Router
+from riverbed.mqtt.wills import Wills
 from riverbed.sessions.store import SessionStore, now_us
 from riverbed.topics.filters import filters_overlap
 from riverbed.topics.trie import TopicTrie
@@ -62,6 +64,8 @@ class Broker:
         self.checkpoint_interval = checkpoint_interval
         self.expiry_sweep = expiry_sweep
         self.store = SessionStore(log.storage)
+        self.retained = RetainedStore(log.storage)
+        self.wills = Wills(self)
         self.trie: TopicTrie[Hashable] = TopicTrie()
         self.router = Router(log.storage, self.trie)
         self.authenticator, self.authorizer = load_auth(config.auth)
@@ -79,6 +83,7 @@ class Broker:
         address = self.config.listeners.mqtt
         self._server = await asyncio.start_server(self._accept, address.host, address.port)
         self._sweeper = asyncio.create_task(self._sweep(), name="riverbed-session-expiry")
+        await self.wills.restore()
         log.info("listening for MQTT on %s", ", ".join(self.addresses()))
 
     def addresses(self) -> list[str]:

@@ -18,9 +18,14 @@ run in worker threads.
   DISCONNECT with it after (MQTT 5); MQTT 3.1.1 just closes.
 - PUBLISH from the client is committed to the log (the topic `Log.topic_for`
   picks) before its PUBACK/PUBREC goes out; acknowledgements go out in the
-  order the PUBLISHes came in [MQTT-4.6.0-2]. Inbound QoS 2 is deduplicated by
-  packet id within a connection (not yet across a broker crash: the durable
-  markers of docs/broker.md are still to come). Outbound QoS is at most 1.
+  order the PUBLISHes came in [MQTT-4.6.0-2]. Inbound QoS 2 is exactly once
+  across broker restarts through a durable marker per packet id
+  (`mqtt/inbound.py`). Outbound QoS 2 keeps its window in the session record
+  (`sessions/qos2.py`): written (`Persist`) before a PUBLISH or PUBREL goes out.
+- Retained messages (`mqtt/retained.py`) go out after the SUBACK per Retain
+  Handling; a Will (`mqtt/wills.py`) is left to the broker when the connection
+  closes without DISCONNECT 0x00; a message whose Message Expiry Interval has
+  passed is not delivered, a live one carries what is left of it.
 """
 
 from __future__ import annotations
@@ -29,14 +34,10 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections import deque
-from concurrent.futures import Future
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from riverbed.errors import PreconditionFailed, ProtocolError, RiverbedError
-from riverbed.log.appender import Positions
-from riverbed.model import Message, StoredMessage, encode_properties
 from riverbed.mqtt.codec import (
     MQTT_5,
     NO_PUBLISH_PROPERTIES,
@@ -52,11 +53,9 @@ from riverbed.mqtt.codec import (
     Pingreq,
     Pingresp,
     Puback,
-    PubackReason,
     Pubcomp,
     Publish,
     Pubrec,
-    PubrecReason,
     Pubrel,
     Suback,
     SubackReason,
@@ -64,19 +63,27 @@ from riverbed.mqtt.codec import (
     Unsuback,
     UnsubackReason,
     Unsubscribe,
+    Will,
     encode,
 )
 from riverbed.mqtt.codec.reasons import CONNACK_REASONS_V311
-from riverbed.mqtt.messages import message_from_publish, publish_properties, publisher
+from riverbed.mqtt.inbound import Inbound
+from riverbed.mqtt.messages import publish_properties, publisher, remaining_expiry
+from riverbed.mqtt.wills import will_to_json
 from riverbed.sessions.session import (
     Acked,
     Checkpoint,
+    Completed,
     Deliver,
     Effect,
     Event,
     Fetch,
     Follow,
     Offered,
+    Persist,
+    Persisted,
+    Received,
+    Release,
     Session,
     Subscription,
     Tick,
@@ -114,16 +121,16 @@ class Connection:
         self.stored: Stored | None = None
         self.expiry = 0
         self.connack_sent = False
+        self.will: Will | None = None
         self.closing = False
         self.done = asyncio.Event()
         self._normal = False
-        self._aliases: dict[int, str] = {}
-        self._acks: deque[tuple[Future[Positions], Packet]] = deque()
-        self._qos2: set[int] = set()
+        self.inbound = Inbound(self)
         self._client_max_packet: int | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._checkpoint: Checkpoint | None = None
         self._checkpointing: asyncio.Task[None] | None = None
+        self._persisting: asyncio.Task[None] | None = None
         self._record_lock = asyncio.Lock()
         self._loop = asyncio.get_running_loop()
 
@@ -182,9 +189,9 @@ class Connection:
             except ValueError:
                 reason = ConnectReason.UNSPECIFIED_ERROR
             if level == MQTT_5:
-                self._send(Connack(reason_code=reason), level)
+                self.send(Connack(reason_code=reason), level)
             elif reason in CONNACK_REASONS_V311:
-                self._send(Connack(reason_code=reason), 4)
+                self.send(Connack(reason_code=reason), 4)
             self._close_transport()
             return
         try:
@@ -197,7 +204,7 @@ class Connection:
             case Connect():
                 await self._connect(packet)
             case Publish():
-                await self._publish(packet)
+                await self.inbound.publish(packet)
             case Puback(packet_id):
                 self._handle(Acked(packet_id))
             case Subscribe():
@@ -205,17 +212,15 @@ class Connection:
             case Unsubscribe():
                 await self._unsubscribe(packet)
             case Pingreq():
-                self._send(Pingresp())
+                self.send(Pingresp())
             case Pubrel(packet_id):
-                self._qos2.discard(packet_id)
-                self._send(Pubcomp(packet_id))
+                await self.inbound.release(packet_id)
             case Disconnect():
                 self._disconnect(packet)
-            case Pubrec() | Pubcomp():
-                # The broker sends QoS 0 and 1 only, so nothing can be answered here.
-                raise ProtocolError(
-                    DisconnectReason.PROTOCOL_ERROR, "PUBREC/PUBCOMP for a QoS 2 never sent"
-                )
+            case Pubrec(packet_id, reason_code):
+                self._handle(Received(packet_id, reason_code < 0x80))
+            case Pubcomp(packet_id):
+                self._handle(Completed(packet_id))
             case Auth():
                 raise ProtocolError(
                     DisconnectReason.PROTOCOL_ERROR, "AUTH without enhanced authentication"
@@ -253,6 +258,7 @@ class Connection:
             return
         self.client_id = client_id
         self.username = result.username
+        self.will = packet.will
         if v5:
             requested = props.session_expiry_interval or 0
             self.expiry = min(requested, limits.max_session_expiry)
@@ -274,6 +280,12 @@ class Connection:
                 await old.take_over()
             if self.closing:
                 return
+            # A clean start ends the old session: its pending Will goes now;
+            # resuming it within the Will Delay cancels the Will [MQTT-3.1.3-9].
+            if packet.clean_start:
+                broker.wills.fire_now(client_id)
+            else:
+                broker.wills.cancel(client_id)
             broker.connections[client_id] = self
             try:
                 present, follow = await self._open_session(packet.clean_start, level)
@@ -291,6 +303,7 @@ class Connection:
             checkpoint_every=broker.checkpoint_every,
             checkpoint_interval=broker.checkpoint_interval,
             publisher=publisher,
+            qos2_window=self.stored.record.qos2,
             now=self._loop.time(),
         )
         for sub in self.session.subscriptions:
@@ -300,16 +313,16 @@ class Connection:
             connack_props = ConnackProperties(
                 session_expiry_interval=self.expiry if self.expiry != requested else None,
                 receive_maximum=limits.receive_maximum,
-                retain_available=False,
+                retain_available=limits.retain_available,
                 maximum_packet_size=limits.maximum_packet_size,
                 assigned_client_identifier=assigned,
                 topic_alias_maximum=limits.topic_alias_maximum,
                 shared_subscription_available=False,
                 server_keep_alive=limits.server_keep_alive,
             )
-            self._send(Connack(present, properties=connack_props))
+            self.send(Connack(present, properties=connack_props))
         else:
-            self._send(Connack(present))
+            self.send(Connack(present))
         self.connack_sent = True
         log.info(
             "client %s (%s) connected: MQTT %s, session %s%s, expiry %ss",
@@ -326,7 +339,7 @@ class Connection:
 
     def _connack_refusal(self, reason: ConnectReason) -> None:
         if self.level == MQTT_5 or reason in CONNACK_REASONS_V311:
-            self._send(Connack(reason_code=reason))
+            self.send(Connack(reason_code=reason))
         self._close_transport()
 
     async def _open_session(self, clean_start: bool, level: int) -> tuple[bool, list[Event]]:
@@ -345,6 +358,7 @@ class Connection:
                 connected=True,
                 seen_us=at,
                 disconnected_us=None,
+                will=self._will_json(),
             )
             self.stored = await asyncio.to_thread(store.write, record, stored.version)
             since = old.disconnected_us if old.disconnected_us is not None else old.seen_us
@@ -355,7 +369,16 @@ class Connection:
                 crashed=crashed,
             )
             return True, follow
-        record = SessionRecord(self.client_id, uuid.uuid4().hex, level, self.expiry, True, at, None)
+        record = SessionRecord(
+            self.client_id,
+            uuid.uuid4().hex,
+            level,
+            self.expiry,
+            True,
+            at,
+            None,
+            will=self._will_json(),
+        )
         self.stored = await asyncio.to_thread(
             store.write, record, None if stored is None else stored.version
         )
@@ -363,6 +386,9 @@ class Connection:
             old = stored.record
             await asyncio.to_thread(store.drop_cursors, old.session_id, old.topics)
         return False, []
+
+    def _will_json(self) -> str | None:
+        return None if self.will is None else will_to_json(self.will, self.username)
 
     async def _bindings(self) -> list[tuple[str, str | None]]:
         topics = await asyncio.to_thread(self.broker.log.storage.list_topics)
@@ -398,7 +424,7 @@ class Connection:
         await asyncio.to_thread(store.ensure_cursors, session_id, new, start_us)
         if new:
             async with self._record_lock:
-                record = replace(self.stored.record, topics=tuple(all_topics))
+                record = replace(self._record(), topics=tuple(all_topics))
                 self.stored = await asyncio.to_thread(store.write, record, self.stored.version)
         heads = await self.broker.router.refresh()
         start_heads = self.broker.router.start_heads
@@ -414,114 +440,9 @@ class Connection:
                 events.append(Follow(key, cursor, dup_below))
         return events
 
-    # --- PUBLISH from the client --------------------------------------------------------
-    async def _publish(self, packet: Publish) -> None:
-        self._require_session()
-        broker = self.broker
-        topic = packet.topic
-        alias = packet.properties.topic_alias
-        if alias is not None:
-            if alias > broker.config.limits.topic_alias_maximum:
-                raise ProtocolError(
-                    DisconnectReason.TOPIC_ALIAS_INVALID,
-                    f"Topic Alias {alias} above the maximum"
-                    f" {broker.config.limits.topic_alias_maximum} [MQTT-3.3.2-9]",
-                )
-            if topic:
-                self._aliases[alias] = topic
-            else:
-                found = self._aliases.get(alias)
-                if found is None:
-                    raise ProtocolError(
-                        DisconnectReason.PROTOCOL_ERROR,
-                        f"Topic Alias {alias} was never set on this connection [3.3.2.3.4]",
-                    )
-                topic = found
-        if packet.qos and len(self._acks) >= broker.config.limits.receive_maximum:
-            raise ProtocolError(
-                DisconnectReason.RECEIVE_MAXIMUM_EXCEEDED,
-                f"more than Receive Maximum {broker.config.limits.receive_maximum} QoS 1/2"
-                " PUBLISHes unacknowledged [MQTT-3.3.4-7]",
-            )
-        if packet.retain and self.level == MQTT_5:
-            raise ProtocolError(
-                DisconnectReason.RETAIN_NOT_SUPPORTED,
-                "retained messages are not available (CONNACK Retain Available 0) [MQTT-3.2.2-14]",
-            )
-        if packet.qos == 2 and packet.packet_id in self._qos2:
-            # A resent QoS 2 PUBLISH whose PUBREC was lost: committed already.
-            self._send(Pubrec(packet.packet_id or 0))
-            return
-        if not broker.authorizer.can_publish(self.username, self.client_id, topic):
-            log.info("client %s: not authorized to publish to %r", self.client_id, topic)
-            if packet.qos == 1:
-                refused = (
-                    PubackReason.NOT_AUTHORIZED if self.level == MQTT_5 else PubackReason.SUCCESS
-                )
-                self._send(Puback(packet.packet_id or 0, refused))
-            elif packet.qos == 2:
-                denied = (
-                    PubrecReason.NOT_AUTHORIZED if self.level == MQTT_5 else PubrecReason.SUCCESS
-                )
-                self._send(Pubrec(packet.packet_id or 0, denied))
-            return
-        message = message_from_publish(packet, topic, self.client_id)
-        log_topic = broker.log.topic_for(topic)
-        future = broker.log.produce_async(log_topic, [message])
-        self._acks.append((future, packet))
-        loop = self._loop
-
-        def done(f: Future[Positions], message: Message = message) -> None:
-            loop.call_soon_threadsafe(self._committed, f, message)
-
-        future.add_done_callback(done)
-
-    def _committed(self, future: Future[Positions], message: Message) -> None:
-        if not future.cancelled() and future.exception() is None:
-            stream, offset = future.result()[0]
-            row = StoredMessage(
-                offset,
-                b"",
-                now_us(),
-                message.mqtt_topic,
-                message.key,
-                message.payload,
-                encode_properties(message.properties),
-                message.qos,
-                int(message.retain),
-            )
-            self.broker.router.committed(stream, offset, [row])
-        acks = self._acks
-        while acks and acks[0][0].done():
-            done, packet = acks.popleft()
-            assert isinstance(packet, Publish)
-            failed = done.cancelled() or done.exception() is not None
-            if failed:
-                log.error(
-                    "client %s: committing a PUBLISH to %r failed: %s",
-                    self.client_id,
-                    packet.topic,
-                    None if done.cancelled() else done.exception(),
-                )
-                if self.level != MQTT_5:
-                    self.close(DisconnectReason.UNSPECIFIED_ERROR)  # the client sends it again
-                    return
-            if packet.qos == 1 and packet.packet_id is not None:
-                reason = PubackReason.UNSPECIFIED_ERROR if failed else PubackReason.SUCCESS
-                self._send(Puback(packet.packet_id, reason))
-            elif packet.qos == 2 and packet.packet_id is not None:
-                if not failed:
-                    self._qos2.add(packet.packet_id)
-                self._send(
-                    Pubrec(
-                        packet.packet_id,
-                        PubrecReason.UNSPECIFIED_ERROR if failed else PubrecReason.SUCCESS,
-                    )
-                )
-
     # --- SUBSCRIBE / UNSUBSCRIBE -----------------------------------------------------------
     async def _subscribe(self, packet: Subscribe) -> None:
-        session = self._require_session()
+        session = self.require_session()
         broker = self.broker
         v5 = self.level == MQTT_5
         identifier = packet.properties.subscription_identifier
@@ -539,7 +460,7 @@ class Connection:
             if not broker.authorizer.can_subscribe(self.username, self.client_id, name):
                 codes.append(SubackReason.NOT_AUTHORIZED if v5 else SubackReason.UNSPECIFIED_ERROR)
                 continue
-            granted = min(topic.qos, 1)
+            granted = min(topic.qos, 2)
             sub = Subscription(
                 name,
                 granted,
@@ -555,16 +476,25 @@ class Connection:
             filters = [s.topic_filter for s in (*session.subscriptions, *added)]
             topics = broker.reachable_topics(filters, await self._bindings())
             follow = await self._follow(topics, start_us=None, dup={}, crashed=False)
+            wants_retained: list[Subscription] = []
             for sub in added:
-                session.subscribe(sub)
+                existed = session.subscribe(sub)
                 broker.trie.add(sub.topic_filter, self)
+                # Retain Handling 0: always; 1: only for a new subscription; 2: never.
+                if sub.retain_handling == 0 or (sub.retain_handling == 1 and not existed):
+                    wants_retained.append(sub)
             await self._save_subscriptions()
             for event in follow:
                 self._handle(event)
-        self._send(Suback(packet.packet_id, tuple(codes)))
+        self.send(Suback(packet.packet_id, tuple(codes)))
+        if added and broker.config.limits.retain_available:
+            for sub in wants_retained:
+                found = await asyncio.to_thread(broker.retained.matching, sub.topic_filter)
+                if found and self.session is not None and not self.closing:
+                    self._execute(self.session.retained(sub, found, self._loop.time()))
 
     async def _unsubscribe(self, packet: Unsubscribe) -> None:
-        session = self._require_session()
+        session = self.require_session()
         codes: list[UnsubackReason] = []
         for name in packet.topic_filters:
             if session.unsubscribe(name):
@@ -573,14 +503,14 @@ class Connection:
             else:
                 codes.append(UnsubackReason.NO_SUBSCRIPTION_EXISTED)
         await self._save_subscriptions()
-        self._send(Unsuback(packet.packet_id, tuple(codes) if self.level == MQTT_5 else ()))
+        self.send(Unsuback(packet.packet_id, tuple(codes) if self.level == MQTT_5 else ()))
 
     async def _save_subscriptions(self) -> None:
         assert self.session is not None
         async with self._record_lock:
             if self.stored is None:
                 return
-            record = replace(self.stored.record, subscriptions=self.session.subscriptions)
+            record = replace(self._record(), subscriptions=self.session.subscriptions)
             self.stored = await asyncio.to_thread(
                 self.broker.store.write, record, self.stored.version
             )
@@ -600,7 +530,7 @@ class Connection:
         self.closing = True
         self._close_transport()
 
-    def _require_session(self) -> Session:
+    def require_session(self) -> Session:
         if self.session is None:
             raise ProtocolError(DisconnectReason.PROTOCOL_ERROR, "a packet before the CONNECT")
         return self.session
@@ -622,7 +552,38 @@ class Connection:
                     self.broker.router.fetch(stream, offset, limit, self, self._offer)
                 case Checkpoint():
                     self._queue_checkpoint(effect)
+                case Release(packet_id):
+                    self.send(Pubrel(packet_id))
+                case Persist(seq):
+                    self._persisting = asyncio.create_task(self._persist(seq))
         self._arm_timer()
+
+    def _record(self) -> SessionRecord:
+        """The record to write: the last one written with the session's QoS 2
+        window as it is now (every write carries it, so none writes an old one)."""
+        assert self.stored is not None
+        if self.session is None:
+            return self.stored.record
+        return replace(self.stored.record, qos2=self.session.window_entries())
+
+    async def _persist(self, seq: int) -> None:
+        """Write the QoS 2 window; then the PUBLISHes and PUBRELs it names may go."""
+        try:
+            async with self._record_lock:
+                if self.stored is None:
+                    return
+                self.stored = await asyncio.to_thread(
+                    self.broker.store.write, self._record(), self.stored.version
+                )
+        except PreconditionFailed:
+            log.warning("client %s: session taken over elsewhere", self.client_id)
+            self.close(DisconnectReason.SESSION_TAKEN_OVER)
+            return
+        except RiverbedError:
+            log.exception("client %s: persisting the QoS 2 window failed", self.client_id)
+            self.close(DisconnectReason.UNSPECIFIED_ERROR)
+            return
+        self._handle(Persisted(seq))
 
     def _offer(self, stream: int, messages: object, upto: int) -> None:
         # Always on a later turn of the loop: a fetch answered from memory must not
@@ -631,9 +592,15 @@ class Connection:
 
     def _deliver(self, effect: Deliver) -> None:
         message = effect.message
+        expiry = remaining_expiry(message, now_us)
+        if expiry is not None and expiry <= 0:
+            # Its Message Expiry Interval passed while it waited (queued or in the
+            # log while the session was offline): not delivered (MQTT 5.0 §3.3.2.3.3).
+            self._discard(effect)
+            return
         properties = NO_PUBLISH_PROPERTIES
         if self.level == MQTT_5:
-            properties = publish_properties(message, effect.subscription_identifiers)
+            properties = publish_properties(message, effect.subscription_identifiers, expiry)
         packet = Publish(
             message.mqtt_topic,
             message.payload,
@@ -646,10 +613,16 @@ class Connection:
         data = encode(packet, self.level)
         if self._client_max_packet is not None and len(data) > self._client_max_packet:
             # [MQTT-3.1.2-25]: too large for the client, discarded as if delivered.
-            if effect.packet_id is not None:
-                self._loop.call_soon(self._handle, Acked(effect.packet_id))
+            self._discard(effect)
             return
         self._write(data)
+
+    def _discard(self, effect: Deliver) -> None:
+        """Drop a delivery as if the client had acknowledged it."""
+        packet_id = effect.packet_id
+        if packet_id is not None:
+            done = Received(packet_id, False) if effect.qos == 2 else Acked(packet_id)
+            self._loop.call_soon(self._handle, done)
 
     def _arm_timer(self) -> None:
         session = self.session
@@ -680,6 +653,8 @@ class Connection:
             checkpoint, self._checkpoint = self._checkpoint, None
             try:
                 await self._save_checkpoint(checkpoint, disconnected=False)
+                if self.session is not None:
+                    self.session.forget_completed(checkpoint.cursors)
             except PreconditionFailed:
                 log.warning("client %s: session taken over elsewhere", self.client_id)
                 self.close(DisconnectReason.SESSION_TAKEN_OVER)
@@ -689,9 +664,9 @@ class Connection:
 
     async def _save_checkpoint(self, checkpoint: Checkpoint, *, disconnected: bool) -> None:
         async with self._record_lock:
-            stored = self.stored
-            if stored is None:
+            if self.stored is None:
                 return
+            stored = Stored(self._record(), self.stored.version)
             if disconnected:
                 at = now_us()
                 record = replace(
@@ -699,6 +674,9 @@ class Connection:
                     connected=False,
                     disconnected_us=at,
                     expiry_interval=self.expiry,
+                    # DISCONNECT 0x00 discards the Will [MQTT-3.1.2-10]; otherwise
+                    # it stays until published (mqtt/wills.py).
+                    will=None if self._normal else stored.record.will,
                 )
                 stored = Stored(record, stored.version)
             by_topic = cursors_by_topic(checkpoint.cursors, self.broker.router.topic_of())
@@ -713,7 +691,7 @@ class Connection:
             return
         self.closing = True
         if self.connack_sent and self.level == MQTT_5:
-            self._send(Disconnect(reason))
+            self.send(Disconnect(reason))
         self._close_transport()
 
     async def take_over(self) -> None:
@@ -745,8 +723,18 @@ class Connection:
         finally:
             if self.client_id and broker.connections.get(self.client_id) is self:
                 del broker.connections[self.client_id]
+            self._leave_will()
             self.done.set()
             log.info("client %s (%s) disconnected", self.client_id or "-", self.peer)
+
+    def _leave_will(self) -> None:
+        """Closed without DISCONNECT 0x00 (0x04 asks for it): the Will goes after
+        its delay, or when the session ends if that is sooner [MQTT-3.1.3-9]."""
+        will = self.will
+        if will is None or self._normal or not self.connack_sent:
+            return
+        delay = will.properties.will_delay_interval or 0 if self.level == MQTT_5 else 0
+        self.broker.wills.schedule(self.client_id, self.username, will, min(delay, self.expiry))
 
     async def _end_session(self, session: Session) -> None:
         stored = self.stored
@@ -765,7 +753,7 @@ class Connection:
             log.exception("client %s: saving the session failed", self.client_id)
 
     # --- writing --------------------------------------------------------------------------
-    def _send(self, packet: Packet, level: int | None = None) -> None:
+    def send(self, packet: Packet, level: int | None = None) -> None:
         self._write(encode(packet, level or self.level))
 
     def _write(self, data: bytes) -> None:

@@ -16,6 +16,10 @@ subscriber.
 
 from __future__ import annotations
 
+import json
+import math
+from collections.abc import Callable
+
 from riverbed.model import Message, PropertyValue, StoredMessage, decode_properties
 from riverbed.mqtt.codec import NO_PUBLISH_PROPERTIES, Publish, PublishProperties
 
@@ -28,6 +32,9 @@ _CONTENT_TYPE = "\x00content_type"
 _RESPONSE_TOPIC = "\x00response_topic"
 _CORRELATION = "\x00correlation"
 _EXPIRY = "\x00expiry"
+_EXPIRY_MARK = json.dumps(_EXPIRY).encode()[1:-1]
+"""How the expiry property's name looks inside a stored properties blob (JSON),
+so that messages without one are told apart without decoding."""
 
 
 def message_from_publish(packet: Publish, topic: str, client_id: str) -> Message:
@@ -71,10 +78,27 @@ def publisher(message: StoredMessage) -> str | None:
     return None
 
 
+def remaining_expiry(message: StoredMessage, clock_us: Callable[[], int]) -> int | None:
+    """Whole seconds left of the message's Message Expiry Interval now (rounded
+    up; 0 or less: expired), counted from when it was stored; None if it has
+    none. Cheap for a message without one: no decoding."""
+    blob = message.properties_blob
+    if not blob or _EXPIRY_MARK not in blob:
+        return None
+    for name, value in decode_properties(blob):
+        if name == _EXPIRY and isinstance(value, int):
+            waited = (clock_us() - message.timestamp_us) / 1_000_000
+            return math.ceil(value - waited) if waited < value else 0
+    return None
+
+
 def publish_properties(
-    message: StoredMessage, subscription_identifiers: tuple[int, ...]
+    message: StoredMessage,
+    subscription_identifiers: tuple[int, ...],
+    expiry: int | None = None,
 ) -> PublishProperties:
-    """The MQTT 5 properties to deliver a stored message with."""
+    """The MQTT 5 properties to deliver a stored message with; `expiry`: the
+    Message Expiry Interval still left (MQTT 5.0 §3.3.2.3.3), if it has one."""
     blob = message.properties_blob
     if not blob and not subscription_identifiers:
         return NO_PUBLISH_PROPERTIES
@@ -91,7 +115,7 @@ def publish_properties(
             elif name == _CORRELATION:
                 fields["correlation_data"] = value
             elif name == _EXPIRY:
-                fields["message_expiry_interval"] = value
+                fields["message_expiry_interval"] = value if expiry is None else expiry
         elif isinstance(value, str):
             user.append((name, value))
         else:

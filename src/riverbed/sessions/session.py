@@ -32,22 +32,32 @@ DUP: a message goes out with DUP=1 when its offset is below the stream's
 have sent it (docs/broker.md, "DUP after a restart"). Within one connection a
 message is sent once.
 
-Events: `Follow`, `Offered`, `Acked`, `Tick`. Effects: `Deliver`, `Fetch`,
-`Checkpoint`. Subscriptions change through `subscribe` / `unsubscribe`, which
-answer directly.
+QoS 2 out (`sessions/qos2.py`): a new PUBLISH and a PUBREL are held back until
+the window that names them is persisted (`Persist` answered by `Persisted`); a
+window restored from the record resends its PUBRELs at once, sends its PUBLISHes
+again with the same packet ids and DUP=1, and skips messages it completed. A
+QoS 2 message holds the cursor until its PUBCOMP, like a QoS 1 one until PUBACK.
+
+Events: `Follow`, `Offered`, `Acked`, `Received`, `Completed`, `Persisted`,
+`Tick`. Effects: `Deliver`, `Release`, `Fetch`, `Checkpoint`, `Persist`.
+Subscriptions change through `subscribe` / `unsubscribe`, which answer directly.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import assert_never
 
 from riverbed.model import StoredMessage
+from riverbed.sessions.qos2 import Phase, WindowEntry
 from riverbed.topics.filters import matches
 
 MAX_PACKET_ID = 0xFFFF
+RETAINED = -1
+"""The pseudo stream of retained messages sent for a new subscription: in the
+window like any other, never fetched, never checkpointed, not replayed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,11 +104,34 @@ class Acked:
 
 
 @dataclass(frozen=True, slots=True)
+class Received:
+    """The client answered a QoS 2 PUBLISH with PUBREC (`accepted`: a reason
+    code below 0x80; otherwise the exchange ends here [MQTT-4.3.3])."""
+
+    packet_id: int
+    accepted: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Completed:
+    """The client answered a PUBREL with PUBCOMP."""
+
+    packet_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Persisted:
+    """The `Persist` with this number is durable (the session record written)."""
+
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     """Time passed: a deadline from `next_deadline` may be due."""
 
 
-Event = Follow | Offered | Acked | Tick
+Event = Follow | Offered | Acked | Received | Completed | Persisted | Tick
 
 
 # --------------------------------------------------------------------- effects
@@ -135,7 +168,22 @@ class Checkpoint:
     sent: dict[int, int]
 
 
-Effect = Deliver | Fetch | Checkpoint
+@dataclass(frozen=True, slots=True)
+class Release:
+    """Send PUBREL for this packet id."""
+
+    packet_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Persist:
+    """Write the session record with `Session.window_entries()` now, then answer
+    `Persisted(seq)`: held PUBLISHes and PUBRELs wait for it."""
+
+    seq: int
+
+
+Effect = Deliver | Release | Fetch | Checkpoint | Persist
 
 
 # --------------------------------------------------------------------- state
@@ -159,14 +207,20 @@ class _Stream:
     sent: int
     pending: deque[_Queued] = field(default_factory=deque)
     outstanding: dict[int, None] = field(default_factory=dict)
+    released: dict[int, None] = field(default_factory=dict)
+    """Offsets of restored QoS 2 messages waiting for PUBCOMP (not re-sent)."""
     fetching: bool = False
 
     def cursor(self) -> int:
         if self.outstanding:
-            return next(iter(self.outstanding))
-        if self.pending:
-            return self.pending[0].offset
-        return self.fetched
+            cursor = next(iter(self.outstanding))
+        elif self.pending:
+            cursor = self.pending[0].offset
+        else:
+            cursor = self.fetched
+        if self.released:
+            cursor = min(cursor, min(self.released))
+        return cursor
 
 
 class Session:
@@ -190,6 +244,7 @@ class Session:
         checkpoint_every: int = 100,
         checkpoint_interval: float = 1.0,
         publisher: Callable[[StoredMessage], str | None] | None = None,
+        qos2_window: Sequence[WindowEntry] = (),
         now: float = 0.0,
     ) -> None:
         if window < 1 or queue_limit < 1 or checkpoint_every < 1 or checkpoint_interval <= 0:
@@ -209,6 +264,26 @@ class Session:
         self._next_packet_id = 1
         self._acks = 0
         self._last_checkpoint = now
+        # QoS 2 out (sessions/qos2.py).
+        self._window: dict[tuple[int, int], WindowEntry] = {}
+        self._reserved: set[int] = set()
+        """Packet ids of restored SENT entries not yet sent again."""
+        self._held: list[tuple[int, Deliver | Release]] = []
+        """Effects waiting for the `Persist` with that number."""
+        self._persist_seq = 0
+        self._persisting = False
+        self._dirty = False
+        self._resend: list[Release] = []
+        for entry in qos2_window:
+            if entry.stream == RETAINED and entry.phase is not Phase.RELEASED:
+                continue  # a retained message is not sent again after a restart
+            self._window[(entry.stream, entry.offset)] = entry
+            if entry.phase is Phase.SENT:
+                self._reserved.add(entry.packet_id)
+            elif entry.phase is Phase.RELEASED:
+                # [MQTT-4.4.0-1]: PUBRELs go again on the new connection.
+                self._inflight[entry.packet_id] = (entry.stream, entry.offset)
+                self._resend.append(Release(entry.packet_id))
 
     # --- subscriptions ---------------------------------------------------------
     @property
@@ -246,7 +321,29 @@ class Session:
 
     def sent(self) -> dict[int, int]:
         """Per stream, the offset below which messages may have been sent."""
-        return {key: max(s.sent, s.dup_below) for key, s in self._streams.items()}
+        return {
+            key: max(s.sent, s.dup_below) for key, s in self._streams.items() if key != RETAINED
+        }
+
+    def window_entries(self) -> tuple[WindowEntry, ...]:
+        """The outgoing QoS 2 window, for the session record."""
+        return tuple(self._window.values())
+
+    def forget_completed(self, cursors: Mapping[int, int]) -> None:
+        """Cursors up to `cursors` are committed: drop the window's entries below
+        them (no replay can reach them any more; retained messages: never)."""
+        if not self._window:
+            return
+        below = [
+            k
+            for k, e in self._window.items()
+            if e.offset < cursors.get(e.stream, -1) or e.stream == RETAINED
+        ]
+        for key in below:
+            entry = self._window[key]
+            if self._inflight.get(entry.packet_id) != key:
+                del self._window[key]
+                self._reserved.discard(entry.packet_id)
 
     def next_deadline(self) -> float | None:
         """When a `Tick` would checkpoint changed cursors; None if none changed."""
@@ -257,10 +354,15 @@ class Session:
     # --- events ------------------------------------------------------------------
     def handle(self, event: Event, now: float) -> list[Effect]:
         effects: list[Effect] = []
+        if self._resend:
+            effects.extend(self._resend)
+            self._resend = []
         match event:
             case Follow(stream, cursor, dup_below):
                 if stream not in self._streams:
                     self._streams[stream] = _Stream(stream, cursor, cursor, dup_below, cursor)
+                    if self._window:
+                        self._restore_released(stream)
             case Offered(stream, messages, upto):
                 self._offered(stream, messages, upto)
             case Acked(packet_id):
@@ -271,17 +373,56 @@ class Session:
                     if state is not None:
                         state.outstanding.pop(offset, None)
                     self._acks += 1
+            case Received(packet_id, accepted):
+                self._received(packet_id, accepted)
+            case Completed(packet_id):
+                self._completed(packet_id)
+            case Persisted(seq):
+                self._persisting = False
+                if self._held:
+                    keep: list[tuple[int, Deliver | Release]] = []
+                    for needs, effect in self._held:
+                        if needs <= seq:
+                            effects.append(effect)
+                        else:
+                            keep.append((needs, effect))
+                    self._held = keep
             case Tick():
                 pass
             case _:
                 assert_never(event)
         self._pump(effects)
         self._fetch(effects)
+        if self._dirty and not self._persisting:
+            self._dirty = False
+            self._persisting = True
+            self._persist_seq += 1
+            effects.append(Persist(self._persist_seq))
         if self._acks >= self.checkpoint_every or now >= (
             self._last_checkpoint + self.checkpoint_interval
         ):
             self._checkpoint(effects, now)
         return effects
+
+    def retained(
+        self, subscription: Subscription, messages: Sequence[StoredMessage], now: float
+    ) -> list[Effect]:
+        """Send the retained messages a new subscription matched, with the retain
+        flag [MQTT-3.3.1-9] and the lower of the two QoS, after what is queued."""
+        state = self._streams.get(RETAINED)
+        if state is None:
+            state = self._streams[RETAINED] = _Stream(RETAINED, 0, 0, 0, 0, fetching=True)
+        was_empty = not state.pending
+        identifiers = () if subscription.identifier is None else (subscription.identifier,)
+        for message in messages:
+            offset = state.fetched
+            state.fetched += 1
+            qos = min(subscription.qos, message.qos)
+            queued = _Queued(offset, message._replace(offset=offset), qos, True, identifiers)
+            state.pending.append(queued)
+        if was_empty and state.pending:
+            self._ready.append(RETAINED)
+        return self.handle(Tick(), now)
 
     def checkpoint(self, now: float) -> Checkpoint:
         """A checkpoint of everything now, changed or not (at disconnect)."""
@@ -290,9 +431,51 @@ class Session:
         cursors = self.cursors()
         for key, offset in cursors.items():
             self._streams[key].committed = offset
+        cursors.pop(RETAINED, None)
         return Checkpoint(cursors, self.sent())
 
     # --- internals -------------------------------------------------------------
+    def _hold(self, effect: Deliver | Release) -> None:
+        """Send `effect` once the window as it is now is persisted."""
+        self._dirty = True
+        self._held.append((self._persist_seq + 1, effect))
+
+    def _restore_released(self, key: int) -> None:
+        state = self._streams[key]
+        for entry in self._window.values():
+            if entry.stream == key and entry.phase is Phase.RELEASED:
+                state.released[entry.offset] = None
+
+    def _completed(self, packet_id: int) -> None:
+        found = self._inflight.get(packet_id)
+        entry = None if found is None else self._window.get(found)
+        if entry is not None and entry.phase is Phase.RELEASED:
+            self._complete(entry)
+
+    def _received(self, packet_id: int, accepted: bool) -> None:
+        found = self._inflight.get(packet_id)
+        entry = None if found is None else self._window.get(found)
+        if entry is None or entry.phase is not Phase.SENT:
+            return
+        if not accepted:
+            self._complete(entry)
+            return
+        self._window[(entry.stream, entry.offset)] = replace(entry, phase=Phase.RELEASED)
+        self._hold(Release(packet_id))
+
+    def _complete(self, entry: WindowEntry) -> None:
+        # Kept as COMPLETE until a checkpoint passes it (forget_completed). Persisted
+        # lazily (with the next write; nothing waits for it): a crash before that
+        # resends the PUBREL, which a client answers with PUBCOMP 0x92.
+        self._window[(entry.stream, entry.offset)] = replace(entry, phase=Phase.COMPLETE)
+        self._dirty = True
+        del self._inflight[entry.packet_id]
+        state = self._streams.get(entry.stream)
+        if state is not None:
+            state.outstanding.pop(entry.offset, None)
+            state.released.pop(entry.offset, None)
+        self._acks += 1
+
     def _offered(self, key: int, messages: Sequence[StoredMessage], upto: int) -> None:
         state = self._streams.get(key)
         if state is None:
@@ -301,10 +484,15 @@ class Session:
         if upto <= state.fetched:
             return
         was_empty = not state.pending
+        window = self._window
         for message in messages:
             offset = message.offset
             if offset < state.fetched or offset >= upto:
                 continue
+            if window:
+                entry = window.get((key, offset))
+                if entry is not None and entry.phase is not Phase.SENT:
+                    continue  # its PUBLISH went through before the restart
             queued = self._match(message)
             if queued is not None:
                 state.pending.append(queued)
@@ -343,21 +531,30 @@ class Session:
             state = self._streams[key]
             item = state.pending.popleft()
             packet_id: int | None = None
+            dup = item.offset < state.dup_below
+            hold = False
             if item.qos > 0:
-                packet_id = self._packet_id()
+                restored = self._window.get((key, item.offset)) if self._window else None
+                if restored is not None and restored.phase is Phase.SENT:
+                    # Sent before a restart: same packet id, DUP=1 [MQTT-3.3.1-1] [MQTT-4.4.0-1].
+                    packet_id = restored.packet_id
+                    self._reserved.discard(packet_id)
+                    dup = True
+                else:
+                    packet_id = self._packet_id()
+                    if item.qos == 2:
+                        entry = WindowEntry(key, item.offset, packet_id, Phase.SENT)
+                        self._window[(key, item.offset)] = entry
+                        hold = True
                 self._inflight[packet_id] = (key, item.offset)
                 state.outstanding[item.offset] = None
-            effects.append(
-                Deliver(
-                    key,
-                    item.message,
-                    item.qos,
-                    packet_id,
-                    item.offset < state.dup_below,
-                    item.retain,
-                    item.identifiers,
-                )
+            deliver = Deliver(
+                key, item.message, item.qos, packet_id, dup, item.retain, item.identifiers
             )
+            if hold:
+                self._hold(deliver)
+            else:
+                effects.append(deliver)
             state.sent = max(state.sent, item.offset + 1)
             if state.pending:
                 ready.append(key)
@@ -367,7 +564,7 @@ class Session:
         while True:
             packet_id = self._next_packet_id
             self._next_packet_id = packet_id % MAX_PACKET_ID + 1
-            if packet_id not in self._inflight:
+            if packet_id not in self._inflight and packet_id not in self._reserved:
                 return packet_id
 
     def _fetch(self, effects: list[Effect]) -> None:
@@ -392,7 +589,9 @@ class Session:
             return
         for key, offset in changed.items():
             self._streams[key].committed = offset
-        effects.append(Checkpoint(changed, self.sent()))
+        changed.pop(RETAINED, None)
+        if changed:
+            effects.append(Checkpoint(changed, self.sent()))
 
 
 def cursors_by_topic(

@@ -3,10 +3,15 @@
 Record (KV namespace `sessions`, key = client id, JSON): session id, protocol
 level, expiry interval, whether a connection holds it, when it was last
 disconnected or seen, its subscriptions, the topics it has cursors on, and per
-stream the offset below which messages may have been sent (for DUP). Every write
+stream the offset below which messages may have been sent (for DUP), and the
+outgoing QoS 2 window (`sessions/qos2.py`). Every write
 is a compare-and-set on the version the writer read (`PreconditionFailed`
 otherwise): the version is the session's incarnation, so a connection that was
 taken over cannot write over its successor (DESIGN.md, Sessions).
+
+Incoming QoS 2 markers: `mqtt.qos2/<session id>/<packet id>` in the storage's
+marker table, written with the message (`Storage.append_once`), deleted at
+PUBREL or with the session, so they never outlive it.
 
 Cursors: one named subscription per (session id, topic), named
 `$session.<session id>.<topic>`. `Subscriptions.create` refuses names starting
@@ -24,6 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from riverbed.errors import AlreadyExists, NotFound, PreconditionFailed, SubscriptionNotFound
+from riverbed.sessions.qos2 import WindowEntry
 from riverbed.sessions.session import Subscription
 from riverbed.storage.base import StartKind, Storage, StreamHead, SubscriptionRecord
 
@@ -36,6 +42,15 @@ NEVER_EXPIRES = 0xFFFF_FFFF
 def cursor_name(session_id: str, topic: str) -> str:
     """The named subscription holding a session's cursors on one topic."""
     return f"{CURSOR_PREFIX}{session_id}.{topic}"
+
+
+def qos2_marker(session_id: str, packet_id: int) -> str:
+    """The idempotency marker of an incoming QoS 2 PUBLISH: recorded with the
+    message in one transaction (`Storage.append_once`), deleted at PUBREL."""
+    return f"{QOS2_MARKER_PREFIX}{session_id}/{packet_id}"
+
+
+QOS2_MARKER_PREFIX = "mqtt.qos2/"
 
 
 def now_us() -> int:
@@ -60,6 +75,11 @@ class SessionRecord:
     """Topics the session has cursors on (named subscriptions)."""
     sent: dict[int, int] = field(default_factory=dict)
     """Per stream key, the offset below which messages may have been sent."""
+    qos2: tuple[WindowEntry, ...] = ()
+    """The outgoing QoS 2 window (`sessions/qos2.py`)."""
+    will: str | None = None
+    """The connection's Will, opaque here (`mqtt/wills.py`): kept while it may
+    still have to be published, so a broker restart does not lose it."""
 
     def expires_us(self) -> int | None:
         """When the session expires if no connection resumes it; None for never.
@@ -100,6 +120,8 @@ class SessionRecord:
                 ],
                 "topics": list(self.topics),
                 "sent": {str(k): v for k, v in self.sent.items()},
+                "qos2": [e.to_json() for e in self.qos2],
+                "will": self.will,
             },
             separators=(",", ":"),
         ).encode()
@@ -121,6 +143,8 @@ class SessionRecord:
             ),
             topics=tuple(data["topics"]),
             sent={int(k): int(v) for k, v in data["sent"].items()},
+            qos2=tuple(WindowEntry.from_json(e) for e in data.get("qos2", ())),
+            will=data.get("will"),
         )
 
 
@@ -167,6 +191,11 @@ class SessionStore:
         version; `PreconditionFailed` otherwise, and the record stays)."""
         self.storage.kv_delete_if_version(NAMESPACE, stored.record.client_id, stored.version)
         self.drop_cursors(stored.record.session_id, stored.record.topics)
+        self.drop_markers(stored.record.session_id)
+
+    def drop_markers(self, session_id: str) -> None:
+        """Forget the session's incoming QoS 2 markers (packet ids never released)."""
+        self.storage.delete_markers_with_prefix(f"{QOS2_MARKER_PREFIX}{session_id}/")
 
     def drop_cursors(self, session_id: str, topics: Iterable[str]) -> None:
         for topic in topics:
@@ -214,7 +243,8 @@ class SessionStore:
         at_us: int | None = None,
     ) -> Stored:
         """A checkpoint: fence on the record's version (raising `PreconditionFailed`
-        if the session was taken over), then commit the cursors per topic."""
+        if the session was taken over), then commit the cursors per topic. The
+        record is written as given (with its QoS 2 window), `seen_us` and `sent` set."""
         record = replace(stored.record, seen_us=at_us or now_us(), sent=dict(sent))
         written = self.write(record, stored.version)
         for topic, offsets in cursors.items():

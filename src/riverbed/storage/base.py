@@ -211,6 +211,16 @@ class Storage(Protocol):
         how many. A writer repeating an attempt older than that writes again."""
         ...
 
+    def delete_marker(self, marker: str) -> bool:
+        """Forget one marker; True if it was recorded. (An MQTT QoS 2 packet id
+        that PUBREL released.)"""
+        ...
+
+    def delete_markers_with_prefix(self, prefix: str) -> int:
+        """Forget every marker starting with `prefix`; return how many. (The QoS 2
+        markers of a session that ended.)"""
+        ...
+
     def read(self, stream_key: int, offset: int, limit: int) -> list[StoredMessage]:
         """Up to `limit` messages of a stream from `offset` on, in offset order.
         Raises `InvalidOffset` for a negative offset, `InvalidInput` for a limit

@@ -367,6 +367,24 @@ class SqlStorage(ConnectedStorage):
             )
 
     @operation
+    def delete_marker(self, marker: str) -> bool:
+        with self._write() as cur:
+            deleted: int = self._x(cur, "DELETE FROM markers WHERE marker = ?", (marker,)).rowcount
+            return deleted > 0
+
+    @operation
+    def delete_markers_with_prefix(self, prefix: str) -> int:
+        # substr, not LIKE: no escaping of `%`/`_`, same meaning on both backends.
+        with self._write() as cur:
+            return int(
+                self._x(
+                    cur,
+                    "DELETE FROM markers WHERE substr(marker, 1, ?) = ?",
+                    (len(prefix), prefix),
+                ).rowcount
+            )
+
+    @operation
     def read_arrow(
         self,
         stream_key: int,

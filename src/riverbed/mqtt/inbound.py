@@ -1,0 +1,237 @@
+"""PUBLISH from a client: topic aliases, authorization, commit, acknowledgements.
+
+A PUBLISH is committed to the log (the topic `Log.topic_for` picks) before its
+PUBACK/PUBREC goes out, and acknowledgements go out in the order the PUBLISHes
+came in [MQTT-4.6.0-2]. QoS 0 and 1 go through the group commit
+(`Log.produce_async`).
+
+QoS 2, exactly once across broker restarts (issue 3): the message and a marker
+`(session id, packet id)` are committed in one transaction
+(`Appender.append_once`) before the PUBREC goes out. A PUBLISH the client sends
+again with the same packet id (DUP=1, its PUBREC lost, perhaps
+across a broker crash) finds the marker and is not appended again; PUBREL
+deletes the marker before the PUBCOMP, so the client may reuse the packet id.
+A marker whose PUBREL never comes goes with the session (`SessionStore.discard`).
+
+Not group-committed (the marker's transaction must hold exactly this message):
+QoS 2 pays a transaction per message, QoS 0 and 1 keep the group commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+from riverbed.errors import ProtocolError
+from riverbed.log.appender import Position, Positions
+from riverbed.log.log import Log
+from riverbed.model import Message, StoredMessage, encode_properties
+from riverbed.mqtt.codec import (
+    MQTT_5,
+    DisconnectReason,
+    Puback,
+    PubackReason,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    PubrecReason,
+)
+from riverbed.mqtt.messages import message_from_publish
+from riverbed.sessions.store import now_us, qos2_marker
+from riverbed.storage.base import Row
+
+if TYPE_CHECKING:
+    from riverbed.mqtt.connection import Connection
+
+log = logging.getLogger(__name__)
+
+
+def append_exactly_once(bus: Log, log_topic: str, message: Message, marker: str) -> Position | None:
+    """Append `message` to `log_topic` with `marker`, blocking; its (stream,
+    offset), or None if the marker was recorded before (already committed)."""
+    bus.check(log_topic, message)
+    ((id_bytes, ts),) = bus.appender.ids.reserve(1)
+    row: Row = (
+        id_bytes,
+        ts,
+        message.mqtt_topic,
+        message.key,
+        message.payload,
+        encode_properties(message.properties) if message.properties else None,
+        message.qos,
+        int(message.retain),
+    )
+    firsts = bus.appender.append_once(log_topic, [row], marker)
+    if firsts is None:
+        return None
+    ((key, offset),) = firsts.items()
+    stream = bus.appender.stream_of(log_topic, key)
+    return None if stream is None else (stream, offset)
+
+
+class Inbound:
+    """The PUBLISHes of one connection, from arrival to acknowledgement."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self._loop = asyncio.get_running_loop()
+        self._aliases: dict[int, str] = {}
+        self._acks: deque[tuple[Future[Any] | asyncio.Future[Any], Publish]] = deque()
+        """Commits not yet acknowledged, in arrival order."""
+        self._qos2: set[int] = set()
+        """Packet ids committed at QoS 2 whose PUBREL has not come (this connection)."""
+
+    async def publish(self, packet: Publish) -> None:
+        self.conn.require_session()
+        broker = self.conn.broker
+        topic = packet.topic
+        alias = packet.properties.topic_alias
+        if alias is not None:
+            if alias > broker.config.limits.topic_alias_maximum:
+                raise ProtocolError(
+                    DisconnectReason.TOPIC_ALIAS_INVALID,
+                    f"Topic Alias {alias} above the maximum"
+                    f" {broker.config.limits.topic_alias_maximum} [MQTT-3.3.2-9]",
+                )
+            if topic:
+                self._aliases[alias] = topic
+            else:
+                found = self._aliases.get(alias)
+                if found is None:
+                    raise ProtocolError(
+                        DisconnectReason.PROTOCOL_ERROR,
+                        f"Topic Alias {alias} was never set on this connection [3.3.2.3.4]",
+                    )
+                topic = found
+        if packet.qos and len(self._acks) >= broker.config.limits.receive_maximum:
+            raise ProtocolError(
+                DisconnectReason.RECEIVE_MAXIMUM_EXCEEDED,
+                f"more than Receive Maximum {broker.config.limits.receive_maximum} QoS 1/2"
+                " PUBLISHes unacknowledged [MQTT-3.3.4-7]",
+            )
+        retain = packet.retain and broker.config.limits.retain_available
+        if packet.retain and not retain and self.conn.level == MQTT_5:
+            raise ProtocolError(
+                DisconnectReason.RETAIN_NOT_SUPPORTED,
+                "retained messages are not available (CONNACK Retain Available 0) [MQTT-3.2.2-14]",
+            )
+        if packet.qos == 2 and packet.packet_id in self._qos2:
+            # A resent QoS 2 PUBLISH whose PUBREC was lost: committed already.
+            self.conn.send(Pubrec(packet.packet_id or 0))
+            return
+        if not broker.authorizer.can_publish(self.conn.username, self.conn.client_id, topic):
+            log.info("client %s: not authorized to publish to %r", self.conn.client_id, topic)
+            if packet.qos == 1:
+                refused = (
+                    PubackReason.NOT_AUTHORIZED
+                    if self.conn.level == MQTT_5
+                    else PubackReason.SUCCESS
+                )
+                self.conn.send(Puback(packet.packet_id or 0, refused))
+            elif packet.qos == 2:
+                denied = (
+                    PubrecReason.NOT_AUTHORIZED
+                    if self.conn.level == MQTT_5
+                    else PubrecReason.SUCCESS
+                )
+                self.conn.send(Pubrec(packet.packet_id or 0, denied))
+            return
+        message = message_from_publish(packet, topic, self.conn.client_id)
+        log_topic = broker.log.topic_for(topic)
+        if retain:
+            # Durable before the acknowledgement, like the message (mqtt/retained.py).
+            broker.log.check(log_topic, message)
+            await asyncio.to_thread(broker.retained.put, message, now_us())
+        if packet.qos == 2:
+            await self._publish_exactly_once(packet, log_topic, message)
+            return
+        future = broker.log.produce_async(log_topic, [message])
+        self._acks.append((future, packet))
+        loop = self._loop
+
+        def done(f: Future[Positions], message: Message = message) -> None:
+            ok = not f.cancelled() and f.exception() is None
+            loop.call_soon_threadsafe(self._committed, f.result()[0] if ok else None, message)
+
+        future.add_done_callback(done)
+
+    async def _publish_exactly_once(
+        self, packet: Publish, log_topic: str, message: Message
+    ) -> None:
+        """QoS 2: append with its marker, in order with this client's other
+        PUBLISHes (per-publisher order): after those before it are committed, and
+        before the next is read. One transaction per QoS 2 message, not pipelined;
+        QoS 0 and 1 keep the group commit."""
+        assert self.conn.stored is not None and packet.packet_id is not None
+        earlier = [asyncio.wrap_future(f) if isinstance(f, Future) else f for f, _ in self._acks]
+        if earlier:
+            await asyncio.wait(earlier)
+        marker = qos2_marker(self.conn.stored.record.session_id, packet.packet_id)
+        once = self._loop.run_in_executor(
+            None, append_exactly_once, self.conn.broker.log, log_topic, message, marker
+        )
+        self._acks.append((once, packet))
+
+        def exactly_once(f: asyncio.Future[Position | None]) -> None:
+            ok = not f.cancelled() and f.exception() is None
+            self._committed(f.result() if ok else None, message)
+
+        once.add_done_callback(exactly_once)
+        await asyncio.wait([once])
+
+    async def release(self, packet_id: int) -> None:
+        """PUBREL: forget the packet id, durably before the PUBCOMP: a client may
+        reuse it once it has the PUBCOMP, and a marker left behind would drop
+        that new message as a duplicate."""
+        self._qos2.discard(packet_id)
+        if self.conn.stored is not None:
+            marker = qos2_marker(self.conn.stored.record.session_id, packet_id)
+            await asyncio.to_thread(self.conn.broker.log.storage.delete_marker, marker)
+        self.conn.send(Pubcomp(packet_id))
+
+    def _committed(self, position: Position | None, message: Message) -> None:
+        """A PUBLISH was committed (at `position`; None: failed, or a QoS 2 resent
+        and committed before): route it, and send the acknowledgements now due."""
+        if position is not None:
+            stream, offset = position
+            row = StoredMessage(
+                offset,
+                b"",
+                now_us(),
+                message.mqtt_topic,
+                message.key,
+                message.payload,
+                encode_properties(message.properties),
+                message.qos,
+                int(message.retain),
+            )
+            self.conn.broker.router.committed(stream, offset, [row])
+        acks = self._acks
+        while acks and acks[0][0].done():
+            done, packet = acks.popleft()
+            failed = done.cancelled() or done.exception() is not None
+            if failed:
+                log.error(
+                    "client %s: committing a PUBLISH to %r failed: %s",
+                    self.conn.client_id,
+                    packet.topic,
+                    None if done.cancelled() else done.exception(),
+                )
+                if self.conn.level != MQTT_5:
+                    self.conn.close(DisconnectReason.UNSPECIFIED_ERROR)  # the client sends it again
+                    return
+            if packet.qos == 1 and packet.packet_id is not None:
+                reason = PubackReason.UNSPECIFIED_ERROR if failed else PubackReason.SUCCESS
+                self.conn.send(Puback(packet.packet_id, reason))
+            elif packet.qos == 2 and packet.packet_id is not None:
+                if not failed:
+                    self._qos2.add(packet.packet_id)
+                self.conn.send(
+                    Pubrec(
+                        packet.packet_id,
+                        PubrecReason.UNSPECIFIED_ERROR if failed else PubrecReason.SUCCESS,
+                    )
+                )

@@ -1,0 +1,97 @@
+"""Retained messages (MQTT 5.0 §3.3.1.3), durable across restarts.
+
+Kept in the KV namespace `retained`, key = topic name, one entry per topic: the
+KV is in every storage already (no migration), a write is one transaction, and
+a SUBSCRIBE lists the entries under the filter's literal prefix (`a/b/+` lists
+`a/b...`) and matches the rest. A retained PUBLISH is stored before the
+message is committed to the log and acknowledged; an empty payload deletes the
+topic's entry [MQTT-3.3.1-6] (the message itself is still delivered normally).
+Topic names starting with `$` are not matched by filters starting with a
+wildcard [MQTT-4.7.2-1] (`topics.filters.matches`).
+
+Blocking: the broker calls it from worker threads.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+
+from riverbed.errors import PreconditionFailed
+from riverbed.model import Message, StoredMessage, encode_properties
+from riverbed.storage.base import Storage
+from riverbed.topics.filters import matches
+
+NAMESPACE = "retained"
+
+
+def _prefix(topic_filter: str) -> str:
+    """The literal levels of a filter before its first wildcard (`a/#` also
+    matches `a`, so no trailing `/`)."""
+    literal: list[str] = []
+    for level in topic_filter.split("/"):
+        if level in ("+", "#"):
+            return "/".join(literal)
+        literal.append(level)
+    return topic_filter
+
+
+class RetainedStore:
+    """The retained message of every topic name that has one."""
+
+    def __init__(self, storage: Storage) -> None:
+        self.storage = storage
+
+    def put(self, message: Message, timestamp_us: int) -> None:
+        """Retain `message` for its topic name; an empty payload deletes."""
+        topic = message.mqtt_topic
+        if not message.payload:
+            self.delete(topic)
+            return
+        blob = encode_properties(message.properties) if message.properties else None
+        value = json.dumps(
+            {
+                "ts": timestamp_us,
+                "key": message.key,
+                "qos": message.qos,
+                "payload": base64.b64encode(message.payload).decode(),
+                "properties": None if blob is None else base64.b64encode(blob).decode(),
+            },
+            separators=(",", ":"),
+        ).encode()
+        self.storage.kv_put(NAMESPACE, topic, value)
+
+    def delete(self, topic: str) -> None:
+        for _attempt in range(10):
+            entry = self.storage.kv_get(NAMESPACE, topic)
+            if entry is None:
+                return
+            try:
+                self.storage.kv_delete_if_version(NAMESPACE, topic, entry.version)
+                return
+            except PreconditionFailed:
+                continue  # written meanwhile: look again
+
+    def matching(self, topic_filter: str) -> list[StoredMessage]:
+        """The retained messages whose topic names `topic_filter` matches, in
+        topic name order (offsets 0; retain flag 1)."""
+        found: list[StoredMessage] = []
+        for entry in self.storage.kv_list(NAMESPACE, _prefix(topic_filter)):
+            if not matches(topic_filter, entry.key):
+                continue
+            data = json.loads(entry.value)
+            properties = data["properties"]
+            found.append(
+                StoredMessage(
+                    0,
+                    b"",
+                    data["ts"],
+                    entry.key,
+                    data["key"],
+                    base64.b64decode(data["payload"]),
+                    None if properties is None else base64.b64decode(properties),
+                    data["qos"],
+                    1,
+                )
+            )
+        return found

@@ -1,0 +1,113 @@
+"""Retained messages end to end: stored durably, sent on SUBSCRIBE per Retain
+Handling, Retain As Published for live messages, deleted by an empty payload,
+`$` topics kept from wildcard filters, and switched off by configuration."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import paho.mqtt.client as paho
+import pytest
+
+from harness.broker import BrokerProcess, Client
+
+PROTOCOLS = [pytest.param(paho.MQTTv5, id="mqtt5"), pytest.param(paho.MQTTv311, id="mqtt311")]
+
+
+@pytest.fixture
+def broker(storage_url: str) -> Iterator[BrokerProcess]:
+    with BrokerProcess(storage_url) as running:
+        yield running
+
+
+def _retain(port: int, topic: str, payload: bytes, qos: int = 1) -> None:
+    pub = Client(port, "retainer")
+    pub.connect()
+    pub.publish(topic, payload, qos=qos, retain=True).wait_for_publish(10)
+    pub.disconnect()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_retained_message_survives_a_restart_and_comes_on_subscribe(
+    broker: BrokerProcess, protocol: int
+) -> None:
+    _retain(broker.port, "r/a", b"first")
+    _retain(broker.port, "r/a", b"second")  # replaces
+    _retain(broker.port, "r/b", b"b", qos=2)
+    _retain(broker.port, "r/gone", b"x")
+    _retain(broker.port, "r/gone", b"")  # an empty payload deletes it
+    broker.kill()
+    broker.start()
+
+    sub = Client(broker.port, "rsub", protocol=protocol)
+    sub.connect()
+    sub.subscribe("r/#", qos=2)
+    got = sub.wait_for(2)
+    time.sleep(0.3)
+    got = sub.wait_for(0)
+    assert sorted((m.topic, m.payload, m.qos, m.retain) for m in got) == [
+        ("r/a", b"second", 1, True),
+        ("r/b", b"b", 2, True),
+    ]
+    sub.disconnect()
+
+
+def test_retain_handling_and_retain_as_published(broker: BrokerProcess) -> None:
+    _retain(broker.port, "h/1", b"kept")
+    sub = Client(broker.port, "rh")
+    assert sub.connect() is False
+    assert sub.connack_properties.RetainAvailable == 1
+    sub.subscribe("h/#", retain_handling=1)
+    assert [m.payload for m in sub.wait_for(1)] == [b"kept"]
+    sub.subscribe("h/#", retain_handling=1)  # exists already: not again
+    sub.subscribe("h/+", retain_handling=2)  # never
+    time.sleep(0.5)
+    assert sub.payloads() == [b"kept"]
+    sub.subscribe("h/1", retain_handling=0)  # always
+    assert sub.wait_for(2)[-1].payload == b"kept"
+
+    live = Client(broker.port, "rap")
+    live.connect()
+    live.subscribe("h/1", retain_as_published=True)
+    live.wait_for(1)  # the retained one
+    plain = Client(broker.port, "norap")
+    plain.connect()
+    plain.subscribe("h/1", retain_handling=2)
+    _retain(broker.port, "h/1", b"new")
+    assert live.wait_for(2)[-1].retain is True  # Retain As Published
+    assert plain.wait_for(1)[-1].retain is False  # [MQTT-3.3.1-12]
+    for client in (sub, live, plain):
+        client.disconnect()
+
+
+def test_dollar_topics_are_not_matched_by_leading_wildcards(broker: BrokerProcess) -> None:
+    _retain(broker.port, "$SYS/x", b"sys")
+    _retain(broker.port, "plain", b"p")
+    sub = Client(broker.port, "dollar")
+    sub.connect()
+    sub.subscribe("#")
+    sub.subscribe("$SYS/#")
+    got = sub.wait_for(2)
+    time.sleep(0.3)
+    assert sorted(m.payload for m in sub.wait_for(0)) == [b"p", b"sys"]
+    assert len(got) <= 2
+    sub.disconnect()
+
+
+def test_retain_can_be_switched_off(sqlite_url: str, tmp_path: Path) -> None:
+    config = tmp_path / "riverbed.toml"
+    config.write_text("[limits]\nretain_available = false\n")
+    with BrokerProcess(sqlite_url, extra_args=("--config", str(config))) as off:
+        sub = Client(off.port, "off")
+        sub.connect()
+        assert sub.connack_properties.RetainAvailable == 0
+        sub.subscribe("o/#")
+        pub = Client(off.port, "off-pub")
+        pub.connect()
+        pub.publish("o/1", b"r", retain=True).wait_for_publish(5)
+        # [MQTT-3.2.2-14]: a retained PUBLISH is then a protocol error (0x9A).
+        assert pub.wait_disconnected(5) and pub.disconnects[0] == 0x9A
+        pub.close()
+        sub.disconnect()
