@@ -19,7 +19,16 @@ import pytest
 
 from harness.broker import BrokerProcess, Client
 from harness.raw_mqtt import RawClient
-from riverbed.mqtt.codec import Pubcomp, Publish, Pubrec, Pubrel, Suback, Subscribe, SubscribeTopic
+from riverbed.mqtt.codec import (
+    Pubcomp,
+    PubcompReason,
+    Publish,
+    Pubrec,
+    Pubrel,
+    Suback,
+    Subscribe,
+    SubscribeTopic,
+)
 from riverbed.storage import open_storage
 
 
@@ -91,6 +100,19 @@ def test_qos2_publish_resent_after_a_crash_is_committed_once(
     broker.stop()
     assert _log_payloads(storage_url) == [b"once", b"again"]  # appended once each
     assert _markers(storage_url) == 0  # PUBREL deleted them
+
+
+def test_a_pubrel_nobody_awaits_gets_packet_identifier_not_found(broker: BrokerProcess) -> None:
+    with RawClient(broker.port) as pub:
+        pub.connect("q2-stray", clean=True, expiry=0)
+        pub.send(Publish("q2/s", b"x", qos=2, packet_id=3))
+        assert pub.expect(Pubrec).packet_id == 3
+        pub.send(Pubrel(3))
+        assert pub.expect(Pubcomp) == Pubcomp(3)
+        pub.send(Pubrel(3))  # our PUBCOMP "was lost": the client asks again
+        assert pub.expect(Pubcomp) == Pubcomp(3, PubcompReason.PACKET_IDENTIFIER_NOT_FOUND)
+        pub.send(Pubrel(9))  # never published
+        assert pub.expect(Pubcomp) == Pubcomp(9, PubcompReason.PACKET_IDENTIFIER_NOT_FOUND)
 
 
 def test_unreleased_qos2_markers_go_with_the_session(

@@ -35,6 +35,7 @@ from riverbed.mqtt.codec import (
     Puback,
     PubackReason,
     Pubcomp,
+    PubcompReason,
     Publish,
     Pubrec,
     PubrecReason,
@@ -186,11 +187,18 @@ class Inbound:
         """PUBREL: forget the packet id, durably before the PUBCOMP: a client may
         reuse it once it has the PUBCOMP, and a marker left behind would drop
         that new message as a duplicate."""
+        known = packet_id in self._qos2
         self._qos2.discard(packet_id)
         if self.conn.stored is not None:
             marker = qos2_marker(self.conn.stored.record.session_id, packet_id)
-            await asyncio.to_thread(self.conn.broker.log.storage.delete_marker, marker)
-        self.conn.send(Pubcomp(packet_id))
+            deleted = await asyncio.to_thread(self.conn.broker.log.storage.delete_marker, marker)
+            known = known or deleted
+        if known or self.conn.level != MQTT_5:
+            self.conn.send(Pubcomp(packet_id))
+        else:
+            # Nothing awaits release under that id (a PUBREL resent after our
+            # PUBCOMP was lost, or a stray one): MQTT 5 says so, 3.1.1 cannot.
+            self.conn.send(Pubcomp(packet_id, PubcompReason.PACKET_IDENTIFIER_NOT_FOUND))
 
     def _committed(self, position: Position | None, message: Message) -> None:
         """A PUBLISH was committed (at `position`; None: failed, or a QoS 2 resent
