@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # ruff fails on a path that does not exist, so lint only the directories that do.
 LINT_PATHS := $(wildcard src tests bench examples)
 
-.PHONY: venv run test lint fmt bench-storage bench-spark clean
+.PHONY: venv run test lint fmt bench-storage bench-spark bench-mqtt clean
 
 venv: $(VENV)/.installed
 
@@ -42,6 +42,10 @@ bench-storage: venv
 
 bench-spark: venv
 	$(PY) bench/spark.py
+
+# Needs Debian's mosquitto and an amqtt venv; see docs/benchmarks.md.
+bench-mqtt: venv
+	$(PY) bench/mqtt.py
 
 clean:
 	rm -rf $(VENV) build dist .mypy_cache .ruff_cache .hypothesis .pytest_cache .import_linter_cache

@@ -1,0 +1,644 @@
+"""MQTT broker benchmark (issue 3): Riverbed beside mosquitto and amqtt.
+
+One persistent QoS 1 session (client id `bench-sub`, clean start 0 / clean
+session 0), one topic, 100-byte payloads carrying a sequence number and the
+publisher's `time.time_ns()`. Publisher and subscriber are paho-mqtt 2.x clients
+in separate processes (this script run with `--role pub|sub`). Per broker, on a
+fresh store, in this order:
+
+  a. live: the subscriber online, N messages at full speed (the publisher keeps
+     the broker's receive maximum in flight), then `--paced` messages at 2,000 msg/s;
+     end-to-end msg/s and p50/p99 latency (receive time - timestamp in the payload);
+  b. offline: N/2 published while the subscriber is away, then its drain rate
+     when it reconnects (the session, not a new SUBSCRIBE, must bring them);
+  c. broker CPU seconds per message for every phase (utime+stime of the broker's
+     pid from /proc/PID/stat, before and after);
+  d. crash: N/5 published while the subscriber is offline; it reconnects, acks the
+     first half of them (manual acks), stops acking, disconnects; another N/5 is
+     published while it is away; SIGKILL of the broker; restart on the same
+     storage; the subscriber reconnects and reads until idle. lost = acknowledged
+     to the publisher (PUBACK) but never delivered; duplicates = extra deliveries
+     of a message; stale = delivered after the restart although the subscriber
+     had acknowledged it before the kill.
+
+Brokers: Riverbed (`riverbed serve`, SQLite in a temp dir), mosquitto (Debian
+package, generated config: persistence on, max_queued_messages 0,
+max_inflight_messages = Riverbed's receive maximum, autosave_interval default),
+amqtt (separate venv `--amqtt-python`, MQTT 3.1.1 only, a user name so its
+sessions are kept, SessionDBPlugin for persistence). Every broker listens on
+127.0.0.1 only; everything started is stopped (SIGTERM, then SIGKILL by pid).
+
+    .venv/bin/python bench/mqtt.py [--messages 100000] [--paced 20000]
+        [--brokers riverbed,mosquitto,amqtt]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from array import array
+from pathlib import Path
+from typing import Any
+
+TOPIC = "bench/t"
+SUB_ID = "bench-sub"
+PAYLOAD = 100
+# sequence and time.time_ns() at publish, as ASCII digits: amqtt's SessionDBPlugin
+# stores queued messages as UTF-8 text and fails on binary payloads
+HEADER_SIZE = 40
+
+
+def pack(seq: int, ts: int) -> bytes:
+    return b"%020d%020d" % (seq, ts)
+
+
+def unpack(payload: bytes) -> tuple[int, int]:
+    return int(payload[:20]), int(payload[20:40])
+
+
+RECEIVE_MAXIMUM = 100  # Riverbed's limits.receive_maximum and limits.max_inflight defaults
+TICKS = os.sysconf("SC_CLK_TCK")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# --- clients (run as subprocesses: --role pub / --role sub) -------------------------
+
+
+def _client(args: argparse.Namespace, client_id: str, clean: bool, manual_ack: bool = False) -> Any:
+    import paho.mqtt.client as paho
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    if args.v311:
+        c = paho.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id,
+            protocol=paho.MQTTv311,
+            clean_session=clean,
+            manual_ack=manual_ack,
+        )
+    else:
+        c = paho.Client(
+            CallbackAPIVersion.VERSION2, client_id, protocol=paho.MQTTv5, manual_ack=manual_ack
+        )
+    c.username_pw_set("bench", "bench")
+    c.max_inflight_messages_set(RECEIVE_MAXIMUM)
+    c.max_queued_messages_set(0)
+    return c
+
+
+def _connect(c: Any, args: argparse.Namespace, clean: bool) -> bool:
+    """Connect and wait for CONNACK; return Session Present."""
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    done = threading.Event()
+    state: dict[str, Any] = {}
+
+    def on_connect(client: Any, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
+        state["present"] = bool(flags.session_present)
+        state["rc"] = int(reason.value) if hasattr(reason, "value") else int(reason)
+        done.set()
+
+    c.on_connect = on_connect
+    if args.v311:
+        c.connect("127.0.0.1", args.port, 60)
+    else:
+        props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+        props.SessionExpiryInterval = 86400
+        props.ReceiveMaximum = RECEIVE_MAXIMUM  # mosquitto honours the client's (65535)
+        c.connect("127.0.0.1", args.port, 60, clean_start=clean, properties=props)
+    c.loop_start()
+    if not done.wait(20):
+        raise SystemExit("no CONNACK")
+    if state["rc"] != 0:
+        raise SystemExit(f"CONNECT refused: {state['rc']}")
+    return bool(state["present"])
+
+
+def run_pub(args: argparse.Namespace) -> None:
+    c = _client(args, f"bench-pub-{args.first}", clean=True)
+    window = threading.Semaphore(RECEIVE_MAXIMUM)
+    infos: list[tuple[int, Any]] = []
+    counter = itertools.count(1)
+    all_acked = threading.Event()
+    count = args.count
+
+    # paho calls on_publish holding its own lock: take no lock of ours here
+    def on_publish(client: Any, userdata: Any, mid: int, reason: Any, props: Any) -> None:
+        if next(counter) >= count:
+            all_acked.set()
+        window.release()
+
+    c.on_publish = on_publish
+    _connect(c, args, clean=True)
+    pad = b"x" * (PAYLOAD - HEADER_SIZE)
+    interval = 1.0 / args.rate if args.rate else 0.0
+    start = time.monotonic()
+    t0 = time.time_ns()
+    for i in range(count):
+        seq = args.first + i
+        if interval:
+            delay = start + i * interval - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+        window.acquire()
+        infos.append((seq, c.publish(TOPIC, pack(seq, time.time_ns()) + pad, qos=1)))
+    all_acked.wait(args.timeout)
+    t1 = time.time_ns()
+    acked = [seq for seq, info in infos if info.is_published()]
+    c.disconnect()
+    c.loop_stop()
+    Path(args.out).write_text(
+        json.dumps({"acked": acked, "start_ns": t0, "end_ns": t1, "sent": count})
+    )
+
+
+def run_sub(args: argparse.Namespace) -> None:
+    c = _client(args, SUB_ID, clean=False, manual_ack=args.ack_limit >= 0)
+    lock = threading.Lock()
+    got = array("q")  # sequences, in delivery order
+    lat = array("q")  # ns
+    dups = array("b")
+    acked: list[int] = []
+    state = {"last": time.monotonic(), "first_ns": 0, "last_ns": 0}
+    lo, hi = args.first, args.first + args.count
+    want = set(range(lo, hi))
+    done = threading.Event()
+
+    def on_message(client: Any, userdata: Any, msg: Any) -> None:
+        now = time.time_ns()
+        seq, ts = unpack(msg.payload)
+        with lock:
+            if not got:
+                state["first_ns"] = now
+            state["last_ns"] = now
+            state["last"] = time.monotonic()
+            got.append(seq)
+            lat.append(now - ts)
+            dups.append(1 if msg.dup else 0)
+            want.discard(seq)
+            if args.ack_limit >= 0 and len(acked) < args.ack_limit:
+                client.ack(msg.mid, msg.qos)
+                acked.append(seq)
+            if not want and args.count:
+                done.set()
+
+    c.on_message = on_message
+    connect_ns = time.time_ns()
+    present = _connect(c, args, clean=False)
+    connack_ns = time.time_ns()
+    if args.subscribe:
+        sub_done = threading.Event()
+        c.on_subscribe = lambda *a: sub_done.set()
+        c.subscribe(TOPIC, qos=1)
+        if not sub_done.wait(20):
+            raise SystemExit("no SUBACK")
+    state["last"] = time.monotonic()
+    print("ready", flush=True)
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline and not done.is_set():
+        if args.idle and time.monotonic() - state["last"] > args.idle:
+            break
+        done.wait(0.05)
+    time.sleep(args.linger)  # let the last PUBACKs reach the broker
+    c.disconnect()
+    c.loop_stop()
+    Path(args.out).write_text(
+        json.dumps(
+            {
+                "present": present,
+                "got": list(got),
+                "lat": list(lat),
+                "dup_flags": sum(dups),
+                "acked": acked,
+                "connect_ns": connect_ns,
+                "connack_ns": connack_ns,
+                "first_ns": state["first_ns"],
+                "last_ns": state["last_ns"],
+            }
+        )
+    )
+
+
+# --- brokers -------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Broker:
+    name = "?"
+    v311 = False
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log_path = workdir / f"{self.name}.log"
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def start(self, timeout: float = 30.0) -> None:
+        with self.log_path.open("ab") as log:
+            log.write(f"--- start {time.strftime('%H:%M:%S')}\n".encode())
+            log.flush()
+            self.process = subprocess.Popen(
+                self.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                cwd=self.workdir,
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited:\n{self.tail()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        self.kill()
+        raise RuntimeError(f"{self.name} did not listen:\n{self.tail()}")
+
+    def cpu(self) -> float:
+        assert self.process is not None
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
+
+    def rss_mb(self) -> float:
+        assert self.process is not None
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
+    def stop(self, timeout: float = 20.0) -> None:
+        p = self.process
+        if p is None or p.poll() is not None:
+            return
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            print(f"  ! {self.name} ignored SIGTERM for {timeout}s, SIGKILL", flush=True)
+            p.kill()
+            p.wait()
+
+    def kill(self) -> None:
+        p = self.process
+        if p is not None and p.poll() is None:
+            p.kill()
+            p.wait()
+
+    def tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+class Riverbed(Broker):
+    name = "riverbed"
+    v311 = False
+
+    def command(self) -> list[str]:
+        db = self.workdir / "data" / "riverbed.db"
+        db.parent.mkdir(exist_ok=True)
+        return [
+            str(ROOT / ".venv" / "bin" / "python"),
+            "-m",
+            "riverbed.cli",
+            "serve",
+            "--mqtt",
+            f"127.0.0.1:{self.port}",
+            "--db",
+            f"sqlite:///{db}",
+            "--allow-anonymous",
+        ]
+
+
+class Mosquitto(Broker):
+    name = "mosquitto"
+    v311 = False
+
+    def settings(self) -> str:
+        return (
+            f"listener {self.port} 127.0.0.1\n"
+            "allow_anonymous true\n"
+            "persistence true\n"
+            f"persistence_location {self.workdir / 'mosq'}/\n"
+            "max_queued_messages 0\n"
+            f"max_inflight_messages {RECEIVE_MAXIMUM}\n"
+            f"log_dest file {self.workdir / 'mosq' / 'mosquitto.log'}\n"
+        )
+
+    def command(self) -> list[str]:
+        data = self.workdir / "mosq"
+        data.mkdir(exist_ok=True)
+        os.chmod(self.workdir, 0o755)
+        try:
+            user = pwd.getpwnam("mosquitto")
+            os.chown(data, user.pw_uid, user.pw_gid)
+        except KeyError:
+            pass
+        conf = self.workdir / "mosquitto.conf"
+        conf.write_text(self.settings())
+        return ["/usr/sbin/mosquitto", "-c", str(conf)]
+
+
+class Amqtt(Broker):
+    name = "amqtt"
+    v311 = True
+    python = "/tmp/amqtt-venv/bin/python"
+
+    def settings(self) -> str:
+        return (
+            "listeners:\n"
+            "  default:\n"
+            "    type: tcp\n"
+            f"    bind: 127.0.0.1:{self.port}\n"
+            "plugins:\n"
+            "  amqtt.plugins.authentication.AnonymousAuthPlugin:\n"
+            "    allow_anonymous: false\n"  # a user name is required: sessions are kept
+            "  amqtt.contrib.persistence.SessionDBPlugin:\n"
+            f"    file: {self.workdir / 'amqtt.db'}\n"
+            "    clear_on_shutdown: false\n"
+        )
+
+    def command(self) -> list[str]:
+        conf = self.workdir / "amqtt.yaml"
+        conf.write_text(self.settings())
+        amqtt = Path(self.python).parent / "amqtt"
+        return [str(amqtt), "-c", str(conf)]
+
+
+# --- orchestration -------------------------------------------------------------------
+
+
+class Run:
+    def __init__(self, broker: Broker, args: argparse.Namespace) -> None:
+        self.b = broker
+        self.args = args
+        self.n = 0  # out-file counter
+        self.next_seq = 0
+        self.rows: list[tuple[str, str]] = []
+        self.cpu: dict[str, tuple[float, int]] = {}
+
+    def _role(self, role: str, **kw: Any) -> tuple[subprocess.Popen[str], Path]:
+        self.n += 1
+        out = self.b.workdir / f"{role}{self.n}.json"
+        cmd = [
+            sys.executable,
+            __file__,
+            "--role",
+            role,
+            "--port",
+            str(self.b.port),
+            "--out",
+            str(out),
+        ]
+        if self.b.v311:
+            cmd.append("--v311")
+        for key, value in kw.items():
+            if value is True:
+                cmd.append(f"--{key.replace('_', '-')}")
+            elif value is not False:
+                cmd += [f"--{key.replace('_', '-')}", str(value)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        return proc, out
+
+    def sub_start(self, first: int, count: int, **kw: Any) -> tuple[subprocess.Popen[str], Path]:
+        proc, out = self._role("sub", first=first, count=count, **kw)
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if line.strip() != "ready":
+            proc.wait()
+            raise RuntimeError(f"subscriber failed on {self.b.name}:\n{self.b.tail()}")
+        return proc, out
+
+    def pub(self, count: int, rate: float = 0) -> tuple[int, dict[str, Any]]:
+        first = self.next_seq
+        self.next_seq += count
+        proc, out = self._role("pub", first=first, count=count, rate=rate, timeout=600)
+        proc.wait()
+        return first, json.loads(out.read_text())
+
+    @staticmethod
+    def finish(proc: subprocess.Popen[str], out: Path) -> dict[str, Any]:
+        proc.wait()
+        result: dict[str, Any] = json.loads(out.read_text())
+        return result
+
+    def measure(self, label: str, messages: int, before: float) -> float:
+        used = self.b.cpu() - before
+        self.cpu[label] = (used, messages)
+        return used
+
+    def live(self, label: str, count: int, rate: float) -> None:
+        first = self.next_seq
+        sub, out = self.sub_start(first, count, subscribe=True, idle=30, timeout=900)
+        c0 = self.b.cpu()
+        _, pub = self.pub(count, rate)
+        s = self.finish(sub, out)
+        self.measure(label, count, c0)
+        got = [g for g in s["got"] if first <= g < first + count]
+        lat = sorted(s["lat"])
+        span = (s["last_ns"] - pub["start_ns"]) / 1e9 if s["last_ns"] else float("nan")
+        pub_rate = count / ((pub["end_ns"] - pub["start_ns"]) / 1e9)
+        p50 = lat[len(lat) // 2] / 1e6 if lat else float("nan")
+        p99 = lat[int(len(lat) * 0.99)] / 1e6 if lat else float("nan")
+        missing = count - len(set(got))
+        redelivered = len(got) - len(set(got))
+        self.rows.append(
+            (
+                label,
+                f"{len(got) / span:,.0f} msg/s end-to-end (publisher {pub_rate:,.0f}/s), "
+                f"p50 {p50:.1f} ms, p99 {p99:.1f} ms, received {len(set(got))}/{count}"
+                + (f", MISSING {missing}" if missing else "")
+                + (f", redelivered {len(got) - len(set(got))}" if redelivered else ""),
+            )
+        )
+
+    def offline(self, count: int) -> None:
+        c0 = self.b.cpu()
+        first, pub = self.pub(count)
+        self.measure("offline publish", count, c0)
+        pub_rate = count / ((pub["end_ns"] - pub["start_ns"]) / 1e9)
+        c1 = self.b.cpu()
+        sub, out = self.sub_start(first, count, idle=15, timeout=900)
+        s = self.finish(sub, out)
+        got = [g for g in s["got"] if first <= g < first + count]
+        self.measure("offline drain", len(got), c1)
+        span = (s["last_ns"] - s["connect_ns"]) / 1e9 if s["last_ns"] else float("nan")
+        self.rows.append(("offline publish", f"{pub_rate:,.0f} msg/s acknowledged"))
+        self.rows.append(
+            (
+                "offline drain",
+                f"{len(got) / span:,.0f} msg/s (CONNECT to last message), session present "
+                f"{int(s['present'])}, received {len(set(got))}/{count}",
+            )
+        )
+
+    def crash(self, count: int) -> None:
+        half = count // 2
+        first, pub1 = self.pub(count)
+        # reconnect, acknowledge the first half (manual acks), then go away
+        sub, out = self.sub_start(first, count, idle=3, timeout=300, ack_limit=half, linger=1.0)
+        s1 = self.finish(sub, out)
+        _, pub2 = self.pub(count)
+        self.b.kill()  # SIGKILL with the second batch queued for the offline subscriber
+        t = time.monotonic()
+        self.b.start()
+        restart = time.monotonic() - t
+        c0 = self.b.cpu()
+        sub, out = self.sub_start(first, 2 * count, idle=10, timeout=600)
+        s2 = self.finish(sub, out)
+        self.measure("after restart", len(s2["got"]), c0)
+        acked_pub = set(pub1["acked"]) | set(pub2["acked"])
+        deliveries: dict[int, int] = {}
+        for g in s1["got"] + s2["got"]:
+            deliveries[g] = deliveries.get(g, 0) + 1
+        lost = len(acked_pub - deliveries.keys())
+        dups = sum(v - 1 for v in deliveries.values() if v > 1)
+        stale = len(set(s1["acked"]) & set(s2["got"]))
+        self.crash_result = {"lost": lost, "duplicates": dups, "stale": stale}
+        self.rows.append(
+            (
+                "SIGKILL",
+                f"published {2 * count} (acknowledged {len(acked_pub)}), subscriber acked "
+                f"{len(s1['acked'])} of {len(s1['got'])} before; after restart ({restart:.1f} s) "
+                f"session present {int(s2['present'])}, received {len(s2['got'])} "
+                f"({s2['dup_flags']} with DUP): lost {lost}, duplicates {dups}, stale {stale}",
+            )
+        )
+
+    def go(self) -> None:
+        a = self.args
+        self.b.start()
+        try:
+            # create the session, then a short warm-up (not measured)
+            self.live("warm-up", min(1000, a.messages), 0)
+            self.rows.clear()
+            self.cpu.clear()
+            self.live("live, full speed", a.messages, 0)
+            self.live(f"live, paced {a.rate:,.0f}/s", a.paced, a.rate)
+            # the subscriber is offline now (its session kept)
+            self.offline(a.messages // 2)
+            self.crash(max(2, a.messages // 5))
+            self.rss = self.b.rss_mb()
+        finally:
+            self.b.stop()
+            self.b.kill()
+
+    def report(self) -> None:
+        print(f"\n== {self.b.name} (port {self.b.port})")
+        for label, text in self.rows:
+            print(f"  {label:<22} {text}")
+        print(f"  {'phase':<22} {'broker CPU s':>12} {'messages':>9} {'µs CPU/msg':>11}")
+        for label, (cpu, msgs) in self.cpu.items():
+            per = f"{cpu / msgs * 1e6:>11.1f}" if msgs else f"{'-':>11}"
+            print(f"  {label:<22} {cpu:>12.2f} {msgs:>9} {per}")
+
+    def per_msg(self, label: str) -> float:
+        cpu, msgs = self.cpu.get(label, (float("nan"), 0))
+        return cpu / msgs if msgs else float("nan")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--messages", type=int, default=100_000)
+    p.add_argument("--paced", type=int, default=20_000, help="messages in the paced run")
+    p.add_argument("--rate", type=float, default=2000.0, help="paced rate, msg/s")
+    p.add_argument("--brokers", default="riverbed,mosquitto,amqtt")
+    p.add_argument("--amqtt-python", default=Amqtt.python)
+    p.add_argument("--keep", action="store_true", help="keep the temp dirs (logs, stores)")
+    # client roles
+    p.add_argument("--role", choices=["pub", "sub"])
+    p.add_argument("--port", type=int)
+    p.add_argument("--out")
+    p.add_argument("--v311", action="store_true")
+    p.add_argument("--first", type=int, default=0)
+    p.add_argument("--count", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--idle", type=float, default=0)
+    p.add_argument("--linger", type=float, default=0.3)
+    p.add_argument("--ack-limit", type=int, default=-1)
+    p.add_argument("--subscribe", action="store_true")
+    args = p.parse_args()
+    if args.role == "pub":
+        return run_pub(args)
+    if args.role == "sub":
+        return run_sub(args)
+
+    Amqtt.python = args.amqtt_python
+    kinds = {"riverbed": Riverbed, "mosquitto": Mosquitto, "amqtt": Amqtt}
+    print(
+        f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"load {os.getloadavg()[0]:.2f}; {args.messages} messages of {PAYLOAD} bytes, QoS 1, "
+        f"paced run {args.paced} at {args.rate:,.0f}/s, in flight {RECEIVE_MAXIMUM}",
+        flush=True,
+    )
+    runs: dict[str, Run] = {}
+    for name in args.brokers.split(","):
+        workdir = Path(tempfile.mkdtemp(prefix=f"bench-mqtt-{name}-"))
+        broker = kinds[name](workdir)
+        run = Run(broker, args)
+        print(f"-- {name}: {workdir}", flush=True)
+        t = time.monotonic()
+        try:
+            run.go()
+        except Exception as exc:  # report what we have, go on with the next broker
+            print(f"  ! {name} failed: {exc}", flush=True)
+        print(f"   ({time.monotonic() - t:.0f} s)", flush=True)
+        runs[name] = run
+        run.report()
+        if name == "mosquitto":
+            print("  settings: " + broker.settings().replace("\n", "; "))  # type: ignore[attr-defined]
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            print(f"  log: {broker.log_path}")
+
+    if "riverbed" in runs:
+        r = runs["riverbed"]
+        print("\n== broker CPU per message, Riverbed / peer")
+        peers = [n for n in runs if n != "riverbed"]
+        print(f"  {'phase':<22}" + "".join(f" {'/' + n:>12}" for n in peers))
+        for label in r.cpu:
+            line = f"  {label:<22}"
+            for n in peers:
+                peer = runs[n].per_msg(label)
+                line += f" {r.per_msg(label) / peer if peer else float('nan'):>12.2f}"
+            print(line)
+        crash = getattr(r, "crash_result", None)
+        print("\n== targets (issue 3)")
+        for n, limit in (("mosquitto", 3.0), ("amqtt", 0.25)):
+            if n in runs:
+                peer = runs[n].per_msg("live, full speed")
+                ratio = r.per_msg("live, full speed") / peer if peer else float("nan")
+                ok = "met" if ratio <= limit else "NOT met"
+                print(f"  live CPU/msg vs {n}: {ratio:.2f} (target <= {limit}) {ok}")
+        if crash:
+            ok = "met" if crash["lost"] == 0 and crash["stale"] == 0 else "NOT met"
+            print(f"  SIGKILL: lost {crash['lost']}, stale {crash['stale']} (target 0, 0) {ok}")
+
+
+if __name__ == "__main__":
+    main()
