@@ -191,3 +191,23 @@ def test_a_live_consumer_whose_whole_stream_was_deleted_moves_on(log: Log) -> No
     assert drain(consumer) == [b"gen1"]
     log.produce("t", [Message(b"more", key="k")])
     assert drain(consumer) == [b"more"]
+
+
+def test_a_subscription_created_after_the_bound_was_computed_keeps_its_messages(
+    storage: Storage, log: Log
+) -> None:
+    """The storage re-checks the cursors in the deleting transaction."""
+    log.topics.create("late", 1, retention_us=None, retention_policy=RetentionPolicy.CONSUMED)
+    log.produce("late", [Message(b"m", key="k")] * 10)
+    (head,) = storage.list_streams("late")
+    # Retention decided "no subscription: all of it may go"; then one appears.
+    Subscriptions(storage).create("newcomer", "late")
+    assert storage.delete_before(head.key, 10, keep_uncommitted=True) == 0
+    consumer = Subscriptions(storage).consumer("newcomer")
+    assert len(consumer.poll(100)) == 10
+    consumer.commit()
+    Subscriptions(storage).reset("newcomer", {head.stream: 4})
+    assert storage.delete_before(head.key, 10, keep_uncommitted=True) == 4
+    assert storage.list_streams("late")[0].start_offset == 4
+    # Without the flag (the EXPIRED policy) the caller's bound stands.
+    assert storage.delete_before(head.key, 10) == 6

@@ -65,7 +65,12 @@ def _retain_topic(storage: Storage, record: TopicRecord, now_us: int) -> list[Re
             case _:
                 assert_never(policy)
         if bound > head.start_offset:
-            deleted = storage.delete_before(head.key, bound)
+            deleted = storage.delete_before(
+                head.key, bound, keep_uncommitted=policy is not RetentionPolicy.EXPIRED
+            )
             if deleted:
                 results.append(RetentionResult(head.stream, deleted, bound))
+    if results:  # the storage may have stopped short of `bound` (keep_uncommitted)
+        starts = {h.stream: h.start_offset for h in storage.list_streams(record.name)}
+        results = [RetentionResult(r.stream, r.deleted, starts[r.stream]) for r in results]
     return results

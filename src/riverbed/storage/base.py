@@ -250,8 +250,13 @@ class Storage(Protocol):
         stream's next offset if none)."""
         ...
 
-    def delete_before(self, stream_key: int, offset: int) -> int:
-        """Delete the stream's messages below `offset`; return how many."""
+    def delete_before(self, stream_key: int, offset: int, *, keep_uncommitted: bool = False) -> int:
+        """Delete the stream's messages below `offset`; return how many.
+
+        With `keep_uncommitted`, never past the lowest offset a subscription of
+        the stream's topic has committed, checked in the deleting transaction (a
+        subscription created after the caller computed `offset` keeps its
+        messages)."""
         ...
 
     # --- subscriptions ------------------------------------------------------

@@ -432,14 +432,24 @@ class SqlStorage(ConnectedStorage):
         return int(head[0]) if head else 0
 
     @operation
-    def delete_before(self, stream_key: int, offset: int) -> int:
+    def delete_before(self, stream_key: int, offset: int, *, keep_uncommitted: bool = False) -> int:
         with self._write() as cur:
+            if keep_uncommitted:
+                # Serialised with create_subscription (which holds this lock), so a
+                # subscription created since the caller looked is seen here.
+                self._lock_meta(cur)
             head = self._x(
-                cur, "SELECT start_offset, next_offset FROM streams WHERE id = ?", (stream_key,)
+                cur,
+                "SELECT start_offset, next_offset, topic FROM streams WHERE id = ?",
+                (stream_key,),
             ).fetchone()
             if head is None or offset <= head[0]:
                 return 0
             upto = min(offset, head[1])
+            if keep_uncommitted:
+                upto = min(upto, self._lowest_committed(cur, stream_key, head[2], head[0]))
+                if upto <= head[0]:
+                    return 0
             deleted = self._x(
                 cur, "DELETE FROM messages WHERE stream = ? AND off < ?", (stream_key, upto)
             ).rowcount
@@ -451,6 +461,22 @@ class SqlStorage(ConnectedStorage):
                 (upto, stream_key, upto),
             )
             return int(deleted)
+
+    def _lowest_committed(self, cur: Cursor, stream_key: int, topic: str, start: int) -> int:
+        """The lowest offset any subscription of `topic` has committed on the stream
+        (`start` if one has committed nothing there; no subscription: no limit)."""
+        subscriptions = self._x(
+            cur, "SELECT COUNT(*) FROM subscriptions WHERE topic = ?", (topic,)
+        ).fetchone()[0]
+        if not subscriptions:
+            return 1 << 62
+        lowest, count = self._x(
+            cur,
+            "SELECT MIN(committed), COUNT(*) FROM cursors WHERE stream = ? AND subscription IN"
+            " (SELECT name FROM subscriptions WHERE topic = ?)",
+            (stream_key, topic),
+        ).fetchone()
+        return int(lowest) if count == subscriptions else start
 
     # --- subscriptions ------------------------------------------------------
     @operation
