@@ -42,7 +42,6 @@ import platform
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -51,6 +50,10 @@ import time
 from array import array
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from harness.net import free_port, wait_listening
 
 TOPIC = "bench/t"
 SUB_ID = "bench-sub"
@@ -235,12 +238,6 @@ def run_sub(args: argparse.Namespace) -> None:
 # --- brokers -------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class Broker:
     name = "?"
     v311 = False
@@ -265,17 +262,7 @@ class Broker:
                 env=dict(os.environ, PYTHONUNBUFFERED="1"),
                 cwd=self.workdir,
             )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"{self.name} exited:\n{self.tail()}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        self.kill()
-        raise RuntimeError(f"{self.name} did not listen:\n{self.tail()}")
+        wait_listening(self.process, self.port, timeout, self.name, self.tail, self.kill)
 
     def cpu(self) -> float:
         assert self.process is not None

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,11 +33,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from harness.net import free_port, wait_listening
 
 
 class BrokerProcess:
@@ -80,17 +75,7 @@ class BrokerProcess:
             env=env,
         )
         log.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"broker exited with {self.process.returncode}:\n{self.tail()}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        self.kill()
-        raise RuntimeError(f"broker did not listen within {timeout}s:\n{self.tail()}")
+        wait_listening(self.process, self.port, timeout, "broker", self.tail, self.kill)
 
     def stop(self, timeout: float = 15.0) -> int:
         """SIGTERM, then wait; SIGKILL if it takes longer than `timeout`."""

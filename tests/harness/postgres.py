@@ -25,7 +25,6 @@ import os
 import pwd
 import re
 import shutil
-import socket
 import subprocess
 import tempfile
 import threading
@@ -34,6 +33,8 @@ from pathlib import Path
 from types import TracebackType
 
 import psycopg
+
+from harness.net import free_port
 
 BIN_ENV = "RIVERBED_PG_BIN"
 """Directory of `initdb`, `pg_ctl` and `postgres`, if not Debian's newest."""
@@ -85,14 +86,6 @@ def find_bindir() -> Path:
         "no PostgreSQL server binaries: none under /usr/lib/postgresql/*/bin, no initdb on"
         f" PATH and {BIN_ENV} unset (apt-get install postgresql)"
     )
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _world_traversable(path: str) -> bool:

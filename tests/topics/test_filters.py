@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from harness.topic_examples import MATCH_EXAMPLES
 from riverbed.errors import InvalidInput, InvalidTopicFilter, InvalidTopicName
 from riverbed.topics.filters import (
     filters_overlap,
@@ -205,30 +206,7 @@ def test_matches_agrees_with_reference_exhaustively() -> None:
             )
 
 
-@pytest.mark.parametrize(
-    ("topic_filter", "name", "expected"),
-    [
-        # Examples of [MQTT-4.7.1].
-        ("sport/tennis/player1/#", "sport/tennis/player1", True),
-        ("sport/tennis/player1/#", "sport/tennis/player1/ranking", True),
-        ("sport/tennis/player1/#", "sport/tennis/player1/score/wimbledon", True),
-        ("sport/#", "sport", True),
-        ("sport/tennis/+", "sport/tennis/player1", True),
-        ("sport/tennis/+", "sport/tennis/player1/ranking", False),
-        ("sport/+", "sport", False),
-        ("sport/+", "sport/", True),
-        ("+/+", "/finance", True),
-        ("/+", "/finance", True),
-        ("+", "/finance", False),
-        # [MQTT-4.7.2-1]: $-topics are not matched by a leading wildcard.
-        ("#", "$SYS/x", False),
-        ("+/monitor/Clients", "$SYS/monitor/Clients", False),
-        ("$SYS/#", "$SYS/monitor/Clients", True),
-        ("$SYS/monitor/+", "$SYS/monitor/Clients", True),
-        ("a/$x", "a/$x", True),
-        ("+/$x", "a/$x", True),
-    ],
-)
+@pytest.mark.parametrize(("topic_filter", "name", "expected"), MATCH_EXAMPLES)
 def test_matches_spec_examples(topic_filter: str, name: str, expected: bool) -> None:
     assert matches(topic_filter, name) is expected
 

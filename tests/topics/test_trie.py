@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
+from harness.topic_examples import MATCH_EXAMPLES
 from riverbed.errors import InvalidTopicFilter
 from riverbed.topics.filters import matches
 from riverbed.topics.trie import TopicTrie
@@ -54,34 +55,7 @@ def scan(pairs: Counter[tuple[str, int]] | set[tuple[str, int]], name: str) -> C
 # --------------------------------------------------------------------- examples
 
 
-@pytest.mark.parametrize(
-    ("topic_filter", "name", "expected"),
-    [
-        ("sport/tennis/player1/#", "sport/tennis/player1", True),
-        ("sport/tennis/player1/#", "sport/tennis/player1/score/wimbledon", True),
-        ("sport/#", "sport", True),
-        ("sport/tennis/+", "sport/tennis/player1", True),
-        ("sport/tennis/+", "sport/tennis/player1/ranking", False),
-        ("sport/+", "sport", False),
-        ("sport/+", "sport/", True),
-        ("+/+", "/finance", True),
-        ("/+", "/finance", True),
-        ("+", "/finance", False),
-        ("#", "a", True),
-        ("+/#", "a", True),
-        ("a/b", "a/b", True),
-        ("a/b", "a", False),
-        ("a//b", "a//b", True),
-        # [MQTT-4.7.2-1]
-        ("#", "$SYS/x", False),
-        ("+/monitor/Clients", "$SYS/monitor/Clients", False),
-        ("$SYS/#", "$SYS/monitor/Clients", True),
-        ("$SYS/#", "$SYS", True),
-        ("$SYS/monitor/+", "$SYS/monitor/Clients", True),
-        ("$SYS", "$SYS", True),
-        ("+/$x", "a/$x", True),
-    ],
-)
+@pytest.mark.parametrize(("topic_filter", "name", "expected"), MATCH_EXAMPLES)
 def test_spec_examples(topic_filter: str, name: str, expected: bool) -> None:
     trie: TopicTrie[str] = TopicTrie()
     trie.add(topic_filter, "s")
