@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from riverbed.errors import ProtocolError
 from riverbed.log.appender import Position, Positions
 from riverbed.log.log import Log
-from riverbed.model import Message, StoredMessage, encode_properties
+from riverbed.model import Message, encode_properties
 from riverbed.mqtt.codec import (
     MQTT_5,
     DisconnectReason,
@@ -40,7 +40,7 @@ from riverbed.mqtt.codec import (
     Pubrec,
     PubrecReason,
 )
-from riverbed.mqtt.messages import message_from_publish
+from riverbed.mqtt.messages import committed_row, message_from_publish
 from riverbed.sessions.store import now_us, qos2_marker
 from riverbed.storage.base import Row
 
@@ -205,18 +205,7 @@ class Inbound:
         and committed before): route it, and send the acknowledgements now due."""
         if position is not None:
             stream, offset = position
-            row = StoredMessage(
-                offset,
-                b"",
-                now_us(),
-                message.mqtt_topic,
-                message.key,
-                message.payload,
-                encode_properties(message.properties),
-                message.qos,
-                int(message.retain),
-            )
-            self.conn.broker.router.committed(stream, offset, [row])
+            self.conn.broker.router.committed(stream, offset, [committed_row(message, offset)])
         acks = self._acks
         while acks and acks[0][0].done():
             done, packet = acks.popleft()

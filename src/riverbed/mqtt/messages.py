@@ -18,9 +18,16 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Callable
 
-from riverbed.model import Message, PropertyValue, StoredMessage, decode_properties
+from riverbed.model import (
+    Message,
+    PropertyValue,
+    StoredMessage,
+    decode_properties,
+    encode_properties,
+)
 from riverbed.mqtt.codec import NO_PUBLISH_PROPERTIES, Publish, PublishProperties
 
 KEY_PROPERTY = "key"
@@ -130,4 +137,21 @@ def publish_properties(
         user_properties=tuple(user),
         subscription_identifiers=subscription_identifiers,
         **fields,  # type: ignore[arg-type]
+    )
+
+
+def committed_row(message: Message, offset: int) -> StoredMessage:
+    """A message this broker just committed at `offset`, as the router hands it to
+    sessions without reading it back (the id is not needed for delivery; the
+    time is the commit's, within milliseconds of the stored one)."""
+    return StoredMessage(
+        offset,
+        b"",
+        time.time_ns() // 1000,
+        message.mqtt_topic,
+        message.key,
+        message.payload,
+        encode_properties(message.properties),
+        message.qos,
+        int(message.retain),
     )

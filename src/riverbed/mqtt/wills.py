@@ -26,9 +26,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from riverbed.errors import PreconditionFailed, RiverbedError
-from riverbed.model import StoredMessage, encode_properties
 from riverbed.mqtt.codec import Publish, PublishProperties, Will, WillProperties
-from riverbed.mqtt.messages import message_from_publish
+from riverbed.mqtt.messages import committed_row, message_from_publish
 from riverbed.sessions.store import NEVER_EXPIRES, now_us
 
 if TYPE_CHECKING:
@@ -194,16 +193,5 @@ class Wills:
             log.exception("client %s: publishing its will failed", client_id)
             return
         stream, offset = positions[0]
-        row = StoredMessage(
-            offset,
-            b"",
-            now_us(),
-            message.mqtt_topic,
-            message.key,
-            message.payload,
-            encode_properties(message.properties),
-            message.qos,
-            int(message.retain),
-        )
-        broker.router.committed(stream, offset, [row])
+        broker.router.committed(stream, offset, [committed_row(message, offset)])
         log.info("client %s: will published to %r", client_id, will.topic)
