@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -147,10 +148,19 @@ class Client:
     `connect()` waits for the CONNACK and returns Session Present; messages
     received are appended to `received` (acknowledged by paho after the
     callback); `disconnects` holds the reason codes of DISCONNECTs and losses.
+    With `tls` (a client `SSLContext`) it connects over TLS.
     """
 
-    def __init__(self, port: int, client_id: str = "", *, protocol: int = paho.MQTTv5) -> None:
+    def __init__(
+        self,
+        port: int,
+        client_id: str = "",
+        *,
+        protocol: int = paho.MQTTv5,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self.port = port
+        self.tls = tls
         self.client_id = client_id
         self.protocol = protocol
         self.received: list[Received] = []
@@ -196,6 +206,8 @@ class Client:
                 will_properties = Properties(PacketTypes.WILLMESSAGE)
                 will_properties.WillDelayInterval = will_delay
             mqtt.will_set(*will, properties=will_properties)
+        if self.tls is not None:
+            mqtt.tls_set_context(self.tls)
         self.paho = mqtt
         self._connected.clear()
         self._disconnected.clear()

@@ -83,8 +83,22 @@ def passwd(file: str, username: str, delete: bool, from_stdin: bool) -> None:
     default=None,
     help="Let clients connect without a user name.",
 )
+@click.option("--tls", metavar="HOST:PORT", help="Where to listen for MQTT over TLS.")
+@click.option("--certfile", metavar="FILE", help="The TLS listener's PEM certificate chain.")
+@click.option("--keyfile", metavar="FILE", help="The TLS listener's PEM private key.")
+@click.option(
+    "--cafile", metavar="FILE", help="Require TLS client certificates signed by a CA in FILE."
+)
 @db_option
-def serve(config_file: str | None, mqtt: str | None, allow_anonymous: bool | None) -> None:
+def serve(
+    config_file: str | None,
+    mqtt: str | None,
+    allow_anonymous: bool | None,
+    tls: str | None,
+    certfile: str | None,
+    keyfile: str | None,
+    cafile: str | None,
+) -> None:
     """Run the MQTT 3.1.1 / 5 broker until SIGTERM or SIGINT.
 
     Every message published is committed to the log before it is acknowledged;
@@ -96,12 +110,24 @@ def serve(config_file: str | None, mqtt: str | None, allow_anonymous: bool | Non
 
     from riverbed.mqtt.broker import serve as run_broker
     from riverbed.mqtt.config import load_config
+    from riverbed.mqtt.tls import server_context
 
     db = click.get_current_context().meta.get(DB_KEY)
     config = load_config(
         config_file,
-        {"listeners.mqtt": mqtt, "storage.url": db, "auth.allow_anonymous": allow_anonymous},
+        {
+            "listeners.mqtt": mqtt,
+            "listeners.tls.address": tls,
+            "listeners.tls.certfile": certfile,
+            "listeners.tls.keyfile": keyfile,
+            "listeners.tls.cafile": cafile,
+            "storage.url": db,
+            "auth.allow_anonymous": allow_anonymous,
+        },
     )
+    if config.listeners.tls is not None:
+        server_context(config.listeners.tls)  # a bad certificate or key: refused before starting
+    _raise_open_files_limit()
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -116,8 +142,20 @@ def serve(config_file: str | None, mqtt: str | None, allow_anonymous: bool | Non
             await run_broker(config, log, stop)
 
     try:
-        import uvloop  # type: ignore[import-not-found]
-    except ImportError:
+        import uvloop
+    except ImportError:  # pragma: no cover - a dependency except on Windows
         asyncio.run(main())
-    else:  # pragma: no cover - not installed here
+    else:
         uvloop.run(main())
+
+
+def _raise_open_files_limit() -> None:
+    """Raise the soft limit on open files to the hard one: every connection is a
+    file descriptor, and the usual soft limit (1024) would refuse clients long
+    before memory runs short (issue 3: 10,000 idle connections)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

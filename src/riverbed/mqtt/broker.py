@@ -33,6 +33,7 @@ from riverbed.mqtt.config import BrokerConfig
 from riverbed.mqtt.connection import Connection
 from riverbed.mqtt.retained import RetainedStore
 from riverbed.mqtt.router import Router
+from riverbed.mqtt.tls import server_context
 from riverbed.mqtt.wills import Wills
 from riverbed.sessions.store import SessionStore, now_us
 from riverbed.topics.filters import filters_overlap
@@ -74,23 +75,28 @@ class Broker:
         self._all: set[Connection] = set()
         self._locks: dict[str, asyncio.Lock] = {}
         self._server: asyncio.Server | None = None
+        self._tls_server: asyncio.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
-        self._handlers: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
-        """Start the router and listen on `config.listeners.mqtt`."""
+        """Start the router and listen on `config.listeners.mqtt` (and `.tls` if set)."""
         await self.router.start()
         address = self.config.listeners.mqtt
-        self._server = await asyncio.start_server(self._accept, address.host, address.port)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(self._accept, address.host, address.port)
+        tls = self.config.listeners.tls
+        if tls is not None:
+            self._tls_server = await loop.create_server(
+                self._accept, tls.address.host, tls.address.port, ssl=server_context(tls)
+            )
         self._sweeper = asyncio.create_task(self._sweep(), name="riverbed-session-expiry")
         await self.wills.restore()
         log.info("listening for MQTT on %s", ", ".join(self.addresses()))
 
     def addresses(self) -> list[str]:
-        if self._server is None:
-            return []
         out = []
-        for sock in self._server.sockets:
+        servers = (self._server, self._tls_server)
+        for sock in [s for server in servers if server is not None for s in server.sockets]:
             host, port = cast(tuple[str, int], sock.getsockname()[:2])
             out.append(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
         return out
@@ -105,6 +111,8 @@ class Broker:
         """Stop accepting, disconnect every client (0x8B), save their sessions."""
         if self._server is not None:
             self._server.close()
+        if self._tls_server is not None:
+            self._tls_server.close()
         if self._sweeper is not None:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -114,12 +122,11 @@ class Broker:
             connection.close(DisconnectReason.SERVER_SHUTTING_DOWN)
         for connection in connections:
             await connection.done.wait()
-        if self._handlers:
-            await asyncio.gather(*self._handlers, return_exceptions=True)
         await self.router.stop()
-        if self._server is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 1.0)
+        for server in (self._server, self._tls_server):
+            if server is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(server.wait_closed(), 1.0)
         log.info("stopped; %d sessions saved", len(connections))
 
     def client_lock(self, client_id: str) -> asyncio.Lock:
@@ -145,20 +152,19 @@ class Broker:
                 out.append(name)
         return out
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        connection = Connection(self, reader, writer)
+    def _accept(self) -> Connection:
+        """A new client connection (the listeners' protocol factory)."""
+        return Connection(self)
+
+    def connection_opened(self, connection: Connection) -> None:
+        """The connection is made (for TLS: after the handshake succeeded)."""
         self._all.add(connection)
-        task = asyncio.current_task()
-        if task is not None:
-            self._handlers.add(task)
-        try:
-            await connection.run()
-        finally:
-            self._all.discard(connection)
-            if task is not None:
-                self._handlers.discard(task)
-            if connection.client_id and not self.client_lock(connection.client_id).locked():
-                self._locks.pop(connection.client_id, None)
+
+    def connection_closed(self, connection: Connection) -> None:
+        """The connection's teardown finished (its session is saved)."""
+        self._all.discard(connection)
+        if connection.client_id and not self.client_lock(connection.client_id).locked():
+            self._locks.pop(connection.client_id, None)
 
     async def _sweep(self) -> None:
         while True:

@@ -34,8 +34,9 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from collections import deque
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from riverbed.errors import PreconditionFailed, ProtocolError, RiverbedError
 from riverbed.mqtt.codec import (
@@ -98,19 +99,27 @@ log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT = 10.0
 """Seconds a new connection has to send its CONNECT."""
-READ_SIZE = 65536
+MAX_BACKLOG = 1000
+"""Packets queued behind a slow one before reading pauses."""
 
 
-class Connection:
-    """One client's network connection and, once connected, its session."""
+class Connection(asyncio.Protocol):
+    """One client's network connection and, once connected, its session.
 
-    def __init__(
-        self, broker: Broker, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
+    An `asyncio.Protocol`: the bytes of each read are decoded at once, and the
+    packets that need no waiting (PUBLISH QoS 0/1, PUBACK, PUBREC, PUBCOMP,
+    PINGREQ, DISCONNECT) are handled right there, PUBLISHes of one read
+    committed as one batch and PUBACKs of one read handed to the session
+    together. A packet that must wait (CONNECT, SUBSCRIBE, a QoS 2 or retained
+    PUBLISH, ...) starts a task that handles it and everything that arrives
+    after it, in order; reading pauses while that backlog is long. Outgoing
+    packets of one turn of the event loop go out in one write.
+    """
+
+    def __init__(self, broker: Broker) -> None:
         self.broker = broker
-        self.reader = reader
-        self.writer = writer
-        self.peer = str(writer.get_extra_info("peername"))
+        self.transport: asyncio.Transport | None = None
+        self.peer = "-"
         limits = broker.config.limits
         self.decoder = Decoder(max_packet_size=limits.maximum_packet_size)
         self.level = 4
@@ -125,53 +134,153 @@ class Connection:
         self.closing = False
         self.done = asyncio.Event()
         self._normal = False
+        self._loop = asyncio.get_running_loop()
         self.inbound = Inbound(self)
         self._client_max_packet: int | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
         self._checkpoint: Checkpoint | None = None
         self._checkpointing: asyncio.Task[None] | None = None
         self._persisting: asyncio.Task[None] | None = None
         self._record_lock = asyncio.Lock()
-        self._loop = asyncio.get_running_loop()
+        self._backlog: deque[Packet] = deque()
+        """Packets waiting behind one that is being handled asynchronously."""
+        self._worker: asyncio.Task[None] | None = None
+        self._paused = False
+        self._acked: list[Event] = []
+        """PUBACK/PUBREC/PUBCOMP of the current read, handed to the session together."""
+        self._out: list[bytes] = []
+        self._last_read = self._loop.time()
+        self._alive: asyncio.TimerHandle | None = None
+        self._teardown_task: asyncio.Task[None] | None = None
 
-    # --- the read loop ---------------------------------------------------------------
-    async def run(self) -> None:
+    # --- asyncio.Protocol ------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        self.peer = str(transport.get_extra_info("peername"))
+        self.broker.connection_opened(self)
+        self._alive = self._loop.call_later(CONNECT_TIMEOUT, self._check_alive)
+
+    def data_received(self, data: bytes) -> None:
+        self._last_read = self._loop.time()
+        if self.closing:
+            return
         try:
-            await self._read_loop()
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        except Exception:
-            log.exception("connection %s (%s) failed", self.client_id or "-", self.peer)
-        finally:
-            await self._teardown()
-
-    async def _read_loop(self) -> None:
-        while not self.closing:
-            if not self.connack_sent:
-                timeout: float | None = CONNECT_TIMEOUT
-            else:
-                timeout = self.keep_alive * 1.5 if self.keep_alive else None
-            try:
-                data = await asyncio.wait_for(self.reader.read(READ_SIZE), timeout)
-            except TimeoutError:
-                log.info("client %s: keep alive timeout", self.client_id or self.peer)
-                self.close(DisconnectReason.KEEP_ALIVE_TIMEOUT)
-                return
-            if not data:
-                return
-            try:
-                packets = self.decoder.feed(data)
-            except ProtocolError as exc:
-                self._refuse(exc)
-                return
-            for packet in packets:
+            packets = self.decoder.feed(data)
+        except ProtocolError as exc:
+            self._refuse(exc)
+            return
+        if not packets:
+            return
+        if self._worker is not None:
+            self._backlog.extend(packets)
+            if len(self._backlog) > MAX_BACKLOG and not self._paused and self.transport:
+                self._paused = True
+                self.transport.pause_reading()
+            return
+        try:
+            for i, packet in enumerate(packets):
                 if self.closing:
                     return
-                try:
-                    await self._packet(packet)
-                except ProtocolError as exc:
-                    self._refuse(exc)
+                if not self._now(packet):
+                    self._backlog.extend(packets[i:])
+                    self._worker = self._loop.create_task(self._work())
                     return
+        except ProtocolError as exc:
+            self._refuse(exc)
+        except Exception:
+            log.exception("connection %s (%s) failed", self.client_id or "-", self.peer)
+            self.close(DisconnectReason.UNSPECIFIED_ERROR)
+        finally:
+            self._end_of_read()
+
+    def eof_received(self) -> bool:
+        return False  # close the transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        if self._teardown_task is None:
+            self._teardown_task = self._loop.create_task(self._teardown())
+
+    # --- packets ---------------------------------------------------------------------
+    def _now(self, packet: Packet) -> bool:
+        """Handle a packet that needs no waiting; False if it needs `_packet`."""
+        kind = type(packet)
+        if kind is Publish:
+            return self.inbound.publish_now(cast(Publish, packet))
+        if kind is Puback:
+            self._acked.append(Acked(cast(Puback, packet).packet_id))
+            return True
+        if kind is Pubrec:
+            pubrec = cast(Pubrec, packet)
+            self._acked.append(Received(pubrec.packet_id, pubrec.reason_code < 0x80))
+            return True
+        if kind is Pubcomp:
+            self._acked.append(Completed(cast(Pubcomp, packet).packet_id))
+            return True
+        if kind is Pingreq:
+            self.send(Pingresp())
+            return True
+        if kind is Disconnect:
+            self._end_of_read()
+            self._disconnect(cast(Disconnect, packet))
+            return True
+        return False
+
+    def _end_of_read(self) -> None:
+        """Commit the read's PUBLISHes as a batch; give the session its acknowledgements."""
+        self.inbound.flush()
+        if self._acked:
+            acked, self._acked = self._acked, []
+            session = self.session
+            if session is not None and not self.closing:
+                self._execute(session.handle_all(acked, self._loop.time()))
+
+    async def _work(self) -> None:
+        """Handle the backlog in order, waiting where a packet needs it."""
+        try:
+            backlog = self._backlog
+            while backlog and not self.closing:
+                packet = backlog.popleft()
+                if not self._now(packet):
+                    self._end_of_read()
+                    await self._packet(packet)
+            self._end_of_read()
+        except ProtocolError as exc:
+            self._refuse(exc)
+        except Exception:
+            log.exception("connection %s (%s) failed", self.client_id or "-", self.peer)
+            self.close(DisconnectReason.UNSPECIFIED_ERROR)
+        finally:
+            self._worker = None
+            if self.closing:
+                self._backlog.clear()
+            if self._paused and self.transport is not None and not self.closing:
+                self._paused = False
+                self.transport.resume_reading()
+
+    def _check_alive(self) -> None:
+        """The CONNECT timeout, then keep alive: no packet for 1.5 times the keep
+        alive closes the connection [MQTT-3.1.2-22] (MQTT 5: DISCONNECT 0x8D)."""
+        self._alive = None
+        if self.closing:
+            return
+        now = self._loop.time()
+        if not self.connack_sent:
+            if self._worker is None:
+                log.info("client %s: no CONNECT within %ss", self.peer, CONNECT_TIMEOUT)
+                self._close_transport()
+                return
+            self._alive = self._loop.call_later(1.0, self._check_alive)  # CONNECT in progress
+            return
+        if not self.keep_alive:
+            return
+        deadline = self._last_read + self.keep_alive * 1.5
+        if now >= deadline:
+            log.info("client %s: keep alive timeout", self.client_id or self.peer)
+            self.close(DisconnectReason.KEEP_ALIVE_TIMEOUT)
+            return
+        self._alive = self._loop.call_at(deadline, self._check_alive)
 
     def _refuse(self, exc: ProtocolError) -> None:
         """Close this connection for a protocol violation, saying why (MQTT 5)."""
@@ -200,27 +309,18 @@ class Connection:
             self.close(DisconnectReason.PROTOCOL_ERROR)
 
     async def _packet(self, packet: Packet) -> None:
+        """A packet `_now` could not handle there and then."""
         match packet:
             case Connect():
                 await self._connect(packet)
             case Publish():
                 await self.inbound.publish(packet)
-            case Puback(packet_id):
-                self._handle(Acked(packet_id))
             case Subscribe():
                 await self._subscribe(packet)
             case Unsubscribe():
                 await self._unsubscribe(packet)
-            case Pingreq():
-                self.send(Pingresp())
             case Pubrel(packet_id):
                 await self.inbound.release(packet_id)
-            case Disconnect():
-                self._disconnect(packet)
-            case Pubrec(packet_id, reason_code):
-                self._handle(Received(packet_id, reason_code < 0x80))
-            case Pubcomp(packet_id):
-                self._handle(Completed(packet_id))
             case Auth():
                 raise ProtocolError(
                     DisconnectReason.PROTOCOL_ERROR, "AUTH without enhanced authentication"
@@ -324,6 +424,13 @@ class Connection:
         else:
             self.send(Connack(present))
         self.connack_sent = True
+        if self._alive is not None:
+            self._alive.cancel()
+            self._alive = None
+        if self.keep_alive and not self.closing:
+            self._alive = self._loop.call_at(
+                self._last_read + self.keep_alive * 1.5, self._check_alive
+            )
         log.info(
             "client %s (%s) connected: MQTT %s, session %s%s, expiry %ss",
             client_id,
@@ -629,10 +736,14 @@ class Connection:
         if session is None or self.closing:
             return
         deadline = session.next_deadline()
-        if self._timer is not None:
-            self._timer.cancel()
+        timer = self._timer
+        if timer is not None:
+            if deadline == self._timer_at:
+                return
+            timer.cancel()
             self._timer = None
         if deadline is not None:
+            self._timer_at = deadline
             self._timer = self._loop.call_at(max(deadline, self._loop.time()), self._tick)
 
     def _tick(self) -> None:
@@ -701,16 +812,22 @@ class Connection:
 
     def _close_transport(self) -> None:
         self.closing = True
-        with contextlib.suppress(Exception):
-            self.writer.close()
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            self._flush()
+            transport.close()
 
     async def _teardown(self) -> None:
         self.closing = True
-        self._close_transport()
-        if self._timer is not None:
-            self._timer.cancel()
+        for handle in (self._timer, self._alive):
+            if handle is not None:
+                handle.cancel()
         broker = self.broker
         try:
+            if self._worker is not None:
+                # It stops after the packet at hand (closing is set).
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._worker)
             session = self.session
             if session is not None:
                 broker.router.forget(self)
@@ -725,6 +842,7 @@ class Connection:
                 del broker.connections[self.client_id]
             self._leave_will()
             self.done.set()
+            broker.connection_closed(self)
             log.info("client %s (%s) disconnected", self.client_id or "-", self.peer)
 
     def _leave_will(self) -> None:
@@ -757,6 +875,18 @@ class Connection:
         self._write(encode(packet, level or self.level))
 
     def _write(self, data: bytes) -> None:
-        if self.writer.is_closing():
+        """Queue bytes; what a turn of the event loop queues goes out in one write."""
+        out = self._out
+        out.append(data)
+        if len(out) == 1:
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        out = self._out
+        if not out:
             return
-        self.writer.write(data)
+        transport = self.transport
+        data = out[0] if len(out) == 1 else b"".join(out)
+        out.clear()
+        if transport is not None and not transport.is_closing():
+            transport.write(data)

@@ -25,10 +25,10 @@ from collections import deque
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-from riverbed.errors import ProtocolError
+from riverbed.errors import ProtocolError, RiverbedError
 from riverbed.log.appender import Position, Positions
 from riverbed.log.log import Log
-from riverbed.model import Message, encode_properties
+from riverbed.model import Message, StoredMessage, StreamId, encode_properties
 from riverbed.mqtt.codec import (
     MQTT_5,
     DisconnectReason,
@@ -73,6 +73,44 @@ def append_exactly_once(bus: Log, log_topic: str, message: Message, marker: str)
     return None if stream is None else (stream, offset)
 
 
+class _Batch:
+    """The QoS 0/1 PUBLISHes of one read bound for one topic: committed together."""
+
+    __slots__ = ("future", "messages", "topic")
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        self.messages: list[Message] = []
+        self.future: Future[Positions] | None = None
+
+    def done(self) -> bool:
+        return self.future is not None and self.future.done()
+
+    def cancelled(self) -> bool:
+        return self.future is not None and self.future.cancelled()
+
+    def exception(self) -> BaseException | None:
+        return None if self.future is None else self.future.exception()
+
+
+class _Failed:
+    """A batch that could not even be queued (stands in for its future)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def done(self) -> bool:
+        return True
+
+    def cancelled(self) -> bool:
+        return False
+
+    def exception(self) -> BaseException | None:
+        return self.error
+
+
 class Inbound:
     """The PUBLISHes of one connection, from arrival to acknowledgement."""
 
@@ -80,22 +118,66 @@ class Inbound:
         self.conn = conn
         self._loop = asyncio.get_running_loop()
         self._aliases: dict[int, str] = {}
-        self._acks: deque[tuple[Future[Any] | asyncio.Future[Any], Publish]] = deque()
+        self._acks: deque[tuple[_Batch | asyncio.Future[Any], Publish]] = deque()
         """Commits not yet acknowledged, in arrival order."""
+        self._batches: dict[str, _Batch] = {}
+        """This read's QoS 0/1 PUBLISHes by topic, not yet handed to the log."""
         self._qos2: set[int] = set()
         """Packet ids committed at QoS 2 whose PUBREL has not come (this connection)."""
 
-    async def publish(self, packet: Publish) -> None:
-        self.conn.require_session()
-        broker = self.conn.broker
+    def publish_now(self, packet: Publish) -> bool:
+        """Take a PUBLISH that needs no waiting (QoS 0/1, not retained) into this
+        read's batch; False if it needs `publish` (QoS 2, retained)."""
+        if packet.qos == 2 or packet.retain:
+            return False
+        accepted = self._accept(packet)
+        if accepted is None:
+            return True
+        topic, message = accepted
+        log_topic = self.conn.broker.log.topic_for(topic)
+        batch = self._batches.get(log_topic)
+        if batch is None:
+            batch = self._batches[log_topic] = _Batch(log_topic)
+        batch.messages.append(message)
+        self._acks.append((batch, packet))
+        return True
+
+    def flush(self) -> None:
+        """Hand this read's batches to the log (one group-commit submission each)."""
+        if not self._batches:
+            return
+        batches = list(self._batches.values())
+        self._batches.clear()
+        bus = self.conn.broker.log
+        loop = self._loop
+        for batch in batches:
+            try:
+                future = bus.produce_async(batch.topic, batch.messages)
+            except RiverbedError as exc:
+                failed: Future[Positions] = Future()
+                failed.set_exception(exc)
+                future = failed
+            batch.future = future
+
+            def done(_f: Future[Positions], batch: _Batch = batch) -> None:
+                loop.call_soon_threadsafe(self._batch_committed, batch)
+
+            future.add_done_callback(done)
+
+    def _accept(self, packet: Publish) -> tuple[str, Message] | None:
+        """Checks every PUBLISH passes: topic alias, Receive Maximum, retain,
+        authorization. Returns (topic name, message), or None when refused here."""
+        conn = self.conn
+        conn.require_session()
+        limits = conn.broker.config.limits
         topic = packet.topic
         alias = packet.properties.topic_alias
         if alias is not None:
-            if alias > broker.config.limits.topic_alias_maximum:
+            if alias > limits.topic_alias_maximum:
                 raise ProtocolError(
                     DisconnectReason.TOPIC_ALIAS_INVALID,
                     f"Topic Alias {alias} above the maximum"
-                    f" {broker.config.limits.topic_alias_maximum} [MQTT-3.3.2-9]",
+                    f" {limits.topic_alias_maximum} [MQTT-3.3.2-9]",
                 )
             if topic:
                 self._aliases[alias] = topic
@@ -107,40 +189,41 @@ class Inbound:
                         f"Topic Alias {alias} was never set on this connection [3.3.2.3.4]",
                     )
                 topic = found
-        if packet.qos and len(self._acks) >= broker.config.limits.receive_maximum:
+        if packet.qos and len(self._acks) >= limits.receive_maximum:
             raise ProtocolError(
                 DisconnectReason.RECEIVE_MAXIMUM_EXCEEDED,
-                f"more than Receive Maximum {broker.config.limits.receive_maximum} QoS 1/2"
+                f"more than Receive Maximum {limits.receive_maximum} QoS 1/2"
                 " PUBLISHes unacknowledged [MQTT-3.3.4-7]",
             )
-        retain = packet.retain and broker.config.limits.retain_available
-        if packet.retain and not retain and self.conn.level == MQTT_5:
+        if packet.retain and not limits.retain_available and conn.level == MQTT_5:
             raise ProtocolError(
                 DisconnectReason.RETAIN_NOT_SUPPORTED,
                 "retained messages are not available (CONNACK Retain Available 0) [MQTT-3.2.2-14]",
             )
         if packet.qos == 2 and packet.packet_id in self._qos2:
             # A resent QoS 2 PUBLISH whose PUBREC was lost: committed already.
-            self.conn.send(Pubrec(packet.packet_id or 0))
-            return
-        if not broker.authorizer.can_publish(self.conn.username, self.conn.client_id, topic):
-            log.info("client %s: not authorized to publish to %r", self.conn.client_id, topic)
+            conn.send(Pubrec(packet.packet_id or 0))
+            return None
+        if not conn.broker.authorizer.can_publish(conn.username, conn.client_id, topic):
+            log.info("client %s: not authorized to publish to %r", conn.client_id, topic)
+            v5 = conn.level == MQTT_5
             if packet.qos == 1:
-                refused = (
-                    PubackReason.NOT_AUTHORIZED
-                    if self.conn.level == MQTT_5
-                    else PubackReason.SUCCESS
-                )
-                self.conn.send(Puback(packet.packet_id or 0, refused))
+                refused = PubackReason.NOT_AUTHORIZED if v5 else PubackReason.SUCCESS
+                conn.send(Puback(packet.packet_id or 0, refused))
             elif packet.qos == 2:
-                denied = (
-                    PubrecReason.NOT_AUTHORIZED
-                    if self.conn.level == MQTT_5
-                    else PubrecReason.SUCCESS
-                )
-                self.conn.send(Pubrec(packet.packet_id or 0, denied))
+                denied = PubrecReason.NOT_AUTHORIZED if v5 else PubrecReason.SUCCESS
+                conn.send(Pubrec(packet.packet_id or 0, denied))
+            return None
+        return topic, message_from_publish(packet, topic, conn.client_id)
+
+    async def publish(self, packet: Publish) -> None:
+        """A PUBLISH that waits: retained (stored before the acknowledgement) or QoS 2."""
+        accepted = self._accept(packet)
+        if accepted is None:
             return
-        message = message_from_publish(packet, topic, self.conn.client_id)
+        topic, message = accepted
+        broker = self.conn.broker
+        retain = packet.retain and broker.config.limits.retain_available
         log_topic = broker.log.topic_for(topic)
         if retain:
             # Durable before the acknowledgement, like the message (mqtt/retained.py).
@@ -149,15 +232,11 @@ class Inbound:
         if packet.qos == 2:
             await self._publish_exactly_once(packet, log_topic, message)
             return
-        future = broker.log.produce_async(log_topic, [message])
-        self._acks.append((future, packet))
-        loop = self._loop
-
-        def done(f: Future[Positions], message: Message = message) -> None:
-            ok = not f.cancelled() and f.exception() is None
-            loop.call_soon_threadsafe(self._committed, f.result()[0] if ok else None, message)
-
-        future.add_done_callback(done)
+        batch = _Batch(log_topic)
+        batch.messages.append(message)
+        self._acks.append((batch, packet))
+        self._batches[log_topic] = batch
+        self.flush()
 
     async def _publish_exactly_once(
         self, packet: Publish, log_topic: str, message: Message
@@ -167,9 +246,14 @@ class Inbound:
         before the next is read. One transaction per QoS 2 message, not pipelined;
         QoS 0 and 1 keep the group commit."""
         assert self.conn.stored is not None and packet.packet_id is not None
-        earlier = [asyncio.wrap_future(f) if isinstance(f, Future) else f for f, _ in self._acks]
+        earlier: dict[int, asyncio.Future[Any]] = {}
+        for f, _ in self._acks:
+            if not isinstance(f, _Batch):
+                earlier[id(f)] = f
+            elif f.future is not None and id(f) not in earlier:
+                earlier[id(f)] = asyncio.wrap_future(f.future)
         if earlier:
-            await asyncio.wait(earlier)
+            await asyncio.wait(earlier.values())
         marker = qos2_marker(self.conn.stored.record.session_id, packet.packet_id)
         once = self._loop.run_in_executor(
             None, append_exactly_once, self.conn.broker.log, log_topic, message, marker
@@ -200,35 +284,73 @@ class Inbound:
             # PUBCOMP was lost, or a stray one): MQTT 5 says so, 3.1.1 cannot.
             self.conn.send(Pubcomp(packet_id, PubcompReason.PACKET_IDENTIFIER_NOT_FOUND))
 
+    def _batch_committed(self, batch: _Batch) -> None:
+        """A batch was committed (or failed): route it, send the acknowledgements due."""
+        future = batch.future
+        assert future is not None
+        if not future.cancelled() and future.exception() is None:
+            positions = future.result()
+            router = self.conn.broker.router
+            messages = batch.messages
+            run_stream: StreamId | None = None
+            run_first = 0
+            run: list[StoredMessage] = []
+            for i, message in enumerate(messages):
+                stream, offset = positions[i]
+                if stream != run_stream or offset != run_first + len(run):
+                    if run_stream is not None:
+                        router.committed(run_stream, run_first, run)
+                    run_stream, run_first, run = stream, offset, []
+                run.append(committed_row(message, offset))
+            if run_stream is not None:
+                router.committed(run_stream, run_first, run)
+        self._send_acks()
+
     def _committed(self, position: Position | None, message: Message) -> None:
-        """A PUBLISH was committed (at `position`; None: failed, or a QoS 2 resent
+        """A QoS 2 PUBLISH was committed (at `position`; None: failed, or resent
         and committed before): route it, and send the acknowledgements now due."""
         if position is not None:
             stream, offset = position
             self.conn.broker.router.committed(stream, offset, [committed_row(message, offset)])
+        self._send_acks()
+
+    def _send_acks(self) -> None:
+        """Acknowledge the PUBLISHes whose commits are done, in arrival order."""
         acks = self._acks
+        conn = self.conn
         while acks and acks[0][0].done():
             done, packet = acks.popleft()
             failed = done.cancelled() or done.exception() is not None
             if failed:
                 log.error(
                     "client %s: committing a PUBLISH to %r failed: %s",
-                    self.conn.client_id,
+                    conn.client_id,
                     packet.topic,
                     None if done.cancelled() else done.exception(),
                 )
-                if self.conn.level != MQTT_5:
-                    self.conn.close(DisconnectReason.UNSPECIFIED_ERROR)  # the client sends it again
+                if conn.level != MQTT_5:
+                    conn.close(DisconnectReason.UNSPECIFIED_ERROR)  # the client sends it again
                     return
-            if packet.qos == 1 and packet.packet_id is not None:
-                reason = PubackReason.UNSPECIFIED_ERROR if failed else PubackReason.SUCCESS
-                self.conn.send(Puback(packet.packet_id, reason))
-            elif packet.qos == 2 and packet.packet_id is not None:
+            packet_id = packet.packet_id
+            if packet_id is None:
+                continue
+            if packet.qos == 1:
+                if failed:
+                    conn.send(Puback(packet_id, PubackReason.UNSPECIFIED_ERROR))
+                else:
+                    conn._write(_puback(packet_id))
+            elif packet.qos == 2:
                 if not failed:
-                    self._qos2.add(packet.packet_id)
-                self.conn.send(
+                    self._qos2.add(packet_id)
+                conn.send(
                     Pubrec(
-                        packet.packet_id,
+                        packet_id,
                         PubrecReason.UNSPECIFIED_ERROR if failed else PubrecReason.SUCCESS,
                     )
                 )
+
+
+def _puback(packet_id: int) -> bytes:
+    """A successful PUBACK, the same bytes at both protocol levels (MQTT 5 leaves
+    out reason code 0 and properties [MQTT-3.4.2.1])."""
+    return b"\x40\x02" + packet_id.to_bytes(2, "big")

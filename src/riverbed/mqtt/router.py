@@ -46,6 +46,8 @@ READ_BATCH = 1000
 """Messages per storage read while catching up."""
 WATCH_TIMEOUT = 1.0
 """Seconds between looks at the heads when no wake-up comes."""
+REFRESH_INTERVAL = 0.02
+"""Seconds between looks at the heads at most, however many wake-ups come."""
 
 
 @dataclass(slots=True)
@@ -274,12 +276,24 @@ class Router:
             await self.refresh()
 
     async def _watch(self) -> None:
+        # Our own commits wake this too (the storage cannot tell them from other
+        # processes' on SQLite), and `committed` has routed those already: so the
+        # heads are looked at no more often than every REFRESH_INTERVAL, which
+        # bounds the cost under load and adds at most that to the latency of
+        # messages other processes append.
         wakeups = self.storage.wakeups
         seen = wakeups.version
+        loop = asyncio.get_running_loop()
+        last = 0.0
         while not self._stopping:
             seen = await wakeups.wait_async(seen, WATCH_TIMEOUT)
             if not any(r.waiters for r in self._streams.values()):
                 continue
+            wait = last + REFRESH_INTERVAL - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+                seen = wakeups.version
+            last = loop.time()
             try:
                 await self.refresh()
             except RiverbedError:

@@ -264,6 +264,8 @@ class Session:
         self._next_packet_id = 1
         self._acks = 0
         self._last_checkpoint = now
+        self._moved = False
+        """A cursor may have moved since the last checkpoint."""
         # QoS 2 out (sessions/qos2.py).
         self._window: dict[tuple[int, int], WindowEntry] = {}
         self._reserved: set[int] = set()
@@ -347,24 +349,38 @@ class Session:
 
     def next_deadline(self) -> float | None:
         """When a `Tick` would checkpoint changed cursors; None if none changed."""
-        if any(s.cursor() != s.committed for s in self._streams.values()):
+        if self._moved:
             return self._last_checkpoint + self.checkpoint_interval
         return None
 
     # --- events ------------------------------------------------------------------
     def handle(self, event: Event, now: float) -> list[Effect]:
+        return self.handle_all((event,), now)
+
+    def handle_all(self, events: Sequence[Event], now: float) -> list[Effect]:
+        """Handle several events (e.g. the acknowledgements of one read) as one:
+        the effects are those of handling them one by one, gathered."""
         effects: list[Effect] = []
         if self._resend:
             effects.extend(self._resend)
             self._resend = []
+        for event in events:
+            self._apply(event, effects)
+        self._pump(effects)
+        self._fetch(effects)
+        if self._dirty and not self._persisting:
+            self._dirty = False
+            self._persisting = True
+            self._persist_seq += 1
+            effects.append(Persist(self._persist_seq))
+        if self._acks >= self.checkpoint_every or now >= (
+            self._last_checkpoint + self.checkpoint_interval
+        ):
+            self._checkpoint(effects, now)
+        return effects
+
+    def _apply(self, event: Event, effects: list[Effect]) -> None:
         match event:
-            case Follow(stream, cursor, dup_below):
-                if stream not in self._streams:
-                    self._streams[stream] = _Stream(stream, cursor, cursor, dup_below, cursor)
-                    if self._window:
-                        self._restore_released(stream)
-            case Offered(stream, messages, upto):
-                self._offered(stream, messages, upto)
             case Acked(packet_id):
                 found = self._inflight.pop(packet_id, None)
                 if found is not None:
@@ -373,6 +389,14 @@ class Session:
                     if state is not None:
                         state.outstanding.pop(offset, None)
                     self._acks += 1
+                    self._moved = True
+            case Offered(stream, messages, upto):
+                self._offered(stream, messages, upto)
+            case Follow(stream, cursor, dup_below):
+                if stream not in self._streams:
+                    self._streams[stream] = _Stream(stream, cursor, cursor, dup_below, cursor)
+                    if self._window:
+                        self._restore_released(stream)
             case Received(packet_id, accepted):
                 self._received(packet_id, accepted)
             case Completed(packet_id):
@@ -391,18 +415,6 @@ class Session:
                 pass
             case _:
                 assert_never(event)
-        self._pump(effects)
-        self._fetch(effects)
-        if self._dirty and not self._persisting:
-            self._dirty = False
-            self._persisting = True
-            self._persist_seq += 1
-            effects.append(Persist(self._persist_seq))
-        if self._acks >= self.checkpoint_every or now >= (
-            self._last_checkpoint + self.checkpoint_interval
-        ):
-            self._checkpoint(effects, now)
-        return effects
 
     def retained(
         self, subscription: Subscription, messages: Sequence[StoredMessage], now: float
@@ -428,6 +440,7 @@ class Session:
         """A checkpoint of everything now, changed or not (at disconnect)."""
         self._acks = 0
         self._last_checkpoint = now
+        self._moved = False
         cursors = self.cursors()
         for key, offset in cursors.items():
             self._streams[key].committed = offset
@@ -475,6 +488,7 @@ class Session:
             state.outstanding.pop(entry.offset, None)
             state.released.pop(entry.offset, None)
         self._acks += 1
+        self._moved = True
 
     def _offered(self, key: int, messages: Sequence[StoredMessage], upto: int) -> None:
         state = self._streams.get(key)
@@ -497,6 +511,7 @@ class Session:
             if queued is not None:
                 state.pending.append(queued)
         state.fetched = upto
+        self._moved = True
         if was_empty and state.pending:
             self._ready.append(key)
 
@@ -585,6 +600,7 @@ class Session:
         }
         self._acks = 0
         self._last_checkpoint = now
+        self._moved = False
         if not changed:
             return
         for key, offset in changed.items():
