@@ -8,6 +8,7 @@ per node even when the wall clock steps back.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import threading
@@ -132,26 +133,36 @@ class MessageIdGenerator:
 
         One clock read and one lock for the lot: what a batch producer wants.
         """
+        node_bits = self._node_bits
+        out: list[tuple[bytes, int]] = []
+        for ts, first, n in self.reserve_spans(count):
+            base = (ts << 64) | node_bits
+            out.extend(((base | s).to_bytes(16, "big"), ts) for s in range(first, first + n))
+        return out
+
+    def reserve_spans(self, count: int) -> list[tuple[int, int, int]]:
+        """`count` fresh ids at once, as spans `(timestamp µs, first sequence, n)`:
+        the ids `timestamp | node | sequence` for sequences `first .. first + n - 1`,
+        in increasing order. For callers that build id columns without a Python
+        object per id (the Spark sink)."""
         now = self._clock() // 1000
         with self._lock:
             if now > self._last_ts:
                 ts, seq = now, -1
             else:
                 ts, seq = self._last_ts, self._seq
-            out: list[tuple[bytes, int]] = []
-            node_bits = self._node_bits
-            while len(out) < count:
-                take = min(count - len(out), _MAX_SEQUENCE - seq)
+            spans: list[tuple[int, int, int]] = []
+            left = count
+            while left > 0:
+                take = min(left, _MAX_SEQUENCE - seq)
                 if take <= 0:
                     ts, seq = ts + 1, -1
                     continue
-                base = (ts << 64) | node_bits
-                out.extend(
-                    ((base | s).to_bytes(16, "big"), ts) for s in range(seq + 1, seq + 1 + take)
-                )
+                spans.append((ts, seq + 1, take))
                 seq += take
+                left -= take
             self._last_ts, self._seq = ts, seq
-            return out
+            return spans
 
     def next_id(self) -> MessageId:
         return MessageId(self.next_raw()[0])
@@ -235,6 +246,23 @@ def encode_properties(properties: Properties) -> bytes | None:
     """Encode properties for storage; `None` for none (the common case)."""
     if not properties:
         return None
+    if type(properties) is tuple and len(properties) <= 4:
+        # The broker stores the same few string properties (the publisher's
+        # client id, ...) with every message of a client: encode each set once.
+        try:
+            if all(type(name) is str and type(value) is str for name, value in properties):
+                return _encode_strings(properties)
+        except (TypeError, ValueError):
+            pass  # not pairs: _encode_properties says what is wrong
+    return _encode_properties(properties)
+
+
+@functools.lru_cache(maxsize=4096)
+def _encode_strings(properties: tuple[tuple[str, str], ...]) -> bytes:
+    return json.dumps(properties, separators=(",", ":")).encode()
+
+
+def _encode_properties(properties: Properties) -> bytes:
     items: list[list[object]] = []
     for name, value in properties:
         if not isinstance(name, str):

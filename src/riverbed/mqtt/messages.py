@@ -16,6 +16,7 @@ subscriber.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import time
@@ -109,6 +110,23 @@ def publish_properties(
     blob = message.properties_blob
     if not blob and not subscription_identifiers:
         return NO_PUBLISH_PROPERTIES
+    if expiry is None:
+        return _properties_of(blob, subscription_identifiers)
+    return _properties(blob, subscription_identifiers, expiry)
+
+
+@functools.lru_cache(maxsize=4096)
+def _properties_of(
+    blob: bytes | None, subscription_identifiers: tuple[int, ...]
+) -> PublishProperties:
+    """`_properties` without an expiry, remembered: a publisher's messages share
+    their properties blob (immutable, so one object serves them all)."""
+    return _properties(blob, subscription_identifiers, None)
+
+
+def _properties(
+    blob: bytes | None, subscription_identifiers: tuple[int, ...], expiry: int | None
+) -> PublishProperties:
     user: list[tuple[str, str]] = []
     fields: dict[str, object] = {}
     for name, value in decode_properties(blob):

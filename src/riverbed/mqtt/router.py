@@ -93,6 +93,8 @@ class Router:
         self._watcher: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
+        self._wanted = asyncio.Event()
+        """Set while some session may wait on a stream: the watcher runs."""
         self.start_heads: dict[int, int] = {}
         """Each stream's next offset when the router started (docs/broker.md, DUP)."""
 
@@ -108,6 +110,7 @@ class Router:
         # `Wakeups.wait_async`) can swallow a cancellation that races with its
         # future completing, and the watcher would wait on for ever.
         self._stopping = True
+        self._wanted.set()
         tasks = [*self._tasks, *([self._watcher] if self._watcher else [])]
         for task in tasks:
             task.cancel()
@@ -157,6 +160,8 @@ class Router:
             return
         if offset >= routed.upto:
             routed.waiters[handle] = _Waiter(offset, limit, sink)
+            if not self._wanted.is_set():
+                self._wanted.set()
             if offset > routed.upto or routed.head > routed.upto:
                 self._advance(routed)
             return
@@ -276,29 +281,28 @@ class Router:
             await self.refresh()
 
     async def _watch(self) -> None:
-        # Our own commits wake this too (the storage cannot tell them from other
-        # processes' on SQLite), and `committed` has routed those already: so the
-        # heads are looked at no more often than every REFRESH_INTERVAL, which
-        # bounds the cost under load and adds at most that to the latency of
-        # messages other processes append.
+        # Only while some session waits on a stream (`_wanted`). Our own commits
+        # wake this too (on SQLite the storage cannot tell them from other
+        # processes'), and `committed` has routed those already: so after each
+        # look at the heads the watcher rests REFRESH_INTERVAL, which bounds its
+        # cost under load and adds at most that to the latency of messages other
+        # processes append.
         wakeups = self.storage.wakeups
         seen = wakeups.version
-        loop = asyncio.get_running_loop()
-        last = 0.0
         while not self._stopping:
+            if not self._wanted.is_set():
+                await self._wanted.wait()
+                seen = wakeups.version
             seen = await wakeups.wait_async(seen, WATCH_TIMEOUT)
             if not any(r.waiters for r in self._streams.values()):
+                self._wanted.clear()
                 continue
-            wait = last + REFRESH_INTERVAL - loop.time()
-            if wait > 0:
-                await asyncio.sleep(wait)
-                seen = wakeups.version
-            last = loop.time()
             try:
                 await self.refresh()
             except RiverbedError:
                 log.exception("looking at the stream heads failed")
                 await asyncio.sleep(WATCH_TIMEOUT)
+            await asyncio.sleep(REFRESH_INTERVAL)
 
     def _spawn(self, coro: object) -> None:
         task = asyncio.ensure_future(coro)  # type: ignore[call-overload]
