@@ -237,11 +237,15 @@ class Client:
         timeout: float = 10.0,
         retain_handling: int = 0,
         retain_as_published: bool = False,
+        no_local: bool = False,
     ) -> list[int]:
         assert self.paho is not None
         if self.protocol == paho.MQTTv5:
             options = SubscribeOptions(
-                qos, retainAsPublished=retain_as_published, retainHandling=retain_handling
+                qos,
+                noLocal=no_local,
+                retainAsPublished=retain_as_published,
+                retainHandling=retain_handling,
             )
             result, mid = self.paho.subscribe([(f, options) for f in filters])
         else:

@@ -28,8 +28,12 @@ class RawClient:
         self.decoder = Decoder(MQTT_5)
         self.pending: list[Packet] = []
 
-    def connect(self, client_id: str, *, clean: bool, expiry: int = 0) -> Connack:
-        props = ConnectProperties(session_expiry_interval=expiry or None)
+    def connect(
+        self, client_id: str, *, clean: bool, expiry: int = 0, alias_maximum: int = 0
+    ) -> Connack:
+        props = ConnectProperties(
+            session_expiry_interval=expiry or None, topic_alias_maximum=alias_maximum or None
+        )
         self.send(Connect(client_id, clean, 60, properties=props))
         return self.expect(Connack)
 

@@ -111,3 +111,25 @@ def test_retain_can_be_switched_off(sqlite_url: str, tmp_path: Path) -> None:
         assert pub.wait_disconnected(5) and pub.disconnects[0] == 0x9A
         pub.close()
         sub.disconnect()
+
+
+def test_no_local_live_and_retained(broker: BrokerProcess) -> None:
+    # [MQTT-3.8.3-3]: a No Local subscription gets nothing its own client id
+    # published, neither live nor from the retained store; others get it all.
+    me = Client(broker.port, "nl-me")
+    me.connect()
+    me.publish("nl/kept", b"mine, retained", qos=1, retain=True).wait_for_publish(10)
+    _retain(broker.port, "nl/other", b"theirs, retained")
+    me.subscribe("nl/#", no_local=True)
+    other = Client(broker.port, "nl-other")
+    other.connect()
+    other.subscribe("nl/#")
+    assert sorted(m.payload for m in other.wait_for(2)) == [b"mine, retained", b"theirs, retained"]
+    me.publish("nl/live", b"mine, live", qos=1).wait_for_publish(10)
+    _retain(broker.port, "nl/other", b"theirs, live")
+    assert [m.payload for m in other.wait_for(4)][2:] == [b"mine, live", b"theirs, live"]
+    assert [m.payload for m in me.wait_for(2)] == [b"theirs, retained", b"theirs, live"]
+    time.sleep(0.3)
+    assert me.payloads() == [b"theirs, retained", b"theirs, live"]
+    me.disconnect()
+    other.disconnect()

@@ -137,6 +137,10 @@ class Connection(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self.inbound = Inbound(self)
         self._client_max_packet: int | None = None
+        self._alias_maximum = 0
+        """Outbound topic aliases the client accepts (its CONNECT Topic Alias Maximum)."""
+        self._aliases: dict[str, int] = {}
+        """Topic name -> the outbound alias set for it on this connection."""
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
         self._checkpoint: Checkpoint | None = None
@@ -372,6 +376,7 @@ class Connection(asyncio.Protocol):
         receive_maximum = props.receive_maximum or 0xFFFF
         window = min(receive_maximum, limits.max_inflight)
         self._client_max_packet = props.maximum_packet_size
+        self._alias_maximum = (props.topic_alias_maximum or 0) if v5 else 0
 
         async with broker.client_lock(client_id):
             old = broker.connections.get(client_id)
@@ -706,10 +711,23 @@ class Connection(asyncio.Protocol):
             self._discard(effect)
             return
         properties = NO_PUBLISH_PROPERTIES
+        topic = message.mqtt_topic
+        new_alias = 0
         if self.level == MQTT_5:
             properties = publish_properties(message, effect.subscription_identifiers, expiry)
+            if self._alias_maximum:
+                # Outbound Topic Aliases (MQTT 5.0 §3.3.2.3.4), up to the client's
+                # Topic Alias Maximum: a topic's first PUBLISH on this connection
+                # names it and sets an alias, later ones send only the alias.
+                alias = self._aliases.get(topic)
+                if alias is not None:
+                    properties = replace(properties, topic_alias=alias)
+                    topic = ""
+                elif len(self._aliases) < self._alias_maximum:
+                    new_alias = len(self._aliases) + 1
+                    properties = replace(properties, topic_alias=new_alias)
         packet = Publish(
-            message.mqtt_topic,
+            topic,
             message.payload,
             effect.qos,
             effect.retain,
@@ -722,6 +740,8 @@ class Connection(asyncio.Protocol):
             # [MQTT-3.1.2-25]: too large for the client, discarded as if delivered.
             self._discard(effect)
             return
+        if new_alias:
+            self._aliases[message.mqtt_topic] = new_alias
         self._write(data)
 
     def _discard(self, effect: Deliver) -> None:

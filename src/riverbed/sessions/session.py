@@ -427,6 +427,12 @@ class Session:
         was_empty = not state.pending
         identifiers = () if subscription.identifier is None else (subscription.identifier,)
         for message in messages:
+            if (
+                subscription.no_local
+                and self._publisher is not None
+                and self._publisher(message) == self.client_id
+            ):
+                continue  # [MQTT-3.8.3-3] retained messages too
             offset = state.fetched
             state.fetched += 1
             qos = min(subscription.qos, message.qos)
