@@ -69,6 +69,7 @@ class Broker:
         self.wills = Wills(self)
         self.trie: TopicTrie[Hashable] = TopicTrie()
         self.router = Router(log.storage, self.trie)
+        self.router.on_new_streams = self._streams_changed
         self.authenticator, self.authorizer = load_auth(config.auth)
         self.connections: dict[str, Connection] = {}
         """Client id -> the connection holding its session."""
@@ -128,6 +129,10 @@ class Broker:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(server.wait_closed(), 1.0)
         log.info("stopped; %d sessions saved", len(connections))
+
+    def _streams_changed(self) -> None:
+        for connection in list(self.connections.values()):
+            connection.streams_changed()
 
     def client_lock(self, client_id: str) -> asyncio.Lock:
         """Serializes CONNECTs of one client id (takeover)."""

@@ -38,7 +38,8 @@ from collections import deque
 from dataclasses import replace
 from typing import TYPE_CHECKING, cast
 
-from riverbed.errors import PreconditionFailed, ProtocolError, RiverbedError
+from riverbed.errors import PreconditionFailed, ProtocolError, RiverbedError, TopicNotFound
+from riverbed.log.reader import readable_streams
 from riverbed.mqtt.codec import (
     MQTT_5,
     NO_PUBLISH_PROPERTIES,
@@ -145,6 +146,10 @@ class Connection(asyncio.Protocol):
         self._timer_at = 0.0
         self._checkpoint: Checkpoint | None = None
         self._checkpointing: asyncio.Task[None] | None = None
+        self._following: asyncio.Task[None] | None = None
+        self._lineage_wait = False
+        """Some stream of the session's topics waits for its lineage (re-checked
+        after every checkpoint)."""
         self._persisting: asyncio.Task[None] | None = None
         self._record_lock = asyncio.Lock()
         self._backlog: deque[Packet] = deque()
@@ -541,16 +546,66 @@ class Connection(asyncio.Protocol):
         heads = await self.broker.router.refresh()
         start_heads = self.broker.router.start_heads
         events: list[Event] = []
+        for key, cursor in (await self._readable(all_topics)).items():
+            dup_below = dup.get(key, 0)
+            if crashed:
+                dup_below = max(dup_below, start_heads.get(key, heads.get(key, 0)))
+            events.append(Follow(key, cursor, dup_below))
+        return events
+
+    async def _readable(self, topics: list[str]) -> dict[int, int]:
+        """The streams of `topics` the session may read now, with their cursors:
+        a stream of a later generation only once its lineage's streams of the
+        generation before are fully consumed (`log.reader`, per-key order across
+        a scale-up). Sets `_lineage_wait` when some stream has to wait."""
+        assert self.stored is not None
+        session_id = self.stored.record.session_id
+        store = self.broker.store
         storage = self.broker.log.storage
-        for topic in all_topics:
+        in_memory = self.session.cursors() if self.session is not None else {}
+        out: dict[int, int] = {}
+        waiting = False
+        for topic in topics:
+            try:
+                generations = await asyncio.to_thread(storage.list_storage_topics, topic)
+            except TopicNotFound:
+                continue  # deleted since: nothing to follow there
             topic_heads = await asyncio.to_thread(storage.list_streams, topic)
             positions = await asyncio.to_thread(store.positions, session_id, topic, topic_heads)
-            for key, cursor in positions.items():
-                dup_below = dup.get(key, 0)
-                if crashed:
-                    dup_below = max(dup_below, start_heads.get(key, heads.get(key, 0)))
-                events.append(Follow(key, cursor, dup_below))
-        return events
+            cursors = {k: in_memory.get(k, v) for k, v in positions.items()}
+            readable, _ = readable_streams(generations, topic_heads, cursors)
+            waiting = waiting or len(readable) < len(topic_heads)
+            for head in readable:
+                out[head.key] = positions[head.key]
+        self._lineage_wait = waiting
+        return out
+
+    def streams_changed(self) -> None:
+        """The router saw new streams (a topic scaled up, or was created): follow
+        those the session may read now."""
+        if self.session is not None and self.stored is not None and not self.closing:
+            self._queue_follow_check()
+
+    def _queue_follow_check(self) -> None:
+        if self._following is None or self._following.done():
+            self._following = self._loop.create_task(self._follow_new())
+
+    async def _follow_new(self) -> None:
+        session = self.session
+        stored = self.stored
+        if session is None or stored is None or self.closing:
+            return
+        try:
+            readable = await self._readable(list(stored.record.topics))
+        except RiverbedError:
+            log.exception("client %s: looking for new streams failed", self.client_id)
+            return
+        if self.session is not session or self.closing:
+            return
+        known = session.streams
+        for key, cursor in readable.items():
+            if key not in known:
+                self._handle(Follow(key, cursor, 0))
 
     # --- SUBSCRIBE / UNSUBSCRIBE -----------------------------------------------------------
     async def _subscribe(self, packet: Subscribe) -> None:
@@ -786,6 +841,8 @@ class Connection(asyncio.Protocol):
                 await self._save_checkpoint(checkpoint, disconnected=False)
                 if self.session is not None:
                     self.session.forget_completed(checkpoint.cursors)
+                    if self._lineage_wait:
+                        self._queue_follow_check()
             except PreconditionFailed:
                 log.warning("client %s: session taken over elsewhere", self.client_id)
                 self.close(DisconnectReason.SESSION_TAKEN_OVER)
@@ -842,6 +899,8 @@ class Connection(asyncio.Protocol):
         for handle in (self._timer, self._alive):
             if handle is not None:
                 handle.cancel()
+        if self._following is not None:
+            self._following.cancel()
         broker = self.broker
         try:
             if self._worker is not None:

@@ -93,6 +93,10 @@ class Router:
         self._watcher: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
+        self.started = False
+        self.on_new_streams: Callable[[], None] | None = None
+        """Called when streams appear after the start (a topic scaled up or was
+        created): sessions may have new streams to follow."""
         self._wanted = asyncio.Event()
         """Set while some session may wait on a stream: the watcher runs."""
         self.start_heads: dict[int, int] = {}
@@ -102,6 +106,7 @@ class Router:
     async def start(self) -> None:
         heads = await asyncio.to_thread(self.storage.list_streams)
         self._learn(heads)
+        self.started = True
         self.start_heads = {h.key: h.next_offset for h in heads}
         self._watcher = asyncio.create_task(self._watch(), name="riverbed-router-watch")
 
@@ -126,9 +131,11 @@ class Router:
         return dict(self._topics)
 
     def _learn(self, heads: Sequence[StreamHead]) -> None:
+        new = False
         for h in heads:
             routed = self._streams.get(h.key)
             if routed is None:
+                new = True
                 self._streams[h.key] = _Routed(
                     h.key,
                     h.stream,
@@ -140,6 +147,8 @@ class Router:
                 self._topics[h.key] = h.stream.topic
             elif h.next_offset > routed.head:
                 routed.head = h.next_offset
+        if new and self.started and self.on_new_streams is not None:
+            self.on_new_streams()
 
     async def refresh(self) -> dict[int, int]:
         """Look at the heads now; route what others appended. Returns the heads."""

@@ -1,0 +1,98 @@
+"""Sessions across a scale-up of the topic they read (issue 3; DESIGN.md, Lineage).
+
+AddStorageTopic + SwitchProduce while the broker runs: an online session picks
+up the new generation's streams without reconnecting, and every session keeps
+per-key order (the key of an MQTT message is its publisher's client id): a
+stream of the new generation is read only after the streams of its lineage in
+the generation before are fully consumed, also when a session resumes with a
+backlog in both generations.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from harness.broker import BrokerProcess, Client
+from riverbed.log.topics import BUILTIN_TOPIC, Topics
+from riverbed.storage import open_storage
+
+PUBLISHERS = 6
+
+
+@pytest.fixture
+def broker(storage_url: str) -> Iterator[BrokerProcess]:
+    with BrokerProcess(storage_url) as running:
+        yield running
+
+
+def _scale_up(url: str, partitions: int) -> None:
+    """What `riverbed topic add-storage-topic` + `switch-produce` do, from
+    another process's point of view (its own storage connection)."""
+    storage = open_storage(url)
+    try:
+        topics = Topics(storage)
+        topics.add_storage_topic(BUILTIN_TOPIC, partitions)
+        topics.switch_produce(BUILTIN_TOPIC)
+    finally:
+        storage.close()
+
+
+def _publish(port: int, first: int, count: int) -> None:
+    """`count` rounds; in each, every publisher sends its next sequence number."""
+    clients = [Client(port, f"pub-{p}") for p in range(PUBLISHERS)]
+    for c in clients:
+        c.connect()
+    for seq in range(first, first + count):
+        infos = [c.publish("s/x", f"{p}:{seq}".encode(), qos=1) for p, c in enumerate(clients)]
+        for info in infos:
+            info.wait_for_publish(10)
+    for c in clients:
+        c.disconnect()
+
+
+def _check_order(payloads: list[bytes], rounds: int) -> None:
+    per_key: dict[str, list[int]] = {}
+    for payload in payloads:
+        key, seq = payload.decode().split(":")
+        per_key.setdefault(key, []).append(int(seq))
+    assert sorted(per_key) == [str(p) for p in range(PUBLISHERS)]
+    for key, seqs in per_key.items():
+        assert seqs == list(range(rounds)), f"publisher {key}: {seqs}"
+
+
+def test_an_online_session_follows_the_new_generation(
+    broker: BrokerProcess, storage_url: str
+) -> None:
+    sub = Client(broker.port, "online")
+    sub.connect(clean=True, expiry=300)
+    sub.subscribe("s/#", qos=1)
+    _publish(broker.port, 0, 20)
+    sub.wait_for(20 * PUBLISHERS)
+    _scale_up(storage_url, 32)
+    _publish(broker.port, 20, 20)
+    got = sub.wait_for(40 * PUBLISHERS, timeout=20)
+    time.sleep(0.3)
+    _check_order(sub.payloads(), 40)
+    assert len(got) == 40 * PUBLISHERS
+    sub.disconnect()
+
+
+def test_a_resumed_session_reads_generations_in_lineage_order(
+    broker: BrokerProcess, storage_url: str
+) -> None:
+    sub = Client(broker.port, "resumer")
+    sub.connect(clean=True, expiry=300)
+    sub.subscribe("s/#", qos=1)
+    sub.disconnect()
+    _publish(broker.port, 0, 30)  # generation 0, the session away
+    _scale_up(storage_url, 32)
+    _publish(broker.port, 30, 30)  # generation 1
+    back = Client(broker.port, "resumer")
+    assert back.connect(clean=False, expiry=300) is True
+    back.wait_for(60 * PUBLISHERS, timeout=30)
+    time.sleep(0.3)
+    _check_order(back.payloads(), 60)
+    back.disconnect()
