@@ -199,6 +199,7 @@ class Client:
         mqtt.on_message = self._on_message
         mqtt.on_disconnect = self._on_disconnect
         mqtt.on_subscribe = self._on_subscribe
+        mqtt.on_unsubscribe = self._on_unsubscribe
         mqtt.on_publish = self._on_publish
         if will is not None:
             will_properties = None
@@ -274,6 +275,19 @@ class Client:
             properties.MessageExpiryInterval = expiry
         return self.paho.publish(topic, payload, qos, retain, properties)
 
+    def unsubscribe(self, *filters: str, timeout: float = 10.0) -> list[int]:
+        """UNSUBSCRIBE and wait for the UNSUBACK; its reason codes (MQTT 5)."""
+        assert self.paho is not None
+        result, mid = self.paho.unsubscribe(list(filters))
+        assert result == paho.MQTT_ERR_SUCCESS and mid is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if mid in self._subacks:
+                    return self._subacks.pop(mid)
+            time.sleep(0.01)
+        raise AssertionError(f"no UNSUBACK within {timeout}s")
+
     def disconnect(self, expiry: int | None = None) -> None:
         if self.paho is None:
             return
@@ -344,6 +358,12 @@ class Client:
             self.disconnects.append(int(reason.value))
         self._disconnected.set()
         self._connected.set()  # a refused or lost connection ends the wait too
+
+    def _on_unsubscribe(
+        self, client: Any, userdata: Any, mid: int, reasons: Any, props: Any
+    ) -> None:
+        with self._lock:
+            self._subacks[mid] = [int(r.value) for r in reasons] if reasons else []
 
     def _on_subscribe(self, client: Any, userdata: Any, mid: int, reasons: Any, props: Any) -> None:
         with self._lock:

@@ -157,3 +157,25 @@ def test_final_checkpoint_has_every_cursor() -> None:
     s.handle(Follow(1, 3), now=0.0)
     s.handle(Follow(2, 4), now=0.0)
     assert s.checkpoint(now=5.0) == Checkpoint({1: 3, 2: 4}, {1: 3, 2: 4})
+
+
+def test_unfollow_completes_what_was_sent_and_drops_the_rest() -> None:
+    # [MQTT-3.10.4-3]: sent QoS 1 messages are still completed; queued ones are
+    # dropped; the stream leaves the cursors and is fetched no more.
+    s = session(window=2, checkpoint_every=1000, checkpoint_interval=60)
+    s.handle(Follow(1, 0), now=0.0)
+    s.handle(Follow(2, 0), now=0.0)
+    sent = of(Deliver, s.handle(Offered(1, [msg(0), msg(1), msg(2)], 3), now=0.0))
+    assert [d.packet_id for d in sent] == [1, 2]
+    s.unfollow([1])
+    assert s.cursors() == {2: 0} and s.queued == 0 and s.inflight == 2
+    assert 1 in s.streams
+    effects = s.handle(Acked(1), now=0.0)
+    effects += s.handle(Acked(2), now=0.0)
+    assert of(Deliver, effects) == [] and s.inflight == 0
+    assert all(f.stream != 1 for f in of(Fetch, effects))
+    assert 1 not in s.streams  # forgotten once its last message was acknowledged
+    final = s.checkpoint(now=1.0)
+    assert final.cursors == {2: 0}
+    # A late answer to a fetch of the dropped stream changes nothing.
+    assert of(Deliver, s.handle(Offered(1, [msg(3)], 4), now=1.0)) == []

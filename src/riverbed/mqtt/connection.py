@@ -670,7 +670,30 @@ class Connection(asyncio.Protocol):
             else:
                 codes.append(UnsubackReason.NO_SUBSCRIPTION_EXISTED)
         await self._save_subscriptions()
+        await self._drop_unreached_topics()
         self.send(Unsuback(packet.packet_id, tuple(codes) if self.level == MQTT_5 else ()))
+
+    async def _drop_unreached_topics(self) -> None:
+        """Topics no subscription of the session reaches any more lose its cursor,
+        so they no longer hold their messages back from retention."""
+        session = self.session
+        if session is None or self.stored is None:
+            return
+        reached = set(self._reachable_topics(session.subscriptions, await self._bindings()))
+        gone = [t for t in self.stored.record.topics if t not in reached]
+        if not gone:
+            return
+        topic_of = self.broker.router.topic_of()
+        session.unfollow(key for key, topic in topic_of.items() if topic in gone)
+        async with self._record_lock:
+            if self.stored is None:
+                return
+            kept = tuple(t for t in self.stored.record.topics if t not in gone)
+            record = replace(self._record(), topics=kept)
+            self.stored = await asyncio.to_thread(
+                self.broker.store.write, record, self.stored.version
+            )
+        await asyncio.to_thread(self.broker.store.drop_cursors, self.stored.record.session_id, gone)
 
     async def _save_subscriptions(self) -> None:
         assert self.session is not None

@@ -46,7 +46,7 @@ Subscriptions change through `subscribe` / `unsubscribe`, which answer directly.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import assert_never
 
@@ -210,6 +210,9 @@ class _Stream:
     released: dict[int, None] = field(default_factory=dict)
     """Offsets of restored QoS 2 messages waiting for PUBCOMP (not re-sent)."""
     fetching: bool = False
+    dropped: bool = False
+    """No longer followed (its topic is no longer reached): what was sent is
+    completed, nothing more is fetched, queued or checkpointed."""
 
     def cursor(self) -> int:
         if self.outstanding:
@@ -304,6 +307,21 @@ class Session:
         Messages already taken in are still delivered [MQTT-3.10.4-3]."""
         return self._subscriptions.pop(topic_filter, None) is not None
 
+    def unfollow(self, streams: Iterable[int]) -> None:
+        """Stop following these streams (no subscription reaches their topic any
+        more): messages queued for them are dropped, those sent are still
+        completed [MQTT-3.10.4-3], and their cursors leave the checkpoints."""
+        for key in streams:
+            state = self._streams.get(key)
+            if state is None or key == RETAINED:
+                continue
+            state.dropped = True
+            state.pending.clear()
+            if key in self._ready:
+                self._ready.remove(key)
+            if not state.outstanding and not state.released:
+                del self._streams[key]
+
     # --- inspection --------------------------------------------------------------
     @property
     def streams(self) -> frozenset[int]:
@@ -319,7 +337,7 @@ class Session:
 
     def cursors(self) -> dict[int, int]:
         """Every followed stream's cursor: the first offset not yet done."""
-        return {key: s.cursor() for key, s in self._streams.items()}
+        return {key: s.cursor() for key, s in self._streams.items() if not s.dropped}
 
     def sent(self) -> dict[int, int]:
         """Per stream, the offset below which messages may have been sent."""
@@ -388,6 +406,8 @@ class Session:
                     state = self._streams.get(key)
                     if state is not None:
                         state.outstanding.pop(offset, None)
+                        if state.dropped and not state.outstanding and not state.released:
+                            del self._streams[key]
                     self._acks += 1
                     self._moved = True
             case Offered(stream, messages, upto):
@@ -493,6 +513,8 @@ class Session:
         if state is not None:
             state.outstanding.pop(entry.offset, None)
             state.released.pop(entry.offset, None)
+            if state.dropped and not state.outstanding and not state.released:
+                del self._streams[entry.stream]
         self._acks += 1
         self._moved = True
 
@@ -501,6 +523,8 @@ class Session:
         if state is None:
             return
         state.fetching = False
+        if state.dropped:
+            return
         if upto <= state.fetched:
             return
         was_empty = not state.pending
@@ -593,7 +617,7 @@ class Session:
             return
         share = max(1, self.queue_limit // len(self._streams))
         for state in self._streams.values():
-            if state.fetching or len(state.pending) * 2 > share:
+            if state.fetching or state.dropped or len(state.pending) * 2 > share:
                 continue
             state.fetching = True
             effects.append(Fetch(state.key, state.fetched, share - len(state.pending)))
@@ -602,7 +626,7 @@ class Session:
         changed = {
             key: offset
             for key, state in self._streams.items()
-            if (offset := state.cursor()) != state.committed
+            if not state.dropped and (offset := state.cursor()) != state.committed
         }
         self._acks = 0
         self._last_checkpoint = now

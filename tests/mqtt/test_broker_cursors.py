@@ -1,0 +1,72 @@
+"""A session's cursors follow what its subscriptions reach (issue 3).
+
+A session holds a cursor (a named subscription `$session.<id>.<topic>`) on every
+topic its filters can reach, so retention keeps what it has not read. Once no
+subscription reaches a topic, the cursor goes: an abandoned topic must not hold
+its messages back for ever. Messages already sent are still completed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from harness.broker import BrokerProcess, Client
+from riverbed.log.topics import BUILTIN_TOPIC, Topics
+from riverbed.sessions.store import CURSOR_PREFIX
+from riverbed.storage import open_storage
+
+
+@pytest.fixture
+def broker(storage_url: str) -> Iterator[BrokerProcess]:
+    storage = open_storage(storage_url)
+    try:
+        Topics(storage).create("orders", 4, binding="orders/#")
+    finally:
+        storage.close()
+    with BrokerProcess(storage_url) as running:
+        yield running
+
+
+def _cursor_topics(url: str) -> list[str]:
+    storage = open_storage(url)
+    try:
+        return sorted(
+            s.topic for s in storage.list_subscriptions() if s.name.startswith(CURSOR_PREFIX)
+        )
+    finally:
+        storage.close()
+
+
+def test_unsubscribing_drops_the_cursors_of_topics_no_longer_reached(
+    broker: BrokerProcess, storage_url: str
+) -> None:
+    sub = Client(broker.port, "cursors")
+    sub.connect(clean=True, expiry=300)
+    sub.subscribe("orders/#", "news/#", qos=1)
+    assert _cursor_topics(storage_url) == sorted([BUILTIN_TOPIC, "orders"])
+
+    pub = Client(broker.port, "pub")
+    pub.connect()
+    pub.publish("orders/1", b"o1", qos=1).wait_for_publish(10)
+    pub.publish("news/1", b"n1", qos=1).wait_for_publish(10)
+    assert sorted(m.payload for m in sub.wait_for(2)) == [b"n1", b"o1"]
+
+    assert sub.unsubscribe("orders/#") == [0]
+    assert _cursor_topics(storage_url) == [BUILTIN_TOPIC]
+    pub.publish("orders/2", b"o2", qos=1).wait_for_publish(10)
+    pub.publish("news/2", b"n2", qos=1).wait_for_publish(10)
+    assert [m.payload for m in sub.wait_for(3)][2:] == [b"n2"]
+
+    assert sub.unsubscribe("news/#") == [0]
+    assert _cursor_topics(storage_url) == []
+    sub.disconnect()
+    pub.disconnect()
+
+    # The session itself lives on and subscribes again: a new cursor, from now.
+    back = Client(broker.port, "cursors")
+    assert back.connect(clean=False, expiry=300) is True
+    back.subscribe("orders/#", qos=1)
+    assert _cursor_topics(storage_url) == sorted([BUILTIN_TOPIC, "orders"])
+    back.disconnect()
