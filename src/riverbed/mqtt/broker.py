@@ -132,7 +132,7 @@ class Broker:
 
     def _streams_changed(self) -> None:
         for connection in list(self.connections.values()):
-            connection.streams_changed()
+            connection.following.streams_changed()
 
     def client_lock(self, client_id: str) -> asyncio.Lock:
         """Serializes CONNECTs of one client id (takeover)."""

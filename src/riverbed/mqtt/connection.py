@@ -38,8 +38,7 @@ from collections import deque
 from dataclasses import replace
 from typing import TYPE_CHECKING, cast
 
-from riverbed.errors import PreconditionFailed, ProtocolError, RiverbedError, TopicNotFound
-from riverbed.log.reader import readable_streams
+from riverbed.errors import PreconditionFailed, ProtocolError, RiverbedError
 from riverbed.mqtt.codec import (
     MQTT_5,
     NO_PUBLISH_PROPERTIES,
@@ -59,16 +58,13 @@ from riverbed.mqtt.codec import (
     Publish,
     Pubrec,
     Pubrel,
-    Suback,
-    SubackReason,
     Subscribe,
-    Unsuback,
-    UnsubackReason,
     Unsubscribe,
     Will,
     encode,
 )
 from riverbed.mqtt.codec.reasons import CONNACK_REASONS_V311
+from riverbed.mqtt.following import Following
 from riverbed.mqtt.inbound import Inbound
 from riverbed.mqtt.messages import publish_properties, publisher, remaining_expiry
 from riverbed.mqtt.wills import will_to_json
@@ -80,14 +76,12 @@ from riverbed.sessions.session import (
     Effect,
     Event,
     Fetch,
-    Follow,
     Offered,
     Persist,
     Persisted,
     Received,
     Release,
     Session,
-    Subscription,
     Tick,
     cursors_by_topic,
 )
@@ -137,6 +131,7 @@ class Connection(asyncio.Protocol):
         self._normal = False
         self._loop = asyncio.get_running_loop()
         self.inbound = Inbound(self)
+        self.following = Following(self)
         self._client_max_packet: int | None = None
         self._alias_maximum = 0
         """Outbound topic aliases the client accepts (its CONNECT Topic Alias Maximum)."""
@@ -146,12 +141,8 @@ class Connection(asyncio.Protocol):
         self._timer_at = 0.0
         self._checkpoint: Checkpoint | None = None
         self._checkpointing: asyncio.Task[None] | None = None
-        self._following: asyncio.Task[None] | None = None
-        self._lineage_wait = False
-        """Some stream of the session's topics waits for its lineage (re-checked
-        after every checkpoint)."""
         self._persisting: asyncio.Task[None] | None = None
-        self._record_lock = asyncio.Lock()
+        self.record_lock = asyncio.Lock()
         self._backlog: deque[Packet] = deque()
         """Packets waiting behind one that is being handled asynchronously."""
         self._worker: asyncio.Task[None] | None = None
@@ -243,7 +234,7 @@ class Connection(asyncio.Protocol):
             acked, self._acked = self._acked, []
             session = self.session
             if session is not None and not self.closing:
-                self._execute(session.handle_all(acked, self._loop.time()))
+                self.execute(session.handle_all(acked, self._loop.time()))
 
     async def _work(self) -> None:
         """Handle the backlog in order, waiting where a packet needs it."""
@@ -325,9 +316,9 @@ class Connection(asyncio.Protocol):
             case Publish():
                 await self.inbound.publish(packet)
             case Subscribe():
-                await self._subscribe(packet)
+                await self.following.subscribe(packet)
             case Unsubscribe():
-                await self._unsubscribe(packet)
+                await self.following.unsubscribe(packet)
             case Pubrel(packet_id):
                 await self.inbound.release(packet_id)
             case Auth():
@@ -451,8 +442,8 @@ class Connection(asyncio.Protocol):
             self.expiry,
         )
         for event in follow:
-            self._handle(event)
-        self._handle(Tick())
+            self.handle(event)
+        self.handle(Tick())
 
     def _connack_refusal(self, reason: ConnectReason) -> None:
         if self.level == MQTT_5 or reason in CONNACK_REASONS_V311:
@@ -479,8 +470,10 @@ class Connection(asyncio.Protocol):
             )
             self.stored = await asyncio.to_thread(store.write, record, stored.version)
             since = old.disconnected_us if old.disconnected_us is not None else old.seen_us
-            follow = await self._follow(
-                self._reachable_topics(record.subscriptions, await self._bindings()),
+            follow = await self.following.follow(
+                self.following.reachable_topics(
+                    record.subscriptions, await self.following.bindings()
+                ),
                 start_us=since,
                 dup=old.sent,
                 crashed=crashed,
@@ -507,204 +500,6 @@ class Connection(asyncio.Protocol):
     def _will_json(self) -> str | None:
         return None if self.will is None else will_to_json(self.will, self.username)
 
-    async def _bindings(self) -> list[tuple[str, str | None]]:
-        topics = await asyncio.to_thread(self.broker.log.storage.list_topics)
-        return [(t.name, t.binding) for t in topics]
-
-    def _reachable_topics(
-        self, subscriptions: tuple[Subscription, ...], bindings: list[tuple[str, str | None]]
-    ) -> list[str]:
-        return self.broker.reachable_topics([s.topic_filter for s in subscriptions], bindings)
-
-    async def _follow(
-        self,
-        topics: list[str],
-        *,
-        start_us: int | None,
-        dup: dict[int, int],
-        crashed: bool,
-    ) -> list[Event]:
-        """Make sure the session has cursors on `topics`; return Follow events for
-        their streams, and record the topics."""
-        assert self.stored is not None
-        stored = self.stored
-        store = self.broker.store
-        known = set(stored.record.topics)
-        new = [t for t in topics if t not in known]
-        all_topics = [*stored.record.topics, *new]
-        if not all_topics:
-            return []
-        session_id = stored.record.session_id
-        # Topics the session had before keep their cursors; a topic it reaches for
-        # the first time starts where the session was last seen (resume) or now.
-        await asyncio.to_thread(store.ensure_cursors, session_id, stored.record.topics, None)
-        await asyncio.to_thread(store.ensure_cursors, session_id, new, start_us)
-        if new:
-            async with self._record_lock:
-                record = replace(self._record(), topics=tuple(all_topics))
-                self.stored = await asyncio.to_thread(store.write, record, self.stored.version)
-        heads = await self.broker.router.refresh()
-        start_heads = self.broker.router.start_heads
-        events: list[Event] = []
-        for key, cursor in (await self._readable(all_topics)).items():
-            dup_below = dup.get(key, 0)
-            if crashed:
-                dup_below = max(dup_below, start_heads.get(key, heads.get(key, 0)))
-            events.append(Follow(key, cursor, dup_below))
-        return events
-
-    async def _readable(self, topics: list[str]) -> dict[int, int]:
-        """The streams of `topics` the session may read now, with their cursors:
-        a stream of a later generation only once its lineage's streams of the
-        generation before are fully consumed (`log.reader`, per-key order across
-        a scale-up). Sets `_lineage_wait` when some stream has to wait."""
-        assert self.stored is not None
-        session_id = self.stored.record.session_id
-        store = self.broker.store
-        storage = self.broker.log.storage
-        in_memory = self.session.cursors() if self.session is not None else {}
-        out: dict[int, int] = {}
-        waiting = False
-        for topic in topics:
-            try:
-                generations = await asyncio.to_thread(storage.list_storage_topics, topic)
-            except TopicNotFound:
-                continue  # deleted since: nothing to follow there
-            topic_heads = await asyncio.to_thread(storage.list_streams, topic)
-            positions = await asyncio.to_thread(store.positions, session_id, topic, topic_heads)
-            cursors = {k: in_memory.get(k, v) for k, v in positions.items()}
-            readable, _ = readable_streams(generations, topic_heads, cursors)
-            waiting = waiting or len(readable) < len(topic_heads)
-            for head in readable:
-                out[head.key] = positions[head.key]
-        self._lineage_wait = waiting
-        return out
-
-    def streams_changed(self) -> None:
-        """The router saw new streams (a topic scaled up, or was created): follow
-        those the session may read now."""
-        if self.session is not None and self.stored is not None and not self.closing:
-            self._queue_follow_check()
-
-    def _queue_follow_check(self) -> None:
-        if self._following is None or self._following.done():
-            self._following = self._loop.create_task(self._follow_new())
-
-    async def _follow_new(self) -> None:
-        session = self.session
-        stored = self.stored
-        if session is None or stored is None or self.closing:
-            return
-        try:
-            readable = await self._readable(list(stored.record.topics))
-        except RiverbedError:
-            log.exception("client %s: looking for new streams failed", self.client_id)
-            return
-        if self.session is not session or self.closing:
-            return
-        known = session.streams
-        for key, cursor in readable.items():
-            if key not in known:
-                self._handle(Follow(key, cursor, 0))
-
-    # --- SUBSCRIBE / UNSUBSCRIBE -----------------------------------------------------------
-    async def _subscribe(self, packet: Subscribe) -> None:
-        session = self.require_session()
-        broker = self.broker
-        v5 = self.level == MQTT_5
-        identifier = packet.properties.subscription_identifier
-        codes: list[SubackReason] = []
-        added: list[Subscription] = []
-        for topic in packet.topics:
-            name = topic.topic_filter
-            if name.startswith("$share/") or name.startswith("$queue/"):
-                codes.append(
-                    SubackReason.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED
-                    if v5
-                    else SubackReason.UNSPECIFIED_ERROR
-                )
-                continue
-            if not broker.authorizer.can_subscribe(self.username, self.client_id, name):
-                codes.append(SubackReason.NOT_AUTHORIZED if v5 else SubackReason.UNSPECIFIED_ERROR)
-                continue
-            granted = min(topic.qos, 2)
-            sub = Subscription(
-                name,
-                granted,
-                topic.no_local,
-                topic.retain_as_published,
-                int(topic.retain_handling),
-                identifier,
-            )
-            added.append(sub)
-            codes.append(SubackReason(granted))
-        if added:
-            # Cursors first: whatever is published after the SUBACK is after them.
-            filters = [s.topic_filter for s in (*session.subscriptions, *added)]
-            topics = broker.reachable_topics(filters, await self._bindings())
-            follow = await self._follow(topics, start_us=None, dup={}, crashed=False)
-            wants_retained: list[Subscription] = []
-            for sub in added:
-                existed = session.subscribe(sub)
-                broker.trie.add(sub.topic_filter, self)
-                # Retain Handling 0: always; 1: only for a new subscription; 2: never.
-                if sub.retain_handling == 0 or (sub.retain_handling == 1 and not existed):
-                    wants_retained.append(sub)
-            await self._save_subscriptions()
-            for event in follow:
-                self._handle(event)
-        self.send(Suback(packet.packet_id, tuple(codes)))
-        if added and broker.config.limits.retain_available:
-            for sub in wants_retained:
-                found = await asyncio.to_thread(broker.retained.matching, sub.topic_filter)
-                if found and self.session is not None and not self.closing:
-                    self._execute(self.session.retained(sub, found, self._loop.time()))
-
-    async def _unsubscribe(self, packet: Unsubscribe) -> None:
-        session = self.require_session()
-        codes: list[UnsubackReason] = []
-        for name in packet.topic_filters:
-            if session.unsubscribe(name):
-                self.broker.trie.remove(name, self)
-                codes.append(UnsubackReason.SUCCESS)
-            else:
-                codes.append(UnsubackReason.NO_SUBSCRIPTION_EXISTED)
-        await self._save_subscriptions()
-        await self._drop_unreached_topics()
-        self.send(Unsuback(packet.packet_id, tuple(codes) if self.level == MQTT_5 else ()))
-
-    async def _drop_unreached_topics(self) -> None:
-        """Topics no subscription of the session reaches any more lose its cursor,
-        so they no longer hold their messages back from retention."""
-        session = self.session
-        if session is None or self.stored is None:
-            return
-        reached = set(self._reachable_topics(session.subscriptions, await self._bindings()))
-        gone = [t for t in self.stored.record.topics if t not in reached]
-        if not gone:
-            return
-        topic_of = self.broker.router.topic_of()
-        session.unfollow(key for key, topic in topic_of.items() if topic in gone)
-        async with self._record_lock:
-            if self.stored is None:
-                return
-            kept = tuple(t for t in self.stored.record.topics if t not in gone)
-            record = replace(self._record(), topics=kept)
-            self.stored = await asyncio.to_thread(
-                self.broker.store.write, record, self.stored.version
-            )
-        await asyncio.to_thread(self.broker.store.drop_cursors, self.stored.record.session_id, gone)
-
-    async def _save_subscriptions(self) -> None:
-        assert self.session is not None
-        async with self._record_lock:
-            if self.stored is None:
-                return
-            record = replace(self._record(), subscriptions=self.session.subscriptions)
-            self.stored = await asyncio.to_thread(
-                self.broker.store.write, record, self.stored.version
-            )
-
     def _disconnect(self, packet: Disconnect) -> None:
         interval = packet.properties.session_expiry_interval
         if interval is not None:
@@ -726,14 +521,14 @@ class Connection(asyncio.Protocol):
         return self.session
 
     # --- session events and effects ---------------------------------------------------------
-    def _handle(self, event: Event) -> None:
+    def handle(self, event: Event) -> None:
         session = self.session
         if session is None or self.closing:
             return
         effects = session.handle(event, self._loop.time())
-        self._execute(effects)
+        self.execute(effects)
 
-    def _execute(self, effects: list[Effect]) -> None:
+    def execute(self, effects: list[Effect]) -> None:
         for effect in effects:
             match effect:
                 case Deliver():
@@ -748,7 +543,7 @@ class Connection(asyncio.Protocol):
                     self._persisting = asyncio.create_task(self._persist(seq))
         self._arm_timer()
 
-    def _record(self) -> SessionRecord:
+    def record(self) -> SessionRecord:
         """The record to write: the last one written with the session's QoS 2
         window as it is now (every write carries it, so none writes an old one)."""
         assert self.stored is not None
@@ -759,11 +554,11 @@ class Connection(asyncio.Protocol):
     async def _persist(self, seq: int) -> None:
         """Write the QoS 2 window; then the PUBLISHes and PUBRELs it names may go."""
         try:
-            async with self._record_lock:
+            async with self.record_lock:
                 if self.stored is None:
                     return
                 self.stored = await asyncio.to_thread(
-                    self.broker.store.write, self._record(), self.stored.version
+                    self.broker.store.write, self.record(), self.stored.version
                 )
         except PreconditionFailed:
             log.warning("client %s: session taken over elsewhere", self.client_id)
@@ -773,12 +568,12 @@ class Connection(asyncio.Protocol):
             log.exception("client %s: persisting the QoS 2 window failed", self.client_id)
             self.close(DisconnectReason.UNSPECIFIED_ERROR)
             return
-        self._handle(Persisted(seq))
+        self.handle(Persisted(seq))
 
     def _offer(self, stream: int, messages: object, upto: int) -> None:
         # Always on a later turn of the loop: a fetch answered from memory must not
         # re-enter the session while it is handing out effects.
-        self._loop.call_soon(self._handle, Offered(stream, messages, upto))  # type: ignore[arg-type]
+        self._loop.call_soon(self.handle, Offered(stream, messages, upto))  # type: ignore[arg-type]
 
     def _deliver(self, effect: Deliver) -> None:
         message = effect.message
@@ -827,7 +622,7 @@ class Connection(asyncio.Protocol):
         packet_id = effect.packet_id
         if packet_id is not None:
             done = Received(packet_id, False) if effect.qos == 2 else Acked(packet_id)
-            self._loop.call_soon(self._handle, done)
+            self._loop.call_soon(self.handle, done)
 
     def _arm_timer(self) -> None:
         session = self.session
@@ -846,7 +641,7 @@ class Connection(asyncio.Protocol):
 
     def _tick(self) -> None:
         self._timer = None
-        self._handle(Tick())
+        self.handle(Tick())
 
     def _queue_checkpoint(self, checkpoint: Checkpoint) -> None:
         if self._checkpoint is None:
@@ -864,8 +659,8 @@ class Connection(asyncio.Protocol):
                 await self._save_checkpoint(checkpoint, disconnected=False)
                 if self.session is not None:
                     self.session.forget_completed(checkpoint.cursors)
-                    if self._lineage_wait:
-                        self._queue_follow_check()
+                    if self.following.lineage_wait:
+                        self.following.check_soon()
             except PreconditionFailed:
                 log.warning("client %s: session taken over elsewhere", self.client_id)
                 self.close(DisconnectReason.SESSION_TAKEN_OVER)
@@ -874,10 +669,10 @@ class Connection(asyncio.Protocol):
                 log.exception("client %s: checkpoint failed", self.client_id)
 
     async def _save_checkpoint(self, checkpoint: Checkpoint, *, disconnected: bool) -> None:
-        async with self._record_lock:
+        async with self.record_lock:
             if self.stored is None:
                 return
-            stored = Stored(self._record(), self.stored.version)
+            stored = Stored(self.record(), self.stored.version)
             if disconnected:
                 at = now_us()
                 record = replace(
@@ -922,8 +717,7 @@ class Connection(asyncio.Protocol):
         for handle in (self._timer, self._alive):
             if handle is not None:
                 handle.cancel()
-        if self._following is not None:
-            self._following.cancel()
+        self.following.cancel()
         broker = self.broker
         try:
             if self._worker is not None:

@@ -1,0 +1,265 @@
+"""What a session follows: its subscriptions, the topics they reach, the streams
+it reads and the cursors it holds (issue 3).
+
+Each subscription of a session reads the log through the session's cursors
+(named subscriptions `$session.<id>.<topic>`, `sessions/store.py`) on every
+topic its filters can reach. `Following` keeps that set in step:
+
+- SUBSCRIBE creates the cursors before the SUBACK (whatever is published after
+  it is after them), then sends the retained messages per Retain Handling;
+- UNSUBSCRIBE drops the cursors of topics no subscription reaches any more, so
+  they do not hold messages back from retention;
+- a stream of a later generation (a topic scaled up) is followed only once its
+  lineage's streams of the generation before are fully consumed
+  (`log.reader.readable_streams`): per-key order across a scale-up. While some
+  stream waits, the check runs again after every checkpoint; streams that
+  appear while the session is online are picked up when the router sees them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from riverbed.errors import RiverbedError, TopicNotFound
+from riverbed.log.reader import readable_streams
+from riverbed.mqtt.codec import (
+    MQTT_5,
+    Suback,
+    SubackReason,
+    Subscribe,
+    Unsuback,
+    UnsubackReason,
+    Unsubscribe,
+)
+from riverbed.sessions.session import Event, Follow, Subscription
+
+if TYPE_CHECKING:
+    from riverbed.mqtt.connection import Connection
+
+log = logging.getLogger(__name__)
+
+
+class Following:
+    """The subscriptions and followed streams of one connection's session."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.lineage_wait = False
+        """Some stream of the session's topics waits for its lineage."""
+        self._task: asyncio.Task[None] | None = None
+
+    def cancel(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def bindings(self) -> list[tuple[str, str | None]]:
+        conn = self.conn
+        topics = await asyncio.to_thread(conn.broker.log.storage.list_topics)
+        return [(t.name, t.binding) for t in topics]
+
+    def reachable_topics(
+        self, subscriptions: tuple[Subscription, ...], bindings: list[tuple[str, str | None]]
+    ) -> list[str]:
+        conn = self.conn
+        return conn.broker.reachable_topics([s.topic_filter for s in subscriptions], bindings)
+
+    async def follow(
+        self,
+        topics: list[str],
+        *,
+        start_us: int | None,
+        dup: dict[int, int],
+        crashed: bool,
+    ) -> list[Event]:
+        """Make sure the session has cursors on `topics`; return Follow events for
+        their streams, and record the topics."""
+        conn = self.conn
+        assert conn.stored is not None
+        stored = conn.stored
+        store = conn.broker.store
+        known = set(stored.record.topics)
+        new = [t for t in topics if t not in known]
+        all_topics = [*stored.record.topics, *new]
+        if not all_topics:
+            return []
+        session_id = stored.record.session_id
+        # Topics the session had before keep their cursors; a topic it reaches for
+        # the first time starts where the session was last seen (resume) or now.
+        await asyncio.to_thread(store.ensure_cursors, session_id, stored.record.topics, None)
+        await asyncio.to_thread(store.ensure_cursors, session_id, new, start_us)
+        if new:
+            async with conn.record_lock:
+                record = replace(conn.record(), topics=tuple(all_topics))
+                conn.stored = await asyncio.to_thread(store.write, record, conn.stored.version)
+        heads = await conn.broker.router.refresh()
+        start_heads = conn.broker.router.start_heads
+        events: list[Event] = []
+        for key, cursor in (await self.readable(all_topics)).items():
+            dup_below = dup.get(key, 0)
+            if crashed:
+                dup_below = max(dup_below, start_heads.get(key, heads.get(key, 0)))
+            events.append(Follow(key, cursor, dup_below))
+        return events
+
+    async def readable(self, topics: list[str]) -> dict[int, int]:
+        """The streams of `topics` the session may read now, with their cursors:
+        a stream of a later generation only once its lineage's streams of the
+        generation before are fully consumed (`log.reader`, per-key order across
+        a scale-up). Sets `lineage_wait` when some stream has to wait."""
+        conn = self.conn
+        assert conn.stored is not None
+        session_id = conn.stored.record.session_id
+        store = conn.broker.store
+        storage = conn.broker.log.storage
+        in_memory = conn.session.cursors() if conn.session is not None else {}
+        out: dict[int, int] = {}
+        waiting = False
+        for topic in topics:
+            try:
+                generations = await asyncio.to_thread(storage.list_storage_topics, topic)
+            except TopicNotFound:
+                continue  # deleted since: nothing to follow there
+            topic_heads = await asyncio.to_thread(storage.list_streams, topic)
+            positions = await asyncio.to_thread(store.positions, session_id, topic, topic_heads)
+            cursors = {k: in_memory.get(k, v) for k, v in positions.items()}
+            readable, _ = readable_streams(generations, topic_heads, cursors)
+            waiting = waiting or len(readable) < len(topic_heads)
+            for head in readable:
+                out[head.key] = positions[head.key]
+        self.lineage_wait = waiting
+        return out
+
+    def streams_changed(self) -> None:
+        """The router saw new streams (a topic scaled up, or was created): follow
+        those the session may read now."""
+        conn = self.conn
+        if conn.session is not None and conn.stored is not None and not conn.closing:
+            self.check_soon()
+
+    def check_soon(self) -> None:
+        conn = self.conn
+        if self._task is None or self._task.done():
+            self._task = conn._loop.create_task(self._follow_new())
+
+    async def _follow_new(self) -> None:
+        conn = self.conn
+        session = conn.session
+        stored = conn.stored
+        if session is None or stored is None or conn.closing:
+            return
+        try:
+            readable = await self.readable(list(stored.record.topics))
+        except RiverbedError:
+            log.exception("client %s: looking for new streams failed", conn.client_id)
+            return
+        if conn.session is not session or conn.closing:
+            return
+        known = session.streams
+        for key, cursor in readable.items():
+            if key not in known:
+                conn.handle(Follow(key, cursor, 0))
+
+    # --- SUBSCRIBE / UNSUBSCRIBE ---------------------------------------------------
+    async def subscribe(self, packet: Subscribe) -> None:
+        conn = self.conn
+        session = conn.require_session()
+        broker = conn.broker
+        v5 = conn.level == MQTT_5
+        identifier = packet.properties.subscription_identifier
+        codes: list[SubackReason] = []
+        added: list[Subscription] = []
+        for topic in packet.topics:
+            name = topic.topic_filter
+            if name.startswith("$share/") or name.startswith("$queue/"):
+                codes.append(
+                    SubackReason.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED
+                    if v5
+                    else SubackReason.UNSPECIFIED_ERROR
+                )
+                continue
+            if not broker.authorizer.can_subscribe(conn.username, conn.client_id, name):
+                codes.append(SubackReason.NOT_AUTHORIZED if v5 else SubackReason.UNSPECIFIED_ERROR)
+                continue
+            granted = min(topic.qos, 2)
+            sub = Subscription(
+                name,
+                granted,
+                topic.no_local,
+                topic.retain_as_published,
+                int(topic.retain_handling),
+                identifier,
+            )
+            added.append(sub)
+            codes.append(SubackReason(granted))
+        if added:
+            # Cursors first: whatever is published after the SUBACK is after them.
+            filters = [s.topic_filter for s in (*session.subscriptions, *added)]
+            topics = broker.reachable_topics(filters, await self.bindings())
+            follow = await self.follow(topics, start_us=None, dup={}, crashed=False)
+            wants_retained: list[Subscription] = []
+            for sub in added:
+                existed = session.subscribe(sub)
+                broker.trie.add(sub.topic_filter, conn)
+                # Retain Handling 0: always; 1: only for a new subscription; 2: never.
+                if sub.retain_handling == 0 or (sub.retain_handling == 1 and not existed):
+                    wants_retained.append(sub)
+            await self.save_subscriptions()
+            for event in follow:
+                conn.handle(event)
+        conn.send(Suback(packet.packet_id, tuple(codes)))
+        if added and broker.config.limits.retain_available:
+            for sub in wants_retained:
+                found = await asyncio.to_thread(broker.retained.matching, sub.topic_filter)
+                if found and conn.session is not None and not conn.closing:
+                    conn.execute(conn.session.retained(sub, found, conn._loop.time()))
+
+    async def unsubscribe(self, packet: Unsubscribe) -> None:
+        conn = self.conn
+        session = conn.require_session()
+        codes: list[UnsubackReason] = []
+        for name in packet.topic_filters:
+            if session.unsubscribe(name):
+                conn.broker.trie.remove(name, conn)
+                codes.append(UnsubackReason.SUCCESS)
+            else:
+                codes.append(UnsubackReason.NO_SUBSCRIPTION_EXISTED)
+        await self.save_subscriptions()
+        await self._drop_unreached_topics()
+        conn.send(Unsuback(packet.packet_id, tuple(codes) if conn.level == MQTT_5 else ()))
+
+    async def _drop_unreached_topics(self) -> None:
+        """Topics no subscription of the session reaches any more lose its cursor,
+        so they no longer hold their messages back from retention."""
+        conn = self.conn
+        session = conn.session
+        if session is None or conn.stored is None:
+            return
+        reached = set(self.reachable_topics(session.subscriptions, await self.bindings()))
+        gone = [t for t in conn.stored.record.topics if t not in reached]
+        if not gone:
+            return
+        topic_of = conn.broker.router.topic_of()
+        session.unfollow(key for key, topic in topic_of.items() if topic in gone)
+        async with conn.record_lock:
+            if conn.stored is None:
+                return
+            kept = tuple(t for t in conn.stored.record.topics if t not in gone)
+            record = replace(conn.record(), topics=kept)
+            conn.stored = await asyncio.to_thread(
+                conn.broker.store.write, record, conn.stored.version
+            )
+        await asyncio.to_thread(conn.broker.store.drop_cursors, conn.stored.record.session_id, gone)
+
+    async def save_subscriptions(self) -> None:
+        conn = self.conn
+        assert conn.session is not None
+        async with conn.record_lock:
+            if conn.stored is None:
+                return
+            record = replace(conn.record(), subscriptions=conn.session.subscriptions)
+            conn.stored = await asyncio.to_thread(
+                conn.broker.store.write, record, conn.stored.version
+            )
