@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # ruff fails on a path that does not exist, so lint only the directories that do.
 LINT_PATHS := $(wildcard src tests bench examples)
 
-.PHONY: venv run test lint fmt bench-storage bench-spark bench-mqtt clean
+.PHONY: venv run test lint fmt bench-storage bench-spark bench-mqtt bench-competing clean
 
 venv: $(VENV)/.installed
 
@@ -46,6 +46,10 @@ bench-spark: venv
 # Needs Debian's mosquitto and an amqtt venv; see docs/benchmarks.md.
 bench-mqtt: venv
 	$(PY) bench/mqtt.py
+
+# Needs depeche-db 0.13.1 in its own venv (/tmp/depeche-venv); see docs/benchmarks.md.
+bench-competing: venv
+	$(PY) bench/competing.py
 
 clean:
 	rm -rf $(VENV) build dist .mypy_cache .ruff_cache .hypothesis .pytest_cache .import_linter_cache

@@ -79,6 +79,18 @@ MIGRATIONS: list[list[str]] = [
             marker {text} PRIMARY KEY,
             created_us {int} NOT NULL)""",
     ],
+    # 3: partition locks with leases and fencing (seed 004, "Locks"): the default
+    # lock service on SQLite (`riverbed.storage.locks.LeaseLocks`). A row outlives
+    # its release so that `fence` only ever grows.
+    [
+        """CREATE TABLE partition_locks (
+            subscription {text} NOT NULL,
+            stream {int} NOT NULL,
+            owner {text} NOT NULL,
+            expires_us {int} NOT NULL,
+            fence {int} NOT NULL,
+            PRIMARY KEY (subscription, stream))""",
+    ],
 ]
 
 MESSAGE_COLUMNS = "off, id, ts, mqtt_topic, key, payload, properties, qos, retain"

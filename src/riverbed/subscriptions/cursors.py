@@ -17,7 +17,7 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from riverbed.errors import InvalidInput, InvalidOffset
 from riverbed.log.reader import readable_streams
@@ -30,6 +30,9 @@ from riverbed.storage.base import (
     SubscriptionRecord,
 )
 from riverbed.topics.filters import matches, validate_filter
+
+if TYPE_CHECKING:
+    from riverbed.subscriptions.workers import Handler, Worker
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 
@@ -172,6 +175,13 @@ class Subscriptions:
 
     def consumer(self, name: str) -> Consumer:
         return Consumer(self, self.get(name))
+
+    def worker(self, name: str, handler: Handler, **options: Any) -> Worker:
+        """A competing-consumer `Worker` of subscription `name` (seed 004); `options`
+        are `Worker`'s (batch_size, guarantee, on_error, state, locks, ...)."""
+        from riverbed.subscriptions.workers import Worker
+
+        return Worker(self.storage, name, handler, **options)
 
 
 class Consumer:

@@ -1,0 +1,120 @@
+"""`riverbed worker`: competing consumers of a named subscription (seed 004)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import click
+
+from riverbed.cli._app import DB_KEY, cli, db_option
+from riverbed.errors import InvalidInput, SubscriptionNotFound
+from riverbed.storage import default_url, open_storage
+from riverbed.subscriptions.running import WorkerOptions, run_processes
+from riverbed.subscriptions.workers import Guarantee, OnError, load_handler
+
+
+@cli.command(short_help="Consume a subscription with a handler, in competing workers.")
+@click.argument("subscription")
+@click.option(
+    "--handler",
+    "handler_spec",
+    required=True,
+    metavar="MODULE:FUNCTION",
+    help="The function to call with each batch, e.g. myapp.handlers:on_order"
+    " (the current directory is importable).",
+)
+@click.option(
+    "--processes",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Worker processes; they share the streams by locking them.",
+)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=100,
+    show_default=True,
+    help="Most messages per handler call (all of one stream).",
+)
+@click.option(
+    "--exactly-once",
+    is_flag=True,
+    help="Run the handler inside the transaction that records the position (batch.tx).",
+)
+@click.option(
+    "--on-error",
+    type=click.Choice([a.value for a in OnError]),
+    default=OnError.STOP.value,
+    show_default=True,
+    help="When the handler raises: stop the worker, retry with backoff, or skip the batch.",
+)
+@click.option(
+    "--max-attempts",
+    type=click.IntRange(min=1),
+    default=None,
+    help="With --on-error retry: attempts in all before stopping (default: no limit).",
+)
+@click.option(
+    "--poll-interval",
+    type=click.FloatRange(min=0.001),
+    default=1.0,
+    show_default=True,
+    help="Seconds between looks when no wake-up arrives.",
+)
+@db_option
+def worker(
+    subscription: str,
+    handler_spec: str,
+    processes: int,
+    batch_size: int,
+    exactly_once: bool,
+    on_error: str,
+    max_attempts: int | None,
+    poll_interval: float,
+) -> None:
+    """Consume SUBSCRIPTION: call --handler with batches of messages until
+    SIGTERM or SIGINT, which let each batch in hand finish first.
+
+    At least once by default: a batch is handled, then its position recorded.
+    With --exactly-once the handler writes through `batch.tx`, which commits with
+    the position. Exit code 0 after a signal, 1 if the handler failed and
+    --on-error said stop, 2 for a bad option, handler or subscription.
+    """
+    ctx = click.get_current_context()
+    if max_attempts is not None and on_error != OnError.RETRY.value:
+        raise click.BadParameter(
+            f"{max_attempts} applies to --on-error retry only, not {on_error}",
+            param_hint="'--max-attempts'",
+        )
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # `--handler myapp:fn` from the project directory
+    try:
+        load_handler(handler_spec)
+    except InvalidInput as exc:
+        raise click.BadParameter(str(exc), param_hint="'--handler'") from None
+    url = ctx.meta.get(DB_KEY) or default_url()
+    storage = open_storage(url)
+    try:
+        storage.get_subscription(subscription)
+    except SubscriptionNotFound as exc:
+        raise click.BadParameter(str(exc), param_hint="'SUBSCRIPTION'") from None
+    finally:
+        storage.close()
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(process)d %(message)s")
+    options = WorkerOptions(
+        batch_size=batch_size,
+        guarantee=Guarantee.EXACTLY_ONCE if exactly_once else Guarantee.AT_LEAST_ONCE,
+        on_error=OnError(on_error),
+        max_attempts=max_attempts,
+        poll_interval=poll_interval,
+    )
+    click.echo(
+        f"worker: consuming {subscription!r} with {handler_spec} in {processes} process(es);"
+        " SIGTERM or Ctrl-C stops",
+        err=True,
+    )
+    code = run_processes(url, subscription, handler_spec, processes, options)
+    ctx.exit(code)

@@ -1,0 +1,169 @@
+"""Write transactions for code above the storage, and the cursor queries that
+must run inside them (seed 004: the position update shares the handler's
+transaction).
+
+`transaction(storage)` opens a write transaction on the calling thread's
+connection and hands out a `Transaction`: `execute(sql, params)` with `?`
+placeholders on both backends (rewritten to `%s` for PostgreSQL, as the
+storage's own queries are), `executemany`, and the raw DB-API `connection` for
+anything else. It commits when the block ends and rolls back if it raises.
+
+Everything written through it commits or vanishes together with the cursor
+update the competing-consumers runner makes in the same transaction: that is
+what makes a handler exactly-once. Do not COMMIT or ROLLBACK through the raw
+connection; raise to roll back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from riverbed.errors import InvalidInput, StorageError, StorageUnavailable
+from riverbed.storage.base import Storage
+from riverbed.storage.connections import ConnectionLost, Cursor, operation
+from riverbed.storage.sql import SqlStorage
+from riverbed.storage.urls import redact_url
+
+
+class Transaction:
+    """One write transaction; see the module docstring."""
+
+    __slots__ = ("_cursor", "_open", "_storage", "backend")
+
+    def __init__(self, storage: SqlStorage, cursor: Cursor) -> None:
+        self._storage = storage
+        self._cursor = cursor
+        self._open = True
+        self.backend = "postgresql" if storage.PARAMSTYLE == "%s" else "sqlite"
+        """`"sqlite"` or `"postgresql"`: for a handler that must write dialect SQL."""
+
+    @property
+    def connection(self) -> Any:
+        """The raw DB-API connection (sqlite3 or psycopg), inside this transaction."""
+        self._check_open()
+        return self._cursor.connection
+
+    @property
+    def cursor(self) -> Any:
+        """The raw DB-API cursor the transaction runs on."""
+        self._check_open()
+        return self._cursor
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        """Run one statement with `?` placeholders; returns the driver's cursor
+        (`fetchone()`, `fetchall()`, `rowcount`)."""
+        self._check_open()
+        return self._cursor.execute(self._storage._sql(sql), params)
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        """Run one statement with `?` placeholders once per row."""
+        self._check_open()
+        self._cursor.executemany(self._storage._sql(sql), rows)
+
+    def _check_open(self) -> None:
+        if not self._open:
+            raise StorageError("the transaction has ended: use it only inside its block")
+
+
+def sql_storage(storage: Storage) -> SqlStorage:
+    """`storage` as the SQL storage the runner needs (refused otherwise)."""
+    if not isinstance(storage, SqlStorage):
+        raise InvalidInput(
+            f"storage {storage!r} is not an SQL storage: transactions need sqlite or postgresql"
+        )
+    return storage
+
+
+@contextmanager
+def transaction(storage: Storage, *, durable: bool = True) -> Iterator[Transaction]:
+    """A write transaction on this thread's connection; see the module docstring.
+
+    `durable=False` lets PostgreSQL acknowledge the COMMIT before its WAL reaches
+    the disk (`synchronous_commit = off` for this transaction alone): a server
+    crash may then lose the transaction, whole, never half of it. For writes that
+    can be redone, such as an at-least-once position (losing it means
+    redelivery). SQLite ignores it (WAL with `synchronous=NORMAL` does not sync
+    each commit anyway).
+
+    Raises `StorageError` when the database fails to begin or commit it
+    (`StorageUnavailable` when the connection was lost; at COMMIT that means its
+    outcome is unknown). An exception raised inside the block rolls back and
+    passes through unchanged.
+    """
+    sql = sql_storage(storage)
+    if sql.closed:
+        raise sql.connections.closed_error("transaction")
+    body_raised = False
+    try:
+        with sql._write() as cur:
+            tx = Transaction(sql, cur)
+            if not durable and tx.backend == "postgresql":
+                cur.execute("SET LOCAL synchronous_commit = off")
+            try:
+                yield tx
+            except BaseException:
+                body_raised = True
+                raise
+            finally:
+                tx._open = False
+    except ConnectionLost as lost:
+        raise StorageUnavailable(
+            f"transaction on {redact_url(sql.url)!r} lost its connection to the database"
+            f" ({lost.consequence or 'nothing was written'}): {lost.__cause__}"
+        ) from lost.__cause__
+    except sql.DRIVER_ERRORS as exc:
+        if body_raised:
+            raise
+        raise StorageError(
+            f"transaction on {redact_url(sql.url)!r} failed: {' '.join(str(exc).split())}"
+        ) from exc
+
+
+# --------------------------------------------------------------------- cursors in a transaction
+
+
+def read_cursor(tx: Transaction, subscription: str, stream_key: int) -> int | None:
+    """The committed offset of one stream, read inside `tx` (None: never committed)."""
+    row = tx.execute(
+        "SELECT committed FROM cursors WHERE subscription = ? AND stream = ?",
+        (subscription, stream_key),
+    ).fetchone()
+    return None if row is None else int(row[0])
+
+
+def advance_cursor(
+    tx: Transaction, subscription: str, stream_key: int, expected: int | None, offset: int
+) -> bool:
+    """Compare-and-set one stream's committed offset inside `tx`: write `offset`
+    only if the stored offset is still `expected` (None: no row yet). False if
+    another writer moved it first (the caller rolls back)."""
+    if expected is None:
+        row = tx.execute(
+            "INSERT INTO cursors (subscription, stream, committed) VALUES (?, ?, ?)"
+            " ON CONFLICT (subscription, stream) DO NOTHING RETURNING committed",
+            (subscription, stream_key, offset),
+        ).fetchone()
+        return row is not None
+    row = tx.execute(
+        "UPDATE cursors SET committed = ? WHERE subscription = ? AND stream = ? AND committed = ?"
+        " RETURNING committed",
+        (offset, subscription, stream_key, expected),
+    ).fetchone()
+    return row is not None
+
+
+@operation
+def oldest_timestamps(storage: SqlStorage, positions: Mapping[int, int]) -> dict[int, int]:
+    """For each stream key, the timestamp (µs) of the message at its position
+    (streams whose position holds no message are left out). One query: seed 004
+    orders the partitions to process by the time of their oldest unprocessed
+    message."""
+    if not positions:
+        return {}
+    items = list(positions.items())
+    clauses = " OR ".join(["(stream = ? AND off = ?)"] * len(items))
+    params = [value for pair in items for value in pair]
+    rows = storage._q(f"SELECT stream, ts FROM messages WHERE {clauses}", params).fetchall()
+    return {int(stream): int(ts) for stream, ts in rows}

@@ -1,0 +1,183 @@
+"""Running competing-consumer workers until a signal: in this process, or in N
+child processes (what `riverbed worker` does).
+
+SIGTERM or SIGINT asks every worker to stop: each finishes the batch in hand
+and records its position (or abandons it unrecorded during a retry backoff), so
+nothing is lost, then exits. A parent forwards the signal to its children and
+waits for them. A child that fails (its handler failed with on-error stop, or
+it was killed) makes the parent stop the others and exit 1.
+
+Children are spawned, not forked: each opens its own storage and lock service
+and imports the handler by its `module:function` name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+from riverbed.errors import InvalidInput, SubscriptionNotFound
+from riverbed.storage import open_storage
+from riverbed.subscriptions.workers import (
+    ErrorPolicy,
+    Guarantee,
+    HandlerFailed,
+    OnError,
+    Worker,
+    load_handler,
+)
+
+logger = logging.getLogger(__name__)
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerOptions:
+    """What a worker process is told (picklable: no callables)."""
+
+    batch_size: int = 100
+    guarantee: Guarantee = Guarantee.AT_LEAST_ONCE
+    on_error: OnError = OnError.STOP
+    max_attempts: int | None = None
+    backoff: float = 0.5
+    poll_interval: float = 1.0
+
+    def policy(self) -> ErrorPolicy:
+        return ErrorPolicy(
+            self.on_error,
+            max_attempts=self.max_attempts,
+            backoff=self.backoff,
+            give_up=OnError.SKIP if self.on_error is OnError.SKIP else OnError.STOP,
+        )
+
+
+def run_worker(url: str, subscription: str, handler_spec: str, options: WorkerOptions) -> int:
+    """Run one worker in this process until SIGTERM/SIGINT. Returns the exit code:
+    0 when stopped by a signal, 1 when the handler failed and the policy said stop.
+
+    Raises `InvalidInput` (bad handler or option) and `SubscriptionNotFound`
+    before it starts.
+    """
+    handler = load_handler(handler_spec)
+    storage = open_storage(url)
+    try:
+        worker = Worker(
+            storage,
+            subscription,
+            handler,
+            batch_size=options.batch_size,
+            guarantee=options.guarantee,
+            on_error=options.policy(),
+            poll_interval=options.poll_interval,
+        )
+        previous = _on_signals(lambda: worker.stop())
+        try:
+            worker.run()
+        except (HandlerFailed, SubscriptionNotFound) as exc:  # the latter: deleted meanwhile
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+            return 1
+        finally:
+            _restore(previous)
+        return 0
+    finally:
+        storage.close()
+
+
+def _child(url: str, subscription: str, handler_spec: str, options: WorkerOptions) -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(process)d %(message)s")
+    sys.exit(run_worker(url, subscription, handler_spec, options))
+
+
+def run_processes(
+    url: str, subscription: str, handler_spec: str, processes: int, options: WorkerOptions
+) -> int:
+    """Run `processes` workers, each in a child process, until SIGTERM/SIGINT (or
+    until one fails). Returns the exit code: 0 when all stopped on a signal, 1 if
+    one failed."""
+    if not isinstance(processes, int) or isinstance(processes, bool) or processes < 1:
+        raise InvalidInput(f"process count {processes!r} must be an integer >= 1")
+    load_handler(handler_spec)  # refuse a bad name here, not N times in the children
+    storage = open_storage(url)
+    try:
+        storage.get_subscription(subscription)
+    finally:
+        storage.close()
+    if processes == 1:
+        return run_worker(url, subscription, handler_spec, options)
+    context = multiprocessing.get_context("spawn")
+    children = [
+        context.Process(
+            target=_child,
+            args=(url, subscription, handler_spec, options),
+            name=f"riverbed-worker-{i}",
+        )
+        for i in range(processes)
+    ]
+    stopping = threading.Event()
+
+    def stop_all() -> None:
+        stopping.set()
+        for child in children:
+            if child.pid is not None and child.exitcode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child.pid, signal.SIGTERM)
+
+    previous = _on_signals(stop_all)
+    code = 0
+    try:
+        for child in children:
+            child.start()
+        running = list(children)
+        while running:
+            multiprocessing.connection.wait([c.sentinel for c in running], timeout=1.0)
+            for child in [c for c in running if c.exitcode is not None]:
+                running.remove(child)
+                if child.exitcode != 0 and not stopping.is_set():
+                    print(
+                        f"error: worker process {child.pid} exited with {child.exitcode};"
+                        " stopping the others",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    code = 1
+                    stop_all()
+                elif child.exitcode not in (0, None):
+                    code = 1
+    finally:
+        stop_all()
+        for child in children:
+            if child.pid is not None:
+                child.join()
+        _restore(previous)
+    return code
+
+
+Handlers = dict[signal.Signals, Any]
+
+
+def _on_signals(stop: Callable[[], None]) -> Handlers:
+    """Make SIGTERM and SIGINT call `stop()`; returns what to restore (nothing
+    off the main thread, where Python allows no signal handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        stop()
+
+    return {sig: signal.signal(sig, handle) for sig in STOP_SIGNALS}
+
+
+def _restore(previous: Handlers) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)

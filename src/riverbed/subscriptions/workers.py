@@ -1,0 +1,674 @@
+"""Competing consumers: workers share a named subscription by locking its streams
+(seed 004, "Subscriptions").
+
+A `Worker` runs seed 004's loop over one subscription:
+
+1. wait for a trigger: the storage's wake-ups (an append, here or in another
+   process) or `poll_interval` seconds;
+2. read the state: every stream's committed position (`SubscriptionState`);
+3. take the streams with messages past their position that lineage order lets us
+   read (`riverbed.log.reader.readable_streams`), ordered by the time of their
+   oldest unprocessed message (fairness, not correctness); for each:
+   a. try to lock (subscription, stream), skipping it if another worker holds it;
+   b. re-validate the position (another worker may have moved it meanwhile);
+   c. process up to `batch_size` messages: call the handler once with a `Batch`;
+   d. record the new position: a compare-and-set from the position read in b,
+      in a transaction that also makes sure the lock is still ours;
+   e. unlock.
+
+How the steps map onto transactions depends on the lock service
+(`riverbed.storage.locks`). With a `TransactionLocks` (the default on
+PostgreSQL: `pg_try_advisory_xact_lock`) one transaction per batch holds a-e:
+the lock is taken in it and released by its COMMIT, so the handler runs while
+it is open (at least once too: keep handlers short, or pass `locks=` session
+locks). With a `PartitionLocks` (the default on SQLite: lease rows with
+fencing) the lock is held apart from transactions and step d is a short
+transaction of its own, so at least once the handlers of different streams run
+in parallel on SQLite too.
+
+Any number of workers, as threads or processes on any machines sharing the
+database, run this loop: a stream is handled by one of them at a time, in
+offset order, so per-key order holds (DESIGN.md, guarantee 2).
+
+Guarantees (`Guarantee`):
+
+- AT_LEAST_ONCE (default): the handler runs, then the position is recorded. A
+  crash or a lost lock between the two makes another worker handle the batch
+  again; nothing is skipped. The position's commit does not wait for the disk
+  (`transaction(durable=False)`): a database crash may lose the latest
+  positions, which again means redelivery.
+- EXACTLY_ONCE: the handler runs *inside* the transaction that records the
+  position, and writes its own state through it, in the same database::
+
+      def handle(batch: Batch) -> None:
+          for m in batch.messages:
+              batch.tx.execute("INSERT INTO totals (key, amount) VALUES (?, ?)",
+                               (m.key, int(m.payload)))
+
+      Worker(storage, "billing", handle, guarantee=Guarantee.EXACTLY_ONCE).run()
+
+  `batch.tx` is a `riverbed.storage.transactions.Transaction`: `execute` and
+  `executemany` with `?` placeholders on both backends, `connection` for the raw
+  DB-API connection. Its writes commit together with the position or not at all,
+  so each message's effect is there exactly once, whatever crashes. (What the
+  handler does *outside* the transaction, such as an HTTP call, is still
+  at-least-once.) On SQLite the transaction holds the database's write lock while
+  the handler runs, so handlers of different streams run one at a time there.
+
+Handler errors (`ErrorPolicy`): STOP (default) stops the worker (`run` raises
+`HandlerFailed`; the position stays, so the batch is handled again next time);
+RETRY handles the batch again after an exponential backoff, holding the stream's
+lock (with transaction locks, the open transaction too), `max_attempts` times in
+all (None: until it succeeds), then gives up as `give_up` says (STOP or SKIP);
+SKIP logs the error and moves past the batch.
+Whenever the worker gives up on a batch it calls `on_failure(Failure)` first,
+inside the transaction that records the skip: a hook that routes the batch to a
+retry or dead-letter queue writes there atomically with the skip. A hook that
+raises stops the worker without moving the position. In EXACTLY_ONCE, what a
+failed attempt wrote through `batch.tx` is rolled back.
+
+Shutdown: `stop()` (from a signal handler or another thread) lets the batch in
+hand finish and record its position, or abandons it unrecorded during a retry
+backoff, then `run` returns. Either way nothing is lost.
+
+The two services of seed 004 can be replaced: `state=` (where positions live;
+default `CursorState`, the subscription's cursors) and `locks=` (default
+`riverbed.storage.locks.default_locks`). A lock service belongs to one worker.
+If the subscription is deleted while a worker runs, `run` raises
+`SubscriptionNotFound`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import random
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from enum import Enum
+from typing import Protocol, cast
+
+from riverbed.errors import InvalidInput, RiverbedError, StorageError
+from riverbed.log.reader import readable_streams
+from riverbed.model import StoredMessage, StreamId
+from riverbed.storage.base import Storage, StorageTopicRecord, StreamHead, SubscriptionRecord
+from riverbed.storage.locks import (
+    Locks,
+    PartitionLock,
+    PartitionLocks,
+    TransactionLocks,
+    default_locks,
+)
+from riverbed.storage.transactions import (
+    Transaction,
+    advance_cursor,
+    oldest_timestamps,
+    sql_storage,
+    transaction,
+)
+from riverbed.subscriptions.cursors import Subscriptions
+from riverbed.topics.filters import matches
+
+logger = logging.getLogger(__name__)
+
+
+class Guarantee(Enum):
+    """How often a message's effect happens; see the module docstring."""
+
+    AT_LEAST_ONCE = "at-least-once"
+    EXACTLY_ONCE = "exactly-once"
+
+
+class OnError(Enum):
+    """What a worker does when its handler raises."""
+
+    STOP = "stop"
+    RETRY = "retry"
+    SKIP = "skip"
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Up to `batch_size` messages of one stream, in offset order.
+
+    `messages` are those the subscription's filter matches; `start` and `end` are
+    the offsets the batch covers (`end` is the position recorded once it is
+    handled), filtered-out messages included.
+    """
+
+    subscription: str
+    stream: StreamId
+    messages: Sequence[StoredMessage]
+    start: int
+    end: int
+    attempt: int
+    """1 for the first try, 2 for the first retry, ..."""
+    transaction: Transaction | None = None
+
+    @property
+    def tx(self) -> Transaction:
+        """The transaction that records this batch's position (EXACTLY_ONCE only)."""
+        if self.transaction is None:
+            raise RiverbedError(
+                "batch.tx exists only for a worker with guarantee=EXACTLY_ONCE"
+                " (riverbed worker --exactly-once): at least once, the handler runs"
+                " before the position's transaction begins"
+            )
+        return self.transaction
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A batch the worker gives up on, as handed to `ErrorPolicy.on_failure`."""
+
+    batch: Batch
+    error: Exception
+    attempts: int
+    action: OnError
+    """What happens after the hook: SKIP (the position moves past the batch in
+    `tx`) or STOP (the worker stops, the position stays)."""
+    tx: Transaction
+    """The transaction that records the skip: the hook's writes commit with it."""
+
+
+Handler = Callable[[Batch], object]
+FailureHook = Callable[[Failure], object]
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorPolicy:
+    """What to do when the handler raises; see the module docstring."""
+
+    action: OnError = OnError.STOP
+    max_attempts: int | None = None
+    """RETRY: attempts in all, the first included (None: until it succeeds)."""
+    backoff: float = 0.5
+    """RETRY: seconds before the first retry, doubling each time..."""
+    max_backoff: float = 30.0
+    """... up to this."""
+    give_up: OnError = OnError.STOP
+    """RETRY, after `max_attempts`: STOP or SKIP."""
+    on_failure: FailureHook | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.action, OnError):
+            raise InvalidInput(f"on-error action {self.action!r} must be one of stop, retry, skip")
+        if self.give_up not in (OnError.STOP, OnError.SKIP):
+            raise InvalidInput(f"give-up action {self.give_up!r} must be stop or skip")
+        if self.max_attempts is not None and (
+            not isinstance(self.max_attempts, int)
+            or isinstance(self.max_attempts, bool)
+            or self.max_attempts < 1
+        ):
+            raise InvalidInput(f"max attempts {self.max_attempts!r} must be an integer >= 1")
+        for name, value in (("backoff", self.backoff), ("max backoff", self.max_backoff)):
+            if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+                raise InvalidInput(f"{name} {value!r}s must be a number >= 0")
+
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt number `attempt`."""
+        return float(min(self.max_backoff, self.backoff * 2 ** min(attempt - 1, 60)))
+
+    def final_action(self) -> OnError:
+        return self.give_up if self.action is OnError.RETRY else self.action
+
+
+class HandlerFailed(RiverbedError):
+    """The handler raised and the error policy said STOP; `failure` says which
+    batch and why (the position was not moved past it)."""
+
+    def __init__(self, failure: Failure | None, message: str) -> None:
+        super().__init__(message)
+        self.failure = failure
+
+
+class SubscriptionState(Protocol):
+    """Where a subscription's positions live (seed 004, "State")."""
+
+    def positions(self, record: SubscriptionRecord, heads: Sequence[StreamHead]) -> dict[int, int]:
+        """The position of every stream of `heads`, streams never recorded included."""
+        ...
+
+    def current(self, record: SubscriptionRecord, stream_key: int) -> int | None:
+        """The recorded position of one stream, read fresh (None: never recorded)."""
+        ...
+
+    def advance(
+        self,
+        tx: Transaction,
+        record: SubscriptionRecord,
+        stream_key: int,
+        expected: int | None,
+        offset: int,
+    ) -> bool:
+        """In `tx`, record `offset` if the recorded position is still `expected`;
+        False if another worker moved it first (the runner rolls back)."""
+        ...
+
+
+class CursorState:
+    """The default state: the subscription's own cursors (`Subscriptions`)."""
+
+    def __init__(self, storage: Storage) -> None:
+        self.subscriptions = Subscriptions(storage)
+        self.storage = storage
+
+    def positions(self, record: SubscriptionRecord, heads: Sequence[StreamHead]) -> dict[int, int]:
+        return self.subscriptions.positions(record, heads)
+
+    def current(self, record: SubscriptionRecord, stream_key: int) -> int | None:
+        return self.storage.get_cursors(record.name).get(stream_key)
+
+    def advance(
+        self,
+        tx: Transaction,
+        record: SubscriptionRecord,
+        stream_key: int,
+        expected: int | None,
+        offset: int,
+    ) -> bool:
+        return advance_cursor(tx, record.name, stream_key, expected, offset)
+
+
+@dataclass(slots=True)
+class WorkerStats:
+    batches: int = 0
+    """Batches whose position was recorded (handled or skipped)."""
+    messages: int = 0
+    """Messages moved past (filtered-out ones included)."""
+    failures: int = 0
+    """Handler calls that raised."""
+    skipped: int = 0
+    """Batches moved past after the handler gave up."""
+    abandoned: int = 0
+    """Batches left to others: lock lost, or the position moved meanwhile."""
+
+
+class _HandlerRaised(Exception):
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _Abandon(Exception):
+    """The lock was lost or another worker moved the position: leave the batch."""
+
+
+def _check_positive_int(what: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise InvalidInput(f"{what} {value!r} must be an integer >= 1")
+    return value
+
+
+class Worker:
+    """One competing consumer of a named subscription; see the module docstring.
+
+    Raises `SubscriptionNotFound` for an unknown subscription and `InvalidInput`
+    for a bad option. `run()` blocks until `stop()`; `run_once()` is one pass of
+    the loop without waiting (returns how many messages it moved past).
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        subscription: str,
+        handler: Handler,
+        *,
+        batch_size: int = 100,
+        guarantee: Guarantee = Guarantee.AT_LEAST_ONCE,
+        on_error: ErrorPolicy | None = None,
+        state: SubscriptionState | None = None,
+        locks: Locks | None = None,
+        poll_interval: float = 1.0,
+    ) -> None:
+        sql_storage(storage)
+        if not callable(handler):
+            raise InvalidInput(f"handler {handler!r} is not callable")
+        self.batch_size = _check_positive_int("batch size", batch_size)
+        if not isinstance(guarantee, Guarantee):
+            raise InvalidInput(
+                f"guarantee {guarantee!r} must be Guarantee.AT_LEAST_ONCE or EXACTLY_ONCE"
+            )
+        if (
+            not isinstance(poll_interval, int | float)
+            or isinstance(poll_interval, bool)
+            or not poll_interval > 0
+        ):
+            raise InvalidInput(f"poll interval {poll_interval!r}s must be a number > 0")
+        self.storage = storage
+        self.record = storage.get_subscription(subscription)
+        self.handler = handler
+        self.guarantee = guarantee
+        self.on_error = on_error or ErrorPolicy()
+        self.state: SubscriptionState = state or CursorState(storage)
+        self._owns_locks = locks is None
+        self.locks: Locks = locks or default_locks(storage)
+        self._tx_locks: TransactionLocks | None = None
+        self._session_locks: PartitionLocks | None = None
+        if isinstance(self.locks, TransactionLocks):
+            self._tx_locks = self.locks
+        else:
+            self._session_locks = self.locks
+        self.poll_interval = float(poll_interval)
+        self.stats = WorkerStats()
+        self._stop = threading.Event()
+        self._storage_topics: list[StorageTopicRecord] = []
+        self._known: frozenset[int] = frozenset()
+        self._contended = False
+
+    # ----------------------------------------------------------------- control
+
+    def stop(self) -> None:
+        """Ask `run` to return after the batch in hand (thread- and signal-safe)."""
+        self._stop.set()
+        self.storage.wakeups.notify()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def run(self) -> WorkerStats:
+        """Run the loop until `stop()`. Raises `HandlerFailed` when the error
+        policy says STOP. Storage errors are logged and retried after
+        `poll_interval`."""
+        try:
+            while not self._stop.is_set():
+                seen = self.storage.wakeups.version
+                try:
+                    moved = self.run_once()
+                except StorageError as exc:
+                    logger.warning("worker of %r: %s; trying again", self.record.name, exc)
+                    self._stop.wait(self.poll_interval)
+                    continue
+                if moved or self._stop.is_set():
+                    continue
+                if self._contended:
+                    # Other workers hold the streams with work; their batches end soon.
+                    self._stop.wait(random.uniform(0.002, 0.02))
+                else:
+                    self.storage.wakeups.wait(seen, self.poll_interval)
+        finally:
+            self.close()
+        return self.stats
+
+    def close(self) -> None:
+        """Free the lock service if the worker made it."""
+        if self._owns_locks:
+            self.locks.close()
+
+    # ----------------------------------------------------------------- the loop
+
+    def run_once(self) -> int:
+        """One pass of seed 004's loop; how many messages it moved past."""
+        self._contended = False
+        self.record = self.storage.get_subscription(self.record.name)
+        heads = self.storage.list_streams(self.record.topic)
+        keys = frozenset(h.key for h in heads)
+        if keys != self._known:
+            self._storage_topics = self.storage.list_storage_topics(self.record.topic)
+            self._known = keys
+        positions = self.state.positions(self.record, heads)
+        readable, _ = readable_streams(self._storage_topics, heads, positions)
+        starts = {
+            h.key: max(positions[h.key], h.start_offset)
+            for h in readable
+            if max(positions[h.key], h.start_offset) < h.next_offset
+        }
+        if not starts:
+            return 0
+        pending = [h for h in readable if h.key in starts]
+        if len(pending) > 1:
+            oldest = oldest_timestamps(sql_storage(self.storage), starts)
+            pending.sort(key=lambda h: oldest.get(h.key, 1 << 62))
+        moved = 0
+        for head in pending:
+            if self._stop.is_set():
+                break
+            if self._tx_locks is not None:
+                got = self._process_in_transaction(self._tx_locks, head, positions[head.key])
+            else:
+                got = self._process_with_lock(head, positions[head.key])
+            if got is None:
+                self._contended = True
+            else:
+                moved += got
+        return moved
+
+    # --- session locks: lock, handle, record in a transaction of its own, unlock
+
+    def _process_with_lock(self, head: StreamHead, fallback: int) -> int | None:
+        assert self._session_locks is not None
+        lock = self._session_locks.try_lock(self.record.name, head.key)
+        if lock is None:
+            return None
+        try:
+            return self._process(head, lock, fallback)
+        finally:
+            self._session_locks.unlock(lock)
+
+    def _process(self, head: StreamHead, lock: PartitionLock, fallback: int) -> int:
+        # Re-validate: another worker may have moved the position since we read it.
+        stored = self.state.current(self.record, head.key)
+        batch = self._read(head, stored, fallback, None)
+        if batch is None:
+            return 0
+        try:
+            while True:
+                try:
+                    self._attempt(batch, lock, head.key, stored)
+                    return self._done(batch)
+                except _HandlerRaised as raised:
+                    if self._should_retry(batch, raised.error):
+                        batch = replace(batch, attempt=batch.attempt + 1)
+                        continue
+                    with transaction(self.storage) as tx:
+                        failure = self._fail(tx, batch, lock, head.key, stored, raised.error)
+                    return self._after_failure(failure)
+        except _Abandon:
+            self.stats.abandoned += 1
+            return 0
+
+    def _attempt(
+        self, batch: Batch, lock: PartitionLock, stream_key: int, stored: int | None
+    ) -> None:
+        if self.guarantee is Guarantee.EXACTLY_ONCE:
+            # A transaction per attempt: a failed one rolls back what it wrote.
+            with transaction(self.storage) as tx:
+                if batch.messages:
+                    self._call(replace(batch, transaction=tx))
+                self._record(tx, lock, stream_key, stored, batch.end)
+            return
+        if batch.messages:
+            self._call(batch)
+        # Not durable: a position lost in a database crash means redelivery, which
+        # at least once allows, and not waiting for the disk at each batch is most
+        # of the difference in throughput (bench/competing.py).
+        with transaction(self.storage, durable=False) as tx:
+            self._record(tx, lock, stream_key, stored, batch.end)
+
+    # --- transaction locks: one transaction per batch holds lock, handler, position
+
+    def _process_in_transaction(
+        self, locks: TransactionLocks, head: StreamHead, fallback: int
+    ) -> int | None:
+        exactly_once = self.guarantee is Guarantee.EXACTLY_ONCE
+        failure: Failure | None = None
+        try:
+            with transaction(self.storage, durable=exactly_once) as tx:
+                if not locks.try_lock_in(tx, self.record.name, head.key):
+                    return None
+                stored = self.state.current(self.record, head.key)  # re-validate
+                batch = self._read(head, stored, fallback, tx if exactly_once else None)
+                if batch is None:
+                    return 0
+                while batch.messages:
+                    # The lock lives as long as the transaction: a failed attempt rolls
+                    # back to here, keeping the lock through the backoff.
+                    if exactly_once:
+                        tx.execute("SAVEPOINT riverbed_batch")
+                    try:
+                        self._call(batch)
+                        break
+                    except _HandlerRaised as raised:
+                        if exactly_once:
+                            tx.execute("ROLLBACK TO SAVEPOINT riverbed_batch")
+                        if self._should_retry(batch, raised.error):
+                            batch = replace(batch, attempt=batch.attempt + 1)
+                            continue
+                        failure = self._fail(tx, batch, None, head.key, stored, raised.error)
+                        break
+                if failure is None:
+                    self._record(tx, None, head.key, stored, batch.end)
+        except _Abandon:
+            self.stats.abandoned += 1
+            return 0
+        if failure is not None:
+            return self._after_failure(failure)
+        return self._done(batch)
+
+    # --- shared steps
+
+    def _read(
+        self, head: StreamHead, stored: int | None, fallback: int, tx: Transaction | None
+    ) -> Batch | None:
+        """The next batch of the stream from its re-validated position (None: none)."""
+        position = max(fallback if stored is None else stored, head.start_offset)
+        messages = self.storage.read(head.key, position, self.batch_size)
+        if not messages:
+            return None
+        topic_filter = self.record.filter
+        matched: Sequence[StoredMessage] = (
+            messages
+            if topic_filter is None
+            else [m for m in messages if matches(topic_filter, m.mqtt_topic)]
+        )
+        end = messages[-1].offset + 1
+        return Batch(self.record.name, head.stream, matched, position, end, 1, tx)
+
+    def _call(self, batch: Batch) -> None:
+        try:
+            self.handler(batch)
+        except Exception as exc:
+            raise _HandlerRaised(exc) from exc
+
+    def _done(self, batch: Batch) -> int:
+        self.stats.batches += 1
+        self.stats.messages += batch.end - batch.start
+        return batch.end - batch.start
+
+    def _record(
+        self,
+        tx: Transaction,
+        lock: PartitionLock | None,
+        stream_key: int,
+        stored: int | None,
+        end: int,
+    ) -> None:
+        """Step d of seed 004, fenced twice: a session lock must still be ours, and
+        the position must be where we read it (either failing rolls `tx` back)."""
+        locks = self._session_locks
+        if lock is not None and locks is not None and not locks.still_held(lock, tx):
+            logger.info("worker of %r lost its lock of stream %d", self.record.name, stream_key)
+            raise _Abandon
+        if not self.state.advance(tx, self.record, stream_key, stored, end):
+            logger.info("position of stream %d moved meanwhile: batch left", stream_key)
+            raise _Abandon
+
+    def _should_retry(self, batch: Batch, error: Exception) -> bool:
+        """Count a failed attempt; True (after the backoff) to try again. Raises
+        `_Abandon` if the worker is stopped during the backoff."""
+        self.stats.failures += 1
+        policy = self.on_error
+        if policy.action is not OnError.RETRY or (
+            policy.max_attempts is not None and batch.attempt >= policy.max_attempts
+        ):
+            return False
+        delay = policy.delay(batch.attempt)
+        logger.warning(
+            "handler of %r failed on %s offsets %d-%d (attempt %d), retrying in %.3gs: %r",
+            self.record.name, batch.stream, batch.start, batch.end - 1, batch.attempt, delay,
+            error,
+        )  # fmt: skip
+        if self._stop.wait(delay):
+            raise _Abandon  # unrecorded: the next worker handles the batch
+        return True
+
+    def _fail(
+        self,
+        tx: Transaction,
+        batch: Batch,
+        lock: PartitionLock | None,
+        stream_key: int,
+        stored: int | None,
+        error: Exception,
+    ) -> Failure:
+        """Give up on `batch` in `tx`: the failure hook, then (SKIP) the position. A
+        hook that raises raises `HandlerFailed`, rolling `tx` back."""
+        action = self.on_error.final_action()
+        failure = Failure(replace(batch, transaction=tx), error, batch.attempt, action, tx)
+        hook = self.on_error.on_failure
+        if hook is not None:
+            try:
+                hook(failure)
+            except Exception as exc:
+                raise HandlerFailed(
+                    failure,
+                    f"failure hook of subscription {self.record.name!r} raised on"
+                    f" {_where(batch)}: {exc!r} (after the handler raised {error!r});"
+                    " the worker stops",
+                ) from exc
+        if action is OnError.SKIP:
+            self._record(tx, lock, stream_key, stored, batch.end)
+        return failure
+
+    def _after_failure(self, failure: Failure) -> int:
+        """Once the failure's transaction committed: log a skip, or stop."""
+        batch = failure.batch
+        if failure.action is OnError.SKIP:
+            logger.error(
+                "handler of %r failed on %s after %d attempt(s); skipped: %r",
+                self.record.name, _where(batch), batch.attempt, failure.error,
+                exc_info=failure.error,
+            )  # fmt: skip
+            self.stats.skipped += 1
+            return self._done(batch)
+        raise HandlerFailed(
+            failure,
+            f"handler of subscription {self.record.name!r} failed on {_where(batch)} after"
+            f" {batch.attempt} attempt(s): {failure.error!r}; the worker stops (on-error stop)",
+        ) from failure.error
+
+
+def _where(batch: Batch) -> str:
+    return f"{batch.stream} offsets {batch.start}-{batch.end - 1}"
+
+
+# --------------------------------------------------------------------- handlers by name
+
+
+def load_handler(spec: str) -> Handler:
+    """The callable `package.module:function` names (`function` may be dotted).
+
+    Raises `InvalidInput` saying what is wrong with `spec`.
+    """
+    module_name, sep, attribute = spec.partition(":") if isinstance(spec, str) else ("", "", "")
+    if not sep or not module_name or not attribute:
+        raise InvalidInput(f"handler {spec!r} is not MODULE:FUNCTION, e.g. myapp.handlers:on_order")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise InvalidInput(f"handler {spec!r}: no module named {exc.name!r}") from None
+    except Exception as exc:
+        raise InvalidInput(f"handler {spec!r}: importing {module_name!r} raised {exc!r}") from exc
+    target: object = module
+    for part in attribute.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise InvalidInput(
+                f"handler {spec!r}: module {module_name!r} has no attribute {attribute!r}"
+            ) from None
+    if not callable(target):
+        raise InvalidInput(f"handler {spec!r} is a {type(target).__name__}, not a callable")
+    return cast(Handler, target)
