@@ -9,7 +9,10 @@
   `df.write.format("riverbed")`, against the same DataFrame written as Parquet;
 - latency: a running streaming query (subscription -> riverbed sink, default
   trigger) and a consumer of the sink's topic; one message produced at a time,
-  the time until the consumer has it, end to end.
+  the time until the consumer has it, end to end;
+- the ceiling of any Python source here: a Python data source that makes the
+  same rows (riverbed's schema) in memory, without a database, read by the same
+  streaming query.
 
 Three rounds of each throughput case, alternating; the best round counts.
 Prints throughputs and the ratios riverbed / Parquet.
@@ -34,10 +37,18 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+from pyspark.sql.datasource import (  # noqa: E402
+    DataSource,
+    DataSourceStreamReader,
+    InputPartition,
+)
+
 from riverbed.log.log import Log  # noqa: E402
 from riverbed.log.router import key_hash, route  # noqa: E402
 from riverbed.model import Message  # noqa: E402
 from riverbed.spark import session  # noqa: E402
+from riverbed.spark.options import DEFAULT_PARTITION_MESSAGES  # noqa: E402
+from riverbed.spark.planning import Range, split  # noqa: E402
 from riverbed.storage.base import StartKind  # noqa: E402
 from riverbed.subscriptions import Subscriptions  # noqa: E402
 
@@ -65,6 +76,73 @@ def timed(run: Callable[[], object]) -> float:
 
 def best(results: dict[str, list[float]], name: str, seconds: float) -> None:
     results.setdefault(name, []).append(seconds)
+
+
+class MemorySource(DataSource):
+    """`memory`: riverbed's schema, rows made in memory (the source's ceiling).
+
+    Defined in the script, so Spark pickles it to the workers by value. Its
+    streaming reader offers `rows` messages in `parts` Spark partitions, each
+    read as Arrow record batches of `reading.CHUNK` rows, as the riverbed source
+    does, but nothing is read from a database.
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        return "memory"
+
+    def schema(self) -> str:
+        from riverbed.spark.reading import SCHEMA
+
+        return SCHEMA
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        return MemoryReader(int(self.options["rows"]), int(self.options["parts"]))
+
+
+class MemoryReader(DataSourceStreamReader):
+    def __init__(self, rows: int, parts: int) -> None:
+        self.rows = rows
+        self.parts = parts
+
+    def initialOffset(self) -> dict[str, int]:
+        return {"rows": 0}
+
+    def latestOffset(self) -> dict[str, int]:
+        return {"rows": self.rows}
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
+        total = end["rows"] - start["rows"]
+        each = -(-total // self.parts)
+        sizes = [min(each, total - first) for first in range(0, total, each)] if total else []
+        return [InputPartition(size) for size in sizes]
+
+    def read(self, partition: InputPartition) -> Any:
+        import pyarrow as pa
+
+        from riverbed.spark.reading import CHUNK, spark_arrow_schema
+
+        schema = spark_arrow_schema()
+        left = partition.value
+        while left > 0:
+            n = min(CHUNK, left)
+            left -= n
+            values = [
+                pa.scalar("bench"),
+                pa.scalar(0, pa.int32()),
+                pa.scalar(1, pa.int32()),
+                pa.scalar(left, pa.int64()),
+                pa.scalar(bytes(16)),
+                pa.scalar(""),
+                pa.scalar("key-1"),
+                pa.scalar(PAYLOAD),
+                pa.scalar(None, pa.string()),
+                pa.scalar(0, pa.int32()),
+                pa.scalar(0, pa.int64()),
+            ]
+            columns = [pa.repeat(v, n) for v in values]
+            columns[-1] = columns[-1].cast(pa.timestamp("us", tz="UTC"))
+            yield from pa.Table.from_arrays(columns, schema=schema).to_batches()
 
 
 def main() -> None:
@@ -139,6 +217,26 @@ def run(url: str, n: int, work: Path, samples: int, backend: str) -> None:
         )
         query.awaitTermination()
 
+    spark.dataSource.register(MemorySource)
+    # As many Spark partitions as the riverbed source plans for the same streams.
+    streams = [Range(0, "bench", 0, p, 0, per) for p in range(STREAMS)]
+    parts = len(split(streams, DEFAULT_PARTITION_MESSAGES, os.cpu_count() or 1))
+
+    def memory_stream() -> None:
+        frame = spark.readStream.format("memory").option("rows", total).option("parts", parts)
+        checkpoint = tempfile.mkdtemp(dir=work)
+        query = (
+            frame.load()
+            .select(*COLUMNS)
+            .writeStream.format("noop")
+            .option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+        rows = sum(p["numInputRows"] for p in query.recentProgress)
+        assert rows == total, f"the memory stream read {rows} of {total}"
+
     def parquet_batch() -> None:
         spark.read.parquet(parquet).write.format("noop").mode("overwrite").save()
 
@@ -164,6 +262,7 @@ def run(url: str, n: int, work: Path, samples: int, backend: str) -> None:
     # Warm-up: JIT, Python workers, ADBC libraries.
     riverbed_stream()
     parquet_stream()
+    memory_stream()
     riverbed_sink()
     parquet_sink()
     results: dict[str, list[float]] = {}
@@ -171,6 +270,7 @@ def run(url: str, n: int, work: Path, samples: int, backend: str) -> None:
         best(results, "riverbed stream", timed(riverbed_stream))
         best(results, "parquet stream", timed(parquet_stream))
         best(results, "parquet batch", timed(parquet_batch))
+        best(results, "memory stream", timed(memory_stream))
         best(results, "riverbed sink", timed(riverbed_sink))
         best(results, "parquet sink", timed(parquet_sink))
     latencies = latency(spark, url, work, samples)
@@ -239,10 +339,13 @@ def report(
         ("source: riverbed stream / parquet stream", "riverbed stream", "parquet stream", 0.8),
         ("source: riverbed stream / parquet batch", "riverbed stream", "parquet batch", 0.8),
         ("sink: riverbed / parquet write", "riverbed sink", "parquet sink", 0.5),
+        ("ceiling: memory source / parquet stream", "memory stream", "parquet stream", None),
+        ("source: riverbed stream / memory source", "riverbed stream", "memory stream", None),
     ]
     for label, a, b, target in ratios:
         value = rate[a] / rate[b]
-        print(f"{label:<44}{value:>14.2f}{'>= ' + str(target):>10}")
+        wanted = "(info)" if target is None else f">= {target}"
+        print(f"{label:<44}{value:>14.2f}{wanted:>10}")
     ms = sorted(x * 1000 for x in latencies)
     print()
     print(

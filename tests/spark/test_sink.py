@@ -85,6 +85,44 @@ def test_a_retried_task_writes_nothing_twice(log: Log, storage_url: str) -> None
         write_batches(options, "spark/q/8/0", iter([bad]))
 
 
+def test_a_large_task_writes_every_column_in_bulk_exactly_once(log: Log, storage_url: str) -> None:
+    import pyarrow as pa
+
+    log.topics.create("out", partitions=4, binding="s/#")
+    n = 3000  # over bulk.MIN_ROWS: the columns are loaded in bulk (ADBC)
+    batch = pa.record_batch(
+        {
+            "key": [None if i % 7 == 0 else f"k{i % 11}" for i in range(n)],
+            "payload": [str(i) for i in range(n)],
+            "mqtt_topic": [None if i % 2 else f"s/{i % 3}" for i in range(n)],
+            "properties": [None if i % 3 else f'[["p", "{i % 4}"]]' for i in range(n)],
+            "qos": pa.array([None if i % 5 == 0 else i % 3 for i in range(n)], pa.int32()),
+        }
+    )
+    options = WriteOptions(storage_url, "out")
+
+    first = write_batches(options, "spark/q/1/0", iter([batch.slice(0, 1000), batch.slice(1000)]))
+    again = write_batches(options, "spark/q/1/0", iter([batch]))
+
+    assert (first.messages, first.duplicate) == (n, False)
+    assert (again.messages, again.duplicate) == (0, True)
+    got = {int(m.payload): (stream.partition, m) for stream, m in messages_of(log, "out")}
+    assert sorted(got) == list(range(n))
+    for i, (partition, m) in got.items():
+        key = None if i % 7 == 0 else f"k{i % 11}"
+        assert m.key == key
+        if key is not None:
+            assert partition == route(key_hash(key), 4, 1)
+        assert m.mqtt_topic == ("" if i % 2 else f"s/{i % 3}")
+        assert tuple(m.properties or ()) == (() if i % 3 else (("p", str(i % 4)),))
+        assert m.qos == (0 if i % 5 == 0 else i % 3)
+    # Offsets follow the task's row order within each stream.
+    for stream in log.storage.list_streams("out"):
+        payloads = [int(m.payload) for m in log.storage.read(stream.key, 0, n)]
+        assert payloads == sorted(payloads)
+        assert stream.next_offset == len(payloads)
+
+
 def test_streaming_sink_stays_exactly_once_under_a_replayed_batch(
     spark: Any, log: Log, storage_url: str, tmp_path: Path
 ) -> None:

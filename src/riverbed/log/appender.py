@@ -25,11 +25,12 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import overload
+from typing import Any, overload
 
 from riverbed.errors import RiverbedError, StorageError
 from riverbed.log.router import key_hash, route
 from riverbed.model import Message, MessageIdGenerator, StreamId, encode_properties
+from riverbed.storage import bulk
 from riverbed.storage.base import Row, Storage, StreamSealed
 
 Position = tuple[StreamId, int]
@@ -235,6 +236,35 @@ class Appender:
                 same.append(row)
             try:
                 return self.storage.append_once(marker, batches)
+            except StreamSealed:
+                self._layouts.pop(topic, None)  # SwitchProduce happened: route again
+        raise StorageError(
+            f"could not route to an open stream after {_MAX_ROUTE_ATTEMPTS} attempts"
+        )
+
+    def append_arrow_once(self, topic: str, table: Any, marker: str) -> dict[int, int] | None:
+        """`append_once` for rows held as Arrow columns `mqtt_topic, key, payload,
+        properties, qos, retain` (a `Row` without id and timestamp, types as in
+        `bulk.ROW_FIELDS`): ids, hashes and routes are computed column-wise
+        (`log/columns.py`), to the same streams `append_once` picks, and a
+        storage that can loads the columns in bulk (`bulk.ArrowAppends`).
+        """
+        from riverbed.log import columns
+
+        table = table.combine_chunks()
+        hashes = columns.key_hashes(table.column("key"), self._spread)
+        ids, stamps = columns.stamp(self.ids, table.num_rows)
+        rows = table.add_column(0, "id", ids).add_column(1, "ts", stamps)
+        rows = rows.cast(bulk.row_schema())
+        for _attempt in range(_MAX_ROUTE_ATTEMPTS):
+            layout = self._layout(topic)
+            order, found = columns.group(columns.routes(hashes, layout.partitions, layout.k))
+            streams = [(layout.keys[j], count) for j, count in found]
+            ordered = rows if order is None else rows.take(order)
+            try:
+                if isinstance(self.storage, bulk.ArrowAppends):
+                    return self.storage.append_arrow_once(marker, streams, ordered)
+                return self.storage.append_once(marker, bulk.row_batches(streams, ordered))
             except StreamSealed:
                 self._layouts.pop(topic, None)  # SwitchProduce happened: route again
         raise StorageError(

@@ -2,9 +2,12 @@
 
 Each Spark task routes its rows through the topic's router (seed 003 Produce,
 by key) and appends them in one transaction that also records a marker naming
-the write and the task's partition (`Appender.append_once`). A retried task, a
-speculative copy or a replayed micro-batch finds the marker and writes nothing
-(DESIGN.md, Spark). Markers:
+the write and the task's partition (`Appender.append_arrow_once`). A retried
+task, a speculative copy or a replayed micro-batch finds the marker and writes
+nothing (DESIGN.md, Spark). The rows stay Arrow columns all the way: ids,
+hashes and routes are computed column-wise and the storage loads the columns in
+bulk (ADBC; `storage/bulk.py`), about 2.3x the tuple-per-row path on SQLite
+(docs/benchmarks.md, Spark). Markers:
 
 - streaming: `spark/<query id>/<batch id>/<partition>`: Spark keeps the query id
   in the checkpoint, so a restarted query replaying a batch uses the same one;
@@ -20,7 +23,6 @@ cross-process wake-up).
 
 from __future__ import annotations
 
-import itertools
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -91,83 +93,85 @@ def _task() -> Any:
 
 def write_batches(options: WriteOptions, marker: str, batches: Iterator[Any]) -> Written:
     """Append one task's record batches to the topic under `marker`."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     from riverbed.log.log import Log
-    from riverbed.model import Message, decode_properties, encode_properties
     from riverbed.storage import open_storage
-    from riverbed.storage.base import Row
 
     log = Log(open_storage(options.db))
     try:
-        ids = log.appender.ids
-        rows: list[Row] = []
-        checked: set[str] = set()
-        properties_seen: dict[str, bytes | None] = {}
-        for batch in batches:
-            n = batch.num_rows
-            if n == 0:
-                continue
-            names = batch.schema.names
-            payload = batch.column(names.index("payload"))
-            if not pa.types.is_binary(payload.type):
-                payload = payload.cast(pa.binary())
-            payloads = payload.to_pylist()
-            if None in payloads:
-                raise InvalidInput("the riverbed sink cannot write a null payload")
-            keys = batch.column(names.index("key")).to_pylist() if "key" in names else [None] * n
-            if "mqtt_topic" in names:
-                column = batch.column(names.index("mqtt_topic"))
-                fresh = [t for t in pc.unique(column).to_pylist() if t and t not in checked]
-                log.check(options.topic, *(Message(b"", mqtt_topic=t) for t in fresh))
-                checked.update(fresh)
-                topics = [t or "" for t in column.to_pylist()]
-            else:
-                topics = [""] * n
-            if "properties" in names:
-                props: list[bytes | None] = []
-                for text in batch.column(names.index("properties")).to_pylist():
-                    if text is None:
-                        props.append(None)
-                        continue
-                    blob = properties_seen.get(text, b"")
-                    if blob == b"":
-                        try:
-                            blob = encode_properties(decode_properties(text.encode()))
-                        except (ValueError, TypeError, IndexError) as exc:
-                            raise InvalidInput(
-                                f"properties {text!r} are not [[name, value], ...]: {exc}"
-                            ) from None
-                        properties_seen[text] = blob
-                    props.append(blob)
-            else:
-                props = [None] * n
-            if "qos" in names:
-                qos = batch.column(names.index("qos")).fill_null(0)
-                low, high = pc.min_max(qos).values()
-                if low.as_py() < 0 or high.as_py() > 2:
-                    raise InvalidInput("the riverbed sink's qos column holds values outside 0-2")
-                qos_values: Any = qos.to_pylist()
-            else:
-                qos_values = itertools.repeat(0)
-            stamped = ids.reserve(n)
-            rows.extend(
-                zip(
-                    (i for i, _ in stamped),
-                    (t for _, t in stamped),
-                    topics,
-                    keys,
-                    payloads,
-                    props,
-                    qos_values,
-                    itertools.repeat(0),
-                )
-            )
-        firsts = log.appender.append_once(options.topic, rows, marker)
-        return Written(marker, len(rows) if firsts is not None else 0, firsts is None)
+        table = message_columns(log, options.topic, batches)
+        firsts = log.appender.append_arrow_once(options.topic, table, marker)
+        return Written(marker, table.num_rows if firsts is not None else 0, firsts is None)
     finally:
         log.close()
+
+
+def message_columns(log: Any, topic: str, batches: Iterator[Any]) -> Any:
+    """A task's record batches -> the columns `Appender.append_arrow_once` takes,
+    checked, without a Python object per row (a conversion per distinct
+    `mqtt_topic` and `properties` value)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from riverbed.model import Message
+
+    fields = [("mqtt_topic", pa.string()), ("key", pa.string()), ("payload", pa.binary())]
+    fields += [("properties", pa.binary()), ("qos", pa.int16()), ("retain", pa.int16())]
+    schema = pa.schema(fields)
+    received = [b for b in batches if b.num_rows]
+    if not received:
+        return schema.empty_table()
+    given = pa.Table.from_batches(received)
+    n = given.num_rows
+    names = given.schema.names
+
+    def column(name: str) -> Any:
+        return given.column(name).combine_chunks()
+
+    payload = column("payload")
+    if payload.null_count:
+        raise InvalidInput("the riverbed sink cannot write a null payload")
+    key = column("key") if "key" in names else pa.nulls(n, pa.string())
+    if "mqtt_topic" in names:
+        topics = column("mqtt_topic")
+        fresh = [t for t in pc.unique(topics).to_pylist() if t]
+        log.check(topic, *(Message(b"", mqtt_topic=t) for t in fresh))
+        topics = topics.fill_null("")
+    else:
+        topics = pa.repeat(pa.scalar("", pa.string()), n)
+    if "properties" in names:
+        properties = _encoded_properties(column("properties"))
+    else:
+        properties = pa.nulls(n, pa.binary())
+    if "qos" in names:
+        qos = column("qos").fill_null(0)
+        low, high = pc.min_max(qos).values()
+        if low.as_py() < 0 or high.as_py() > 2:
+            raise InvalidInput("the riverbed sink's qos column holds values outside 0-2")
+    else:
+        qos = pa.repeat(pa.scalar(0, pa.int16()), n)
+    retain = pa.repeat(pa.scalar(0, pa.int16()), n)
+    columns = [topics, key, payload, properties, qos, retain]
+    return pa.Table.from_arrays(
+        [c.cast(f.type) for c, f in zip(columns, schema, strict=True)], schema=schema
+    )
+
+
+def _encoded_properties(texts: Any) -> Any:
+    """The `properties` column (JSON text) as stored: `encode_properties` of each
+    distinct text once."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from riverbed.model import decode_properties, encode_properties
+
+    encoded = pc.dictionary_encode(texts)
+    blobs: list[bytes | None] = []
+    for text in encoded.dictionary.to_pylist():
+        try:
+            blobs.append(encode_properties(decode_properties(text.encode())))
+        except (ValueError, TypeError, IndexError) as exc:
+            raise InvalidInput(f"properties {text!r} are not [[name, value], ...]: {exc}") from None
+    return pc.take(pa.array(blobs, pa.binary()), encoded.indices)
 
 
 class BatchWriter(DataSourceArrowWriter):

@@ -19,10 +19,11 @@ from typing import Any
 
 import psycopg
 
-from riverbed.errors import InvalidConfig, StorageUnavailable
-from riverbed.storage.base import Row
+from riverbed.errors import InvalidConfig, StorageError, StorageUnavailable
+from riverbed.storage import bulk
+from riverbed.storage.base import Row, StreamSealed
 from riverbed.storage.connections import Cursor
-from riverbed.storage.sql import SqlStorage
+from riverbed.storage.sql import RECORD_MARKER, SqlStorage, now_us
 from riverbed.storage.urls import redact_password, redact_url
 
 CHANNEL = "riverbed_append"
@@ -46,6 +47,12 @@ WITH locked AS (
 )
 SELECT id, first, pg_notify('{CHANNEL}', '') FROM moved
 """
+
+_RESERVE_ONE = (
+    "UPDATE streams SET next_offset = next_offset + $1 WHERE id = $2 AND sealed = 0"
+    " RETURNING next_offset"
+)
+"""`_RESERVE` for one stream, on an ADBC connection (numbered placeholders)."""
 
 _COPY_TYPES = [
     "int8", "int8", "bytea", "int8", "text", "text", "bytea", "bytea", "int2", "int2",
@@ -85,6 +92,11 @@ class PostgresStorage(SqlStorage):
 
     def _detail(self, exc: psycopg.Error) -> str:
         # libpq quotes pieces of a malformed URL, the password among them.
+        return redact_password(" ".join(str(exc).split()), self.url)
+
+    def _quiet(self, exc: Exception) -> str:
+        """An ADBC error's message on one line, password hidden (not chained: it
+        may quote the URL)."""
         return redact_password(" ".join(str(exc).split()), self.url)
 
     def _adbc_connect(self) -> Any:
@@ -133,6 +145,54 @@ class PostgresStorage(SqlStorage):
                 for row in rows:
                     write((key, offset, *row))
                     offset += 1
+
+    def _bulk_append_once(
+        self, marker: str, streams: bulk.StreamCounts, counts: Mapping[int, int], table: Any
+    ) -> dict[int, int] | None:
+        # The whole transaction on one ADBC connection: its COPY is binary too, and
+        # it builds the rows from the Arrow columns in C (storage/bulk.py).
+        try:
+            import adbc_driver_manager
+            import adbc_driver_postgresql.dbapi
+        except ImportError:
+            raise bulk.NoBulkLoader from None
+        try:
+            conn = adbc_driver_postgresql.dbapi.connect(self.url, autocommit=False)
+        except adbc_driver_manager.Error as exc:
+            raise StorageUnavailable(
+                f"cannot connect to PostgreSQL at {redact_url(self.url)!r}: {self._quiet(exc)}"
+            ) from None
+        try:
+            with conn.cursor() as cur:
+                cur.execute(self._adbc_sql(RECORD_MARKER), (marker, now_us()))
+                if not cur.fetchall():
+                    return None
+                firsts: dict[int, int] = {}
+                # Heads locked in stream order, like `_reserve`: appenders cannot deadlock.
+                for key in sorted(counts):
+                    if counts[key]:
+                        cur.execute(_RESERVE_ONE, (counts[key], key))
+                        moved = cur.fetchall()
+                        if moved:
+                            firsts[key] = int(moved[0][0]) - counts[key]
+                missing = [key for key in sorted(counts) if counts[key] and key not in firsts]
+                if missing:
+                    raise StreamSealed(missing)  # rolled back below, the marker too
+                cur.adbc_ingest(
+                    "messages", bulk.message_table(streams, firsts, table), mode="append"
+                )
+                cur.execute(f"SELECT pg_notify('{CHANNEL}', '')")
+                cur.fetchall()
+            conn.commit()
+            return firsts
+        except adbc_driver_manager.Error as exc:
+            raise StorageError(
+                f"append_arrow_once on {redact_url(self.url)!r} failed: {self._quiet(exc)}"
+            ) from None
+        finally:
+            with contextlib.suppress(Exception):
+                conn.rollback()  # a no-op after the commit
+            conn.close()
 
     def _notify_in_tx(self, cur: Cursor) -> None:
         cur.execute(f"NOTIFY {CHANNEL}")

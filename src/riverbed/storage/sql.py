@@ -23,7 +23,7 @@ from riverbed.errors import (
     TopicNotFound,
 )
 from riverbed.model import StoredMessage, StreamId
-from riverbed.storage import arrow
+from riverbed.storage import arrow, bulk
 from riverbed.storage.base import (
     KVEntry,
     RetentionPolicy,
@@ -46,6 +46,12 @@ _STORAGE_TOPICS = (
     "SELECT topic, generation, partitions, k FROM storage_topics"
     " WHERE topic = ? ORDER BY generation"
 )
+
+RECORD_MARKER = (
+    "INSERT INTO markers (marker, created_us) VALUES (?, ?)"
+    " ON CONFLICT (marker) DO NOTHING RETURNING marker"
+)
+"""Records an idempotency marker; returns no row if it was recorded before."""
 
 FIRST_OFFSET_AT = "SELECT off FROM messages WHERE stream = ? AND ts >= ? ORDER BY off LIMIT 1"
 """Walks the stream's primary key in offset order and stops at the first match,
@@ -107,6 +113,14 @@ class SqlStorage(ConnectedStorage):
         sealed or gone are left out. Backends that notify other processes of
         appends do it here, in the same statement where they can."""
         raise NotImplementedError
+
+    def _bulk_append_once(
+        self, marker: str, streams: bulk.StreamCounts, counts: Mapping[int, int], table: Any
+    ) -> dict[int, int] | None:
+        """`append_arrow_once`'s transaction, loading the columns in bulk (the
+        wake-up of this process's readers is the caller's); raises
+        `bulk.NoBulkLoader` if this backend cannot here."""
+        raise bulk.NoBulkLoader
 
     def _rows(self, cursor: Cursor) -> Iterable[Sequence[Any]]:
         """A query's rows, the cheapest way this driver hands them over."""
@@ -341,12 +355,7 @@ class SqlStorage(ConnectedStorage):
         with self._write() as cur:
             # First, so that a concurrent attempt with the same marker waits here
             # for ours to end (PostgreSQL: the unique index; SQLite: the write lock).
-            recorded = self._x(
-                cur,
-                "INSERT INTO markers (marker, created_us) VALUES (?, ?)"
-                " ON CONFLICT (marker) DO NOTHING RETURNING marker",
-                (marker, now_us()),
-            ).fetchone()
+            recorded = self._x(cur, RECORD_MARKER, (marker, now_us())).fetchone()
             if recorded is None:
                 return None
             if not counts:
@@ -358,6 +367,25 @@ class SqlStorage(ConnectedStorage):
             self._insert_messages(cur, {k: batches[k] for k in counts}, firsts)
         self.wakeups.notify()
         return firsts
+
+    @operation
+    def append_arrow_once(
+        self, marker: str, streams: bulk.StreamCounts, table: Any
+    ) -> dict[int, int] | None:
+        """`append_once` for rows given as Arrow columns (`bulk.ArrowAppends`):
+        loaded in bulk where the backend can (`_bulk_append_once`), else a tuple
+        per row."""
+        counts = bulk.check(streams, table)
+        if table.num_rows >= bulk.MIN_ROWS:
+            try:
+                firsts = self._bulk_append_once(marker, streams, counts, table)
+            except bulk.NoBulkLoader:
+                pass
+            else:
+                if firsts is not None:
+                    self.wakeups.notify()
+                return firsts
+        return self.append_once(marker, bulk.row_batches(streams, table))
 
     @operation
     def delete_markers(self, before_us: int) -> int:

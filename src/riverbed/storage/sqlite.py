@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from riverbed.errors import StorageUnavailable
-from riverbed.storage.base import Row
+from riverbed.storage import bulk
+from riverbed.storage.base import Row, StreamSealed
 from riverbed.storage.connections import Cursor
-from riverbed.storage.sql import SqlStorage
+from riverbed.storage.sql import RECORD_MARKER, SqlStorage, now_us
 from riverbed.storage.urls import redact_url
 
 WATCH_INTERVAL = 0.002
@@ -44,6 +45,15 @@ _INSERT = (
     "INSERT INTO messages (stream, off, id, ts, mqtt_topic, key, payload, properties, qos, retain)"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
+
+_COPY_STAGED = (
+    "INSERT INTO main.messages"
+    " (stream, off, id, ts, mqtt_topic, key, payload, properties, qos, retain)"
+    " SELECT ?1, ?2 + rowid, id, ts, mqtt_topic, key, payload, properties, qos, retain"
+    " FROM staged.rows WHERE rowid > ?3 AND rowid <= ?3 + ?4 ORDER BY rowid"
+)
+"""One stream's rows from a staging file (`bulk.sqlite_stage`: rowid = row number
+from 1): rows `start + 1 .. start + count` get offsets from `first`."""
 
 
 class SqliteStorage(SqlStorage):
@@ -124,6 +134,33 @@ class SqliteStorage(SqlStorage):
         for key, rows in batches.items():
             first = firsts[key]
             cur.executemany(_INSERT, [(key, first + i, *row) for i, row in enumerate(rows)])
+
+    def _bulk_append_once(
+        self, marker: str, streams: bulk.StreamCounts, counts: Mapping[int, int], table: Any
+    ) -> dict[int, int] | None:
+        # Staged outside the write lock (storage/bulk.py); the lock is held only
+        # for the copy, which SQLite does without a Python object per row.
+        with bulk.sqlite_stage(table) as stage:
+            conn = self._conn()
+            conn.execute("ATTACH DATABASE ? AS staged", (str(stage),))  # not in a transaction
+            try:
+                with self._write() as cur:
+                    if self._x(cur, RECORD_MARKER, (marker, now_us())).fetchone() is None:
+                        return None
+                    wanted = {key: counts[key] for key in sorted(counts) if counts[key]}
+                    firsts = self._reserve(cur, wanted)
+                    missing = [key for key in wanted if key not in firsts]
+                    if missing:
+                        raise StreamSealed(missing)  # rolls the marker back too
+                    for key, start, count in bulk.slices(streams):
+                        if count:
+                            cur.execute(_COPY_STAGED, (key, firsts[key] - start - 1, start, count))
+            finally:
+                try:
+                    conn.execute("DETACH DATABASE staged")
+                except sqlite3.Error:
+                    self.connections.discard(conn)  # the next call gets a clean one
+        return firsts
 
     def _start_watcher(self) -> None:
         if self.closed:
