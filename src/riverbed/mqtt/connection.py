@@ -62,6 +62,7 @@ from riverbed.mqtt.codec import (
     Unsubscribe,
     Will,
     encode,
+    encode_publish,
 )
 from riverbed.mqtt.codec.reasons import CONNACK_REASONS_V311
 from riverbed.mqtt.following import Following
@@ -599,7 +600,7 @@ class Connection(asyncio.Protocol):
                 elif len(self._aliases) < self._alias_maximum:
                     new_alias = len(self._aliases) + 1
                     properties = replace(properties, topic_alias=new_alias)
-        packet = Publish(
+        data = encode_publish(
             topic,
             message.payload,
             effect.qos,
@@ -607,8 +608,8 @@ class Connection(asyncio.Protocol):
             effect.dup,
             effect.packet_id,
             properties,
+            self.level == MQTT_5,
         )
-        data = encode(packet, self.level)
         if self._client_max_packet is not None and len(data) > self._client_max_packet:
             # [MQTT-3.1.2-25]: too large for the client, discarded as if delivered.
             self._discard(effect)

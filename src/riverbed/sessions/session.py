@@ -269,6 +269,10 @@ class Session:
         self._last_checkpoint = now
         self._moved = False
         """A cursor may have moved since the last checkpoint."""
+        self._check: set[int] = set()
+        """Streams that may have become ready to fetch since the last look."""
+        self._check_all = True
+        """The set of streams changed: look at them all."""
         # QoS 2 out (sessions/qos2.py).
         self._window: dict[tuple[int, int], WindowEntry] = {}
         self._reserved: set[int] = set()
@@ -321,6 +325,7 @@ class Session:
                 self._ready.remove(key)
             if not state.outstanding and not state.released:
                 del self._streams[key]
+                self._check_all = True
 
     # --- inspection --------------------------------------------------------------
     @property
@@ -408,6 +413,7 @@ class Session:
                         state.outstanding.pop(offset, None)
                         if state.dropped and not state.outstanding and not state.released:
                             del self._streams[key]
+                            self._check_all = True
                     self._acks += 1
                     self._moved = True
             case Offered(stream, messages, upto):
@@ -415,6 +421,7 @@ class Session:
             case Follow(stream, cursor, dup_below):
                 if stream not in self._streams:
                     self._streams[stream] = _Stream(stream, cursor, cursor, dup_below, cursor)
+                    self._check_all = True
                     if self._window:
                         self._restore_released(stream)
             case Received(packet_id, accepted):
@@ -444,6 +451,7 @@ class Session:
         state = self._streams.get(RETAINED)
         if state is None:
             state = self._streams[RETAINED] = _Stream(RETAINED, 0, 0, 0, 0, fetching=True)
+            self._check_all = True
         was_empty = not state.pending
         identifiers = () if subscription.identifier is None else (subscription.identifier,)
         for message in messages:
@@ -515,6 +523,7 @@ class Session:
             state.released.pop(entry.offset, None)
             if state.dropped and not state.outstanding and not state.released:
                 del self._streams[entry.stream]
+                self._check_all = True
         self._acks += 1
         self._moved = True
 
@@ -523,6 +532,7 @@ class Session:
         if state is None:
             return
         state.fetching = False
+        self._check.add(key)
         if state.dropped:
             return
         if upto <= state.fetched:
@@ -575,6 +585,7 @@ class Session:
             key = ready.popleft()
             state = self._streams[key]
             item = state.pending.popleft()
+            self._check.add(key)
             packet_id: int | None = None
             dup = item.offset < state.dup_below
             hold = False
@@ -614,9 +625,19 @@ class Session:
 
     def _fetch(self, effects: list[Effect]) -> None:
         if not self._streams:
+            self._check.clear()
             return
         share = max(1, self.queue_limit // len(self._streams))
-        for state in self._streams.values():
+        # Only streams whose pending queue shrank or whose fetch was answered can
+        # have become ready to fetch, unless the set of streams (the share) changed.
+        if self._check_all:
+            self._check_all = False
+            candidates = list(self._streams.values())
+        else:
+            streams = self._streams
+            candidates = [streams[k] for k in self._check if k in streams]
+        self._check.clear()
+        for state in candidates:
             if state.fetching or state.dropped or len(state.pending) * 2 > share:
                 continue
             state.fetching = True

@@ -47,7 +47,7 @@ Decisions where the specifications leave room:
 from riverbed.errors import ProtocolError
 
 from .decoder import Decoder
-from .encoder import encode
+from .encoder import encode, encode_publish
 from .packets import (
     Auth,
     Connack,
@@ -166,4 +166,5 @@ __all__ = [
     "Will",
     "WillProperties",
     "encode",
+    "encode_publish",
 ]

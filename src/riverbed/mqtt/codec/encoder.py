@@ -44,6 +44,7 @@ from .properties import (
     AckProperties,
     AnyProperties,
     PropertySpec,
+    PublishProperties,
     is_empty,
 )
 from .reasons import CONNACK_REASONS_V311, SUBACK_REASONS_V311
@@ -150,7 +151,32 @@ def _properties(props: AnyProperties, v5: bool, packet: str) -> bytes:
 
 
 def _publish(packet: Publish, v5: bool) -> bytes:
-    topic = packet.topic
+    return encode_publish(
+        packet.topic,
+        packet.payload,
+        packet.qos,
+        packet.retain,
+        packet.dup,
+        packet.packet_id,
+        packet.properties,
+        v5,
+    )
+
+
+def encode_publish(
+    topic: str,
+    payload: bytes,
+    qos: int,
+    retain: bool,
+    dup: bool,
+    packet_id: int | None,
+    properties: PublishProperties,
+    v5: bool,
+) -> bytes:
+    """A PUBLISH's bytes from its fields, without building the packet: for a
+    broker delivering what it already checked on the way in (a stored message's
+    valid topic name, a packet id of its own). Anything else goes through
+    `Publish`, which validates, and `encode`."""
     encoded_topic = _encoded_topics.get(topic)
     if encoded_topic is None:
         encoded_topic = encode_string(topic)
@@ -158,23 +184,23 @@ def _publish(packet: Publish, v5: bool) -> bytes:
             if len(_encoded_topics) >= _CACHE_LIMIT:
                 _encoded_topics.clear()
             _encoded_topics[topic] = encoded_topic
-    qos = packet.qos
     first = 0x30 | (qos << 1)
-    if packet.dup:
+    if dup:
         first |= 0x08
-    if packet.retain:
+    if retain:
         first |= 0x01
     parts = [encoded_topic]
     if qos:
-        parts.append(packet.packet_id.to_bytes(2, "big"))  # type: ignore[union-attr]
-    props = packet.properties
+        parts.append(packet_id.to_bytes(2, "big"))  # type: ignore[union-attr]
     if v5:
-        parts.append(b"\x00" if props is NO_PUBLISH_PROPERTIES else encode_properties(props))
-    elif not is_empty(props):
+        parts.append(
+            b"\x00" if properties is NO_PUBLISH_PROPERTIES else encode_properties(properties)
+        )
+    elif not is_empty(properties):
         # Also refuses an empty Topic Name: a Publish has one only with a Topic
         # Alias, which 3.1.1 does not know [MQTT-4.7.3-1].
-        raise _v311_refuses(f"PUBLISH properties ({props})")
-    parts.append(packet.payload)
+        raise _v311_refuses(f"PUBLISH properties ({properties})")
+    parts.append(payload)
     return _frame(first, parts)
 
 

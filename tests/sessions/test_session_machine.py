@@ -1,0 +1,149 @@
+"""The session state machine under random event sequences (hypothesis).
+
+A model of the log (streams of messages) answers the session's fetches in any
+order; the client acknowledges any message in flight, at any time. Invariants:
+the window is never exceeded; a followed stream is never left stalled (it has a
+fetch out, or a queue at least half its share, or is done); each stream's
+messages are delivered once, in offset order; the cursor never passes an
+unacknowledged message; and at the end everything matching is delivered.
+"""
+
+from __future__ import annotations
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from riverbed.model import StoredMessage
+from riverbed.sessions.session import (
+    Acked,
+    Deliver,
+    Effect,
+    Fetch,
+    Follow,
+    Offered,
+    Session,
+    Subscription,
+    Tick,
+)
+
+STREAMS = 3
+WINDOW = 4
+QUEUE = 12
+
+
+def _message(offset: int, matching: bool) -> StoredMessage:
+    topic = "a/x" if matching else "b/x"
+    return StoredMessage(offset, b"", 0, topic, "k", b"%d" % offset, None, 1, 0)
+
+
+class SessionMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.session = Session(
+            "c",
+            [Subscription("a/#", 1)],
+            window=WINDOW,
+            queue_limit=QUEUE,
+            checkpoint_every=5,
+            checkpoint_interval=1.0,
+        )
+        self.now = 0.0
+        self.log: dict[int, list[StoredMessage]] = {k: [] for k in range(STREAMS)}
+        self.fetches: dict[int, Fetch] = {}
+        self.inflight: dict[int, tuple[int, int]] = {}
+        self.delivered: dict[int, list[int]] = {k: [] for k in range(STREAMS)}
+        for key in range(STREAMS):
+            self._apply(self.session.handle(Follow(key, 0), self.now))
+
+    def _apply(self, effects: list[Effect]) -> None:
+        for effect in effects:
+            if isinstance(effect, Fetch):
+                assert effect.stream not in self.fetches, "two fetches out on one stream"
+                assert effect.limit > 0
+                self.fetches[effect.stream] = effect
+            elif isinstance(effect, Deliver):
+                assert effect.packet_id is not None
+                self.inflight[effect.packet_id] = (effect.stream, effect.message.offset)
+                self.delivered[effect.stream].append(effect.message.offset)
+
+    @rule(stream=st.integers(0, STREAMS - 1), matching=st.lists(st.booleans(), max_size=8))
+    def append(self, stream: int, matching: list[bool]) -> None:
+        messages = self.log[stream]
+        for m in matching:
+            messages.append(_message(len(messages), m))
+
+    @precondition(lambda self: bool(self.fetches))
+    @rule(data=st.data())
+    def answer_a_fetch(self, data: st.DataObject) -> None:
+        stream = data.draw(st.sampled_from(sorted(self.fetches)))
+        fetch = self.fetches.pop(stream)
+        available = self.log[stream][fetch.offset :]
+        taken = available[: fetch.limit]
+        upto = taken[-1].offset + 1 if taken else fetch.offset
+        offered = [m for m in taken if m.mqtt_topic.startswith("a/")]
+        self._apply(self.session.handle(Offered(stream, offered, upto), self.now))
+
+    @precondition(lambda self: bool(self.inflight))
+    @rule(data=st.data())
+    def acknowledge(self, data: st.DataObject) -> None:
+        packet_id = data.draw(st.sampled_from(sorted(self.inflight)))
+        del self.inflight[packet_id]
+        self._apply(self.session.handle(Acked(packet_id), self.now))
+
+    @rule(seconds=st.floats(0, 2))
+    def tick(self, seconds: float) -> None:
+        self.now += seconds
+        self._apply(self.session.handle(Tick(), self.now))
+
+    @invariant()
+    def window_is_respected(self) -> None:
+        assert len(self.inflight) <= WINDOW
+        assert self.session.inflight == len(self.inflight)
+
+    @invariant()
+    def delivered_once_in_order(self) -> None:
+        for offsets in self.delivered.values():
+            assert offsets == sorted(set(offsets))
+
+    @invariant()
+    def cursor_never_passes_an_unacknowledged_message(self) -> None:
+        cursors = self.session.cursors()
+        for stream, offset in self.inflight.values():
+            assert cursors[stream] <= offset
+
+    @invariant()
+    def no_stream_is_stalled(self) -> None:
+        # Without a fetch out and with room in the queue, a stream must be waiting
+        # for the window (its messages queued), never forgotten.
+        if self.inflight and len(self.inflight) == WINDOW:
+            return
+        for stream in range(STREAMS):
+            if stream in self.fetches:
+                continue
+            assert self.session.queued > 0, f"stream {stream} has no fetch out and nothing queued"
+
+    def teardown(self) -> None:
+        # Drain: answer the fetches that have messages to give, acknowledge all
+        # that is in flight, until nothing moves; then everything matching is out.
+        for _ in range(1_000):
+            behind = [s for s, f in self.fetches.items() if f.offset < len(self.log[s])]
+            if not behind and not self.inflight:
+                break
+            for stream in behind:
+                fetch = self.fetches.pop(stream)
+                taken = self.log[stream][fetch.offset :][: fetch.limit]
+                offered = [m for m in taken if m.mqtt_topic.startswith("a/")]
+                upto = taken[-1].offset + 1
+                self._apply(self.session.handle(Offered(stream, offered, upto), self.now))
+            for packet_id in sorted(self.inflight):
+                del self.inflight[packet_id]
+                self._apply(self.session.handle(Acked(packet_id), self.now))
+        for stream, messages in self.log.items():
+            wanted = [m.offset for m in messages if m.mqtt_topic.startswith("a/")]
+            assert self.delivered[stream] == wanted, f"stream {stream}"
+            assert self.session.cursors()[stream] == len(messages)
+
+
+SessionMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestSessionMachine = SessionMachine.TestCase
