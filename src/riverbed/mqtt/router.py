@@ -26,6 +26,7 @@ Everything here runs on the event loop; only storage calls go to threads.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import logging
 from collections import deque
@@ -44,6 +45,9 @@ Sink = Callable[[int, Sequence[StoredMessage], int], None]
 
 READ_BATCH = 1000
 """Messages per storage read while catching up."""
+READ_AHEAD = 1000
+"""Messages per storage read for a replaying session; what it did not ask for
+yet answers its next fetches (one read kept per stream)."""
 WATCH_TIMEOUT = 1.0
 """Seconds between looks at the heads when no wake-up comes."""
 REFRESH_INTERVAL = 0.02
@@ -89,6 +93,8 @@ class Router:
         self.buffer_size = buffer_size
         self._streams: dict[int, _Routed] = {}
         self._keys: dict[StreamId, int] = {}
+        self._ahead: dict[int, tuple[int, list[StoredMessage]]] = {}
+        """Stream key -> (offset read from, rows) of its last read for a session."""
         self._topics: dict[int, str] = {}
         self._watcher: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -181,7 +187,24 @@ class Router:
             rows = [buffer[i] for i in range(start, end)]
             sink(key, rows, rows[-1].offset + 1 if rows else offset)
             return
+        if self._from_read_ahead(key, offset, limit, sink):
+            return
         self._spawn(self._read_for(key, offset, limit, sink))
+
+    def _from_read_ahead(self, key: int, offset: int, limit: int, sink: Sink) -> bool:
+        """Answer a replaying session's fetch from the stream's last storage read,
+        if that covers `offset`: a session fetches its share of its queue at a
+        time, the router reads READ_AHEAD rows at a time."""
+        ahead = self._ahead.get(key)
+        if ahead is None:
+            return False
+        start, rows = ahead
+        if not rows or not start <= offset <= rows[-1].offset:
+            return False
+        i = bisect.bisect_left(rows, offset, key=_offset_of)
+        taken = rows[i : i + limit]
+        sink(key, taken, taken[-1].offset + 1)
+        return True
 
     def forget(self, handle: Hashable) -> None:
         """Drop a session's waiting fetches (it went offline)."""
@@ -273,11 +296,14 @@ class Router:
 
     async def _read_for(self, key: int, offset: int, limit: int, sink: Sink) -> None:
         try:
-            rows = await asyncio.to_thread(self.storage.read, key, offset, limit)
+            rows = await asyncio.to_thread(self.storage.read, key, offset, max(limit, READ_AHEAD))
         except RiverbedError:
             log.exception("reading stream %d for a session failed", key)
             rows = []
         routed = self._streams.get(key)
+        if len(rows) > limit:
+            self._ahead[key] = (offset, rows)
+            rows = rows[:limit]
         if rows:
             sink(key, rows, rows[-1].offset + 1)
         elif routed is not None and offset < routed.base:
@@ -317,3 +343,7 @@ class Router:
         task = asyncio.ensure_future(coro)  # type: ignore[call-overload]
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _offset_of(row: StoredMessage) -> int:
+    return row.offset
