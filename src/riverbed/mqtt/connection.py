@@ -95,6 +95,8 @@ log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT = 10.0
 """Seconds a new connection has to send its CONNECT."""
+_NO_BACKLOG: deque[Packet] = deque()
+"""The empty backlog of every connection with nothing waiting (never appended to)."""
 MAX_BACKLOG = 1000
 """Packets queued behind a slow one before reading pauses."""
 
@@ -112,6 +114,46 @@ class Connection(asyncio.Protocol):
     packets of one turn of the event loop go out in one write.
     """
 
+    __slots__ = (
+        "_acked",
+        "_alias_maximum",
+        "_aliases",
+        "_alive",
+        "_backlog",
+        "_checkpoint",
+        "_checkpointing",
+        "_client_max_packet",
+        "_done",
+        "_finished",
+        "_last_read",
+        "_loop",
+        "_normal",
+        "_out",
+        "_paused",
+        "_persisting",
+        "_teardown_task",
+        "_timer",
+        "_timer_at",
+        "_worker",
+        "broker",
+        "client_id",
+        "closing",
+        "connack_sent",
+        "decoder",
+        "expiry",
+        "following",
+        "inbound",
+        "keep_alive",
+        "level",
+        "peer",
+        "record_lock",
+        "session",
+        "stored",
+        "transport",
+        "username",
+        "will",
+    )
+
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self.transport: asyncio.Transport | None = None
@@ -128,7 +170,8 @@ class Connection(asyncio.Protocol):
         self.connack_sent = False
         self.will: Will | None = None
         self.closing = False
-        self.done = asyncio.Event()
+        self._done: asyncio.Event | None = None
+        self._finished = False
         self._normal = False
         self._loop = asyncio.get_running_loop()
         self.inbound = Inbound(self)
@@ -144,8 +187,9 @@ class Connection(asyncio.Protocol):
         self._checkpointing: asyncio.Task[None] | None = None
         self._persisting: asyncio.Task[None] | None = None
         self.record_lock = asyncio.Lock()
-        self._backlog: deque[Packet] = deque()
-        """Packets waiting behind one that is being handled asynchronously."""
+        self._backlog: deque[Packet] = _NO_BACKLOG
+        """Packets waiting behind one that is being handled asynchronously (a
+        deque of their own only while there are: idle connections share one)."""
         self._worker: asyncio.Task[None] | None = None
         self._paused = False
         self._acked: list[Event] = []
@@ -154,6 +198,16 @@ class Connection(asyncio.Protocol):
         self._last_read = self._loop.time()
         self._alive: asyncio.TimerHandle | None = None
         self._teardown_task: asyncio.Task[None] | None = None
+
+    @property
+    def done(self) -> asyncio.Event:
+        """Set once the connection is torn down and its session saved (made on
+        first use: most connections never need one)."""
+        if self._done is None:
+            self._done = asyncio.Event()
+            if self._finished:
+                self._done.set()
+        return self._done
 
     # --- asyncio.Protocol ------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -184,7 +238,7 @@ class Connection(asyncio.Protocol):
                 if self.closing:
                     return
                 if not self._now(packet):
-                    self._backlog.extend(packets[i:])
+                    self._backlog = deque(packets[i:])
                     self._worker = self._loop.create_task(self._work())
                     return
         except ProtocolError as exc:
@@ -254,8 +308,7 @@ class Connection(asyncio.Protocol):
             self.close(DisconnectReason.UNSPECIFIED_ERROR)
         finally:
             self._worker = None
-            if self.closing:
-                self._backlog.clear()
+            self._backlog = _NO_BACKLOG
             if self._paused and self.transport is not None and not self.closing:
                 self._paused = False
                 self.transport.resume_reading()
@@ -738,7 +791,9 @@ class Connection(asyncio.Protocol):
             if self.client_id and broker.connections.get(self.client_id) is self:
                 del broker.connections[self.client_id]
             self._leave_will()
-            self.done.set()
+            self._finished = True
+            if self._done is not None:
+                self._done.set()
             broker.connection_closed(self)
             log.info("client %s (%s) disconnected", self.client_id or "-", self.peer)
 

@@ -45,6 +45,12 @@ log = logging.getLogger(__name__)
 class Following:
     """The subscriptions and followed streams of one connection's session."""
 
+    __slots__ = (
+        "_task",
+        "conn",
+        "lineage_wait",
+    )
+
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
         self.lineage_wait = False

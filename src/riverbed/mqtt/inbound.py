@@ -114,6 +114,15 @@ class _Failed:
 class Inbound:
     """The PUBLISHes of one connection, from arrival to acknowledgement."""
 
+    __slots__ = (
+        "_acks",
+        "_aliases",
+        "_batches",
+        "_loop",
+        "_qos2",
+        "conn",
+    )
+
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
         self._loop = asyncio.get_running_loop()

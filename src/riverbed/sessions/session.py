@@ -237,6 +237,32 @@ class Session:
     client that published a message, for No Local.
     """
 
+    __slots__ = (
+        "_acks",
+        "_check",
+        "_check_all",
+        "_dirty",
+        "_held",
+        "_inflight",
+        "_last_checkpoint",
+        "_moved",
+        "_next_packet_id",
+        "_persist_seq",
+        "_persisting",
+        "_publisher",
+        "_ready",
+        "_resend",
+        "_reserved",
+        "_streams",
+        "_subscriptions",
+        "_window",
+        "checkpoint_every",
+        "checkpoint_interval",
+        "client_id",
+        "queue_limit",
+        "window",
+    )
+
     def __init__(
         self,
         client_id: str,
