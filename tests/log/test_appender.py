@@ -412,3 +412,50 @@ def test_three_processes_produce_concurrently(storage_url: str, storage: Storage
     }
     assert len(stored) == len(expected) and set(stored) == expected
     check_order_per_key_and_producer(streams)
+
+
+def test_try_append_now_commits_in_place_or_says_no(
+    storage: Storage, storage_url: str, topics: Topics, make_appender: Callable[..., Appender]
+) -> None:
+    # Committed on the calling thread where the storage commits inline (SQLite)
+    # and nothing else is committing; otherwise None and nothing written: the
+    # caller submits instead (PostgreSQL always, SQLite behind another writer).
+    appender = make_appender()
+    messages = [Message(b"%d" % i, key="k") for i in range(3)]
+    positions = appender.try_append_now(TOPIC, messages)
+    if not storage.appends_inline:
+        assert positions is None
+        assert sum(len(v) for v in read_all(storage, TOPIC).values()) == 0
+        return
+    assert positions is not None
+    stream, first = positions[0]
+    assert list(positions) == [(stream, first + i) for i in range(3)]
+    assert [m.payload for m in read_all(storage, TOPIC)[stream]] == [b"0", b"1", b"2"]
+
+    # Another process holds SQLite's write lock: no waiting, nothing written.
+    other = open_storage(storage_url)
+    try:
+        with other._write():  # type: ignore[attr-defined]  # BEGIN IMMEDIATE, held
+            started = time.monotonic()
+            assert appender.try_append_now(TOPIC, messages) is None
+            assert time.monotonic() - started < 1.0
+    finally:
+        other.close()
+    assert sum(len(v) for v in read_all(storage, TOPIC).values()) == 3
+    # And the lock free again, the next call commits in place after the first.
+    again = appender.try_append_now(TOPIC, messages)
+    assert again is not None and again[0] == (stream, first + 3)
+
+
+def test_try_append_now_never_overtakes_a_queued_commit(
+    storage: Storage, topics: Topics, make_appender: Callable[..., Appender]
+) -> None:
+    appender = make_appender()
+    with appender._cond:  # a commit in progress (the writer thread's)
+        appender._committing = True
+    try:
+        assert appender.try_append_now(TOPIC, [Message(b"x", key="k")]) is None
+    finally:
+        with appender._cond:
+            appender._committing = False
+    assert sum(len(v) for v in read_all(storage, TOPIC).values()) == 0

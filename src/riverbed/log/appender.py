@@ -202,6 +202,44 @@ class Appender:
             self._lead(pending)
         return pending.future.result(timeout)
 
+    def try_append_now(self, topic: str, messages: Sequence[Message]) -> Positions | None:
+        """Commit on the calling thread, now, if that needs no waiting: the storage
+        commits inline (`Storage.appends_inline`), no commit is running or queued
+        (so per-key order holds), and no other process holds the write lock.
+        Returns the positions, or None with nothing written (the caller submits
+        instead). For an event loop: a small batch committed in place costs less
+        than the hand-over to the writer thread and back."""
+        if not self.storage.appends_inline:
+            return None
+        with self._cond:
+            if self._committing or self._queue or self._closing:
+                return None
+            self._committing = True
+        try:
+            pending = self._prepare(topic, messages)
+            if not pending.rows:
+                return pending.future.result()
+            for _attempt in range(_MAX_ROUTE_ATTEMPTS):
+                layout = self._layout(topic)
+                batches: dict[int, list[Row]] = {}
+                targets, indexes = _route_into(pending, layout, batches)
+                try:
+                    firsts = self.storage.try_append(batches)
+                except StreamSealed:
+                    self._layouts.clear()  # SwitchProduce happened: route again
+                    continue
+                if firsts is None:
+                    return None
+                return Positions(layout, firsts, targets, indexes)
+            raise StorageError(
+                f"could not route to an open stream after {_MAX_ROUTE_ATTEMPTS} attempts"
+            )
+        finally:
+            with self._cond:
+                self._committing = False
+                if self._queue:
+                    self._wake_writer_locked()
+
     def append_once(self, topic: str, rows: Sequence[Row], marker: str) -> dict[int, int] | None:
         """Route `rows` to `topic`'s produce generation by their keys (seed 003
         Produce; a row without a key is spread) and append them in one transaction

@@ -60,6 +60,13 @@ class Log:
         self._check(topic, messages)
         return self.appender.submit(topic, messages)
 
+    def produce_now(self, topic: str, messages: Sequence[Message]) -> Positions | None:
+        """Commit on the calling thread if that needs no waiting (`Appender.
+        try_append_now`: an embedded storage, no commit running, the write lock
+        free); None, with nothing written, otherwise. Checks like `produce`."""
+        self._check(topic, messages)
+        return self.appender.try_append_now(topic, messages)
+
     def produce(self, topic: str, messages: Sequence[Message]) -> Positions:
         """Append messages to a topic and wait until they are committed.
 

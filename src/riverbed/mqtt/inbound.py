@@ -161,6 +161,22 @@ class Inbound:
         loop = self._loop
         for batch in batches:
             try:
+                # An embedded storage commits a small batch right here when nothing
+                # else is committing; otherwise the writer thread does.
+                done_now = bus.produce_now(batch.topic, batch.messages)
+            except RiverbedError as exc:
+                failed_now: Future[Positions] = Future()
+                failed_now.set_exception(exc)
+                batch.future = failed_now
+                self._batch_committed(batch)
+                continue
+            if done_now is not None:
+                committed: Future[Positions] = Future()
+                committed.set_result(done_now)
+                batch.future = committed
+                self._batch_committed(batch)
+                continue
+            try:
                 future = bus.produce_async(batch.topic, batch.messages)
             except RiverbedError as exc:
                 failed: Future[Positions] = Future()

@@ -195,6 +195,19 @@ class Storage(Protocol):
         or gone."""
         ...
 
+    @property
+    def appends_inline(self) -> bool:
+        """Whether `try_append` can commit at all (without a server round trip)."""
+        ...
+
+    def try_append(self, batches: Mapping[int, Sequence[Row]]) -> dict[int, int] | None:
+        """`append` on the calling thread if it can commit without waiting for
+        another writer; None, with nothing written, if it would have to wait (or
+        if this backend's commits always wait on a server: PostgreSQL). Lets an
+        event loop commit small batches itself instead of handing them to a
+        writer thread and back, without ever blocking on a lock."""
+        ...
+
     def append_once(
         self, marker: str, batches: Mapping[int, Sequence[Row]]
     ) -> dict[int, int] | None:

@@ -337,6 +337,9 @@ class SqlStorage(ConnectedStorage):
     # --- messages -----------------------------------------------------------
     @operation
     def append(self, batches: Mapping[int, Sequence[Row]]) -> dict[int, int]:
+        return self._append_rows(batches)
+
+    def _append_rows(self, batches: Mapping[int, Sequence[Row]]) -> dict[int, int]:
         counts = {k: len(batches[k]) for k in sorted(batches)}  # a fixed lock order
         with self._write() as cur:
             firsts = self._reserve(cur, counts)
@@ -346,6 +349,12 @@ class SqlStorage(ConnectedStorage):
             self._insert_messages(cur, batches, firsts)
         self.wakeups.notify()
         return firsts
+
+    appends_inline = False
+
+    @operation
+    def try_append(self, batches: Mapping[int, Sequence[Row]]) -> dict[int, int] | None:
+        return None  # a server round trip: see SqliteStorage
 
     @operation
     def append_once(

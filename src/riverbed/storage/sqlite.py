@@ -14,6 +14,7 @@ waited for `WATCH_IDLE` seconds (the next wait starts it again).
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 import time
@@ -24,7 +25,7 @@ from typing import Any
 from riverbed.errors import StorageUnavailable
 from riverbed.storage import bulk
 from riverbed.storage.base import Row, StreamSealed
-from riverbed.storage.connections import Cursor
+from riverbed.storage.connections import Cursor, operation
 from riverbed.storage.sql import RECORD_MARKER, SqlStorage, now_us
 from riverbed.storage.urls import redact_url
 
@@ -109,6 +110,24 @@ class SqliteStorage(SqlStorage):
 
     def _begin_write(self, conn: Any) -> None:
         conn.execute("BEGIN IMMEDIATE")
+
+    appends_inline = True
+
+    @operation
+    def try_append(self, batches: Mapping[int, Sequence[Row]]) -> dict[int, int] | None:
+        """`append` unless another connection holds the write lock: the lock is
+        asked for without the busy timeout, and a busy database answers None."""
+        conn = self._conn()
+        conn.execute("PRAGMA busy_timeout=0")
+        try:
+            return self._append_rows(batches)
+        except sqlite3.OperationalError as exc:
+            if _busy(exc):
+                return None
+            raise
+        finally:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT * 1000)}")
 
     def _schema_version(self, cur: Cursor) -> int:
         exists = cur.execute(
@@ -210,3 +229,12 @@ def _enable_wal(conn: sqlite3.Connection) -> None:
             if "locked" not in str(exc) or time.monotonic() > deadline:
                 raise
             time.sleep(0.002)
+
+
+def _busy(exc: sqlite3.OperationalError) -> bool:
+    """SQLITE_BUSY (another connection holds the lock), with or without its
+    extended code."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return bool(code & 0xFF == sqlite3.SQLITE_BUSY)
+    return "locked" in str(exc)
