@@ -1,0 +1,203 @@
+"""One Leader per group, cluster-wide, and the group's persisted state.
+
+Two KV records per group, both guarded by the storage's preconditions:
+
+- the leader claim: a lease (`riverbed.storage.leases`) named
+  `sharedsub/GROUP/FILTER`, which the Leader renews well within
+  `leader_claim_lease`; an expired claim may be taken by another candidate;
+- the group record in namespace `sharedsub`, key `GROUP/FILTER`: the filter,
+  the start time, when it was created, the progress of every stream, the
+  streams known fully consumed (lineage progress), and which Leader wrote it.
+
+Taking the claim rewrites the group record with compare-and-set (naming the new
+Leader), and every later save is a compare-and-set on the version the Leader's
+own last write left. So once a new Leader has claimed the group, a stale
+Leader's save fails with `PreconditionFailed` whatever its clock says — the
+record's version is the fencing token, like the lease's.
+
+Synchronous and small: the Leader's runtime calls it from a worker thread.
+Times are µs since the epoch, passed in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from riverbed.errors import AlreadyExists, InvalidInput, NotFound, PreconditionFailed
+from riverbed.model import StreamId
+from riverbed.sharedsub.protocol import GroupId, LeaderId
+from riverbed.storage.base import KVEntry, Storage, StreamHead
+from riverbed.storage.leases import Lease, Leases
+
+NAMESPACE = "sharedsub"
+LEASE_PREFIX = "sharedsub/"
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRecord:
+    """A group's persisted state as last written (`version`: its fencing token)."""
+
+    group: GroupId
+    start_us: int | None
+    """Messages from this time on belong to the group; None: from the earliest."""
+    created_us: int
+    progress: Mapping[StreamId, int]
+    consumed: frozenset[StreamId]
+    leader: LeaderId | None
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What a Leader holds: its lease and the group record as it last wrote it."""
+
+    lease: Lease
+    record: GroupRecord
+
+    @property
+    def leader(self) -> LeaderId:
+        return self.lease.owner
+
+
+class GroupStore:
+    """Create, list, claim, save and delete shared subscription groups."""
+
+    def __init__(self, storage: Storage, namespace: str = NAMESPACE) -> None:
+        self.storage = storage
+        self.namespace = namespace
+        self.leases = Leases(storage)
+
+    # ----------------------------------------------------------------- groups
+
+    def create(self, group: GroupId, *, start_us: int | None, now_us: int) -> GroupRecord:
+        """Create a group starting at `start_us` (None: the earliest retained
+        message). Raises `AlreadyExists`."""
+        if start_us is not None and (not isinstance(start_us, int) or start_us < 0):
+            raise InvalidInput(f"group start {start_us!r} must be µs since the epoch (>= 0)")
+        record = GroupRecord(group, start_us, now_us, {}, frozenset(), None, 0)
+        try:
+            entry = self.storage.kv_put_if_absent(self.namespace, group.key, _encode(record))
+        except PreconditionFailed:
+            raise AlreadyExists(f"shared subscription group {group} exists already") from None
+        return _decode(entry)
+
+    def get(self, group: GroupId) -> GroupRecord | None:
+        entry = self.storage.kv_get(self.namespace, group.key)
+        return None if entry is None else _decode(entry)
+
+    def list(self) -> list[GroupRecord]:
+        return [_decode(e) for e in self.storage.kv_list(self.namespace)]
+
+    def delete(self, group: GroupId) -> None:
+        """Delete the group record and its claim. Raises `NotFound`. A Leader still
+        running finds its next save refused and stops."""
+        entry = self.storage.kv_get(self.namespace, group.key)
+        if entry is None:
+            raise NotFound(f"shared subscription group {group} does not exist")
+        self.storage.kv_delete_if_version(self.namespace, group.key, entry.version)
+        lease = self.leases.get(LEASE_PREFIX + group.key)
+        if lease is not None:
+            # Renewed meanwhile: it expires, and its Leader is fenced off anyway.
+            with contextlib.suppress(PreconditionFailed):
+                self.leases.release(lease)
+
+    def leader_of(self, group: GroupId, now_us: int) -> Lease | None:
+        """The unexpired leader claim of a group, if any."""
+        lease = self.leases.get(LEASE_PREFIX + group.key)
+        return None if lease is None or lease.expired(now_us) else lease
+
+    # ----------------------------------------------------------------- claims
+
+    def claim(self, group: GroupId, leader: LeaderId, *, ttl_us: int, now_us: int) -> Claim:
+        """Become the group's Leader: take the claim and fence off earlier Leaders.
+
+        A group that does not exist yet is created starting now (a session's
+        first `$share/...` subscription creates it). Raises `LeaseHeld` if another
+        Leader's claim has not expired.
+        """
+        lease = self.leases.acquire(LEASE_PREFIX + group.key, leader, ttl_us, now_us)
+        while True:
+            entry = self.storage.kv_get(self.namespace, group.key)
+            if entry is None:
+                with contextlib.suppress(AlreadyExists):  # another candidate did
+                    self.create(group, start_us=now_us, now_us=now_us)
+                continue
+            record = replace(_decode(entry), leader=leader)
+            try:
+                written = self.storage.kv_compare_and_set(
+                    self.namespace, group.key, entry.version, _encode(record)
+                )
+            except PreconditionFailed:
+                continue  # a stale Leader saved in between: read again
+            return Claim(lease, _decode(written))
+
+    def renew(self, claim: Claim, *, ttl_us: int, now_us: int) -> Claim:
+        """Extend the claim. Raises `PreconditionFailed` if it was lost."""
+        return Claim(self.leases.renew(claim.lease, ttl_us, now_us), claim.record)
+
+    def save(
+        self,
+        claim: Claim,
+        progress: Mapping[StreamId, int],
+        consumed: Iterable[StreamId] = (),
+        *,
+        now_us: int,
+    ) -> Claim:
+        """Persist progress. Raises `PreconditionFailed` if this Leader was fenced
+        off (another claimed the group, or the group was deleted) or its own clock
+        says its claim expired."""
+        if claim.lease.expired(now_us):
+            raise PreconditionFailed(
+                f"the claim of {claim.leader!r} on group {claim.record.group} expired"
+            )
+        record = replace(claim.record, progress=dict(progress), consumed=frozenset(consumed))
+        written = self.storage.kv_compare_and_set(
+            self.namespace, record.group.key, claim.record.version, _encode(record)
+        )
+        return Claim(claim.lease, _decode(written))
+
+    def release(self, claim: Claim) -> None:
+        """Give the claim up (a Leader stopping when idle). Raises
+        `PreconditionFailed` if it was no longer ours."""
+        self.leases.release(claim.lease)
+
+
+def start_offsets(
+    storage: Storage, heads: Sequence[StreamHead], start_us: int | None
+) -> dict[StreamId, int]:
+    """Where a group starting at `start_us` begins each stream it has no progress
+    for (the Leader's `TopicStreams.initial`)."""
+    if start_us is None:
+        return {h.stream: h.start_offset for h in heads}
+    return {h.stream: storage.first_offset_at(h.key, start_us) for h in heads}
+
+
+def _encode(record: GroupRecord) -> bytes:
+    return json.dumps(
+        {
+            "group": record.group.name,
+            "filter": record.group.topic_filter,
+            "start_us": record.start_us,
+            "created_us": record.created_us,
+            "progress": {str(s): o for s, o in sorted(record.progress.items())},
+            "consumed": sorted(str(s) for s in record.consumed),
+            "leader": record.leader,
+        },
+        separators=(",", ":"),
+    ).encode()
+
+
+def _decode(entry: KVEntry) -> GroupRecord:
+    data = json.loads(entry.value)
+    return GroupRecord(
+        GroupId(data["group"], data["filter"]),
+        data["start_us"],
+        data["created_us"],
+        {StreamId.parse(s): int(o) for s, o in data["progress"].items()},
+        frozenset(StreamId.parse(s) for s in data["consumed"]),
+        data["leader"],
+        entry.version,
+    )

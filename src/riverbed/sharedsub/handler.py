@@ -1,0 +1,187 @@
+"""The Shared Subscription Handler: what a session calls (seed 001).
+
+The session knows MQTT and its client; the Handler knows which streams the
+session may fetch for its shared subscriptions and how far each is consumed;
+the Agent and its Borrowers (behind it) know how streams are obtained. All of it
+is sans-I/O: the session calls in with `now` and executes what comes back.
+
+What the session calls:
+
+- `subscribe(text, now)` / `unsubscribe(text, now)` with `$share/GROUP/FILTER`
+  or `$queue/FILTER`;
+- `receive(message, now)` with a message the bus delivered to this session's
+  Borrowers;
+- `fetched(lease, upto, in_flight)` after taking the lease's stream in up to
+  offset `upto` (exclusive), with the offsets it sent to the client and expects
+  to be acknowledged (QoS 1/2; QoS 0 deliveries and messages that did not match
+  the filter are simply not listed);
+- `acked(lease, offset, now)` when the client acknowledged one of them;
+- `disconnect(now)` when the session goes offline; `tick(now)` at
+  `next_deadline()`.
+
+What comes back (`SessionEffect`): `Send` (put on the bus), `StartFetching`
+(a new lease: fetch its stream from an offset), `StopFetching` (fetch no more,
+keep acknowledging), `Forget` (drop the lease and its in-flight messages).
+
+The Handler keeps, per lease, the fetched position and the in-flight offsets;
+the progress it reports is the first offset not yet done (the lowest in flight,
+else the fetched position), so the Leader only ever saves a contiguous
+acknowledged prefix and a new Borrower redelivers at most the in-flight window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import assert_never
+
+from riverbed.model import StreamId
+from riverbed.sharedsub.agent import Agent
+from riverbed.sharedsub.borrower import (
+    Effect,
+    Forget,
+    Invalidated,
+    Send,
+    StartFetching,
+    StopFetching,
+    Terminated,
+)
+from riverbed.sharedsub.config import SharedSubConfig
+from riverbed.sharedsub.protocol import BorrowerId, GroupId, ToBorrower
+
+SessionEffect = Send | StartFetching | StopFetching | Forget
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A stream lent to one Borrower of this session."""
+
+    borrower: BorrowerId
+    stream: StreamId
+
+
+@dataclass(slots=True)
+class _Window:
+    fetched: int
+    """The first offset not yet taken in."""
+    in_flight: set[int] = field(default_factory=set)
+    stopping: bool = False
+
+    @property
+    def progress(self) -> int:
+        return min(self.in_flight) if self.in_flight else self.fetched
+
+
+class SharedSubscriptionHandler:
+    """The session-side facade of durable shared subscriptions."""
+
+    def __init__(
+        self, session_id: str, config: SharedSubConfig, *, nonce: str | None = None
+    ) -> None:
+        self.agent = Agent(session_id, config, nonce=nonce)
+        self._windows: dict[Lease, _Window] = {}
+
+    # ----------------------------------------------------------------- queries
+
+    @property
+    def leases(self) -> dict[Lease, int]:
+        """Leases the session may fetch now, with the offset to fetch from."""
+        return {k: w.fetched for k, w in self._windows.items() if not w.stopping}
+
+    def in_flight(self, lease: Lease) -> frozenset[int]:
+        window = self._windows.get(lease)
+        return frozenset() if window is None else frozenset(window.in_flight)
+
+    def group_of(self, lease: Lease) -> GroupId | None:
+        borrower = self.agent.borrowers.get(lease.borrower)
+        return None if borrower is None else borrower.group
+
+    def next_deadline(self) -> float | None:
+        return self.agent.next_deadline()
+
+    # ----------------------------------------------------------------- session calls
+
+    def subscribe(self, text: str, now: float) -> list[SessionEffect]:
+        """Raises `InvalidTopicFilter` for text that is no shared subscription."""
+        return self._run(self.agent.subscribe(GroupId.parse(text), now), now)
+
+    def unsubscribe(self, text: str, now: float) -> list[SessionEffect]:
+        return self._run(self.agent.unsubscribe(GroupId.parse(text), now), now)
+
+    def receive(self, message: ToBorrower, now: float) -> list[SessionEffect]:
+        return self._run(self.agent.receive(message, now), now)
+
+    def fetched(
+        self, lease: Lease, upto: int, in_flight: Iterable[int], now: float
+    ) -> list[SessionEffect]:
+        """The session took in `lease`'s stream up to `upto`, sending `in_flight`.
+
+        Ignored for a lease that is stopping or gone: the session must not deliver
+        anything of such a lease (it got `StopFetching` / `Forget` first)."""
+        window = self._windows.get(lease)
+        if window is None or window.stopping or upto < window.fetched:
+            return []
+        before = window.progress
+        window.in_flight.update(o for o in in_flight if window.fetched <= o < upto)
+        window.fetched = upto
+        return self._moved(lease, window, before, now)
+
+    def acked(self, lease: Lease, offset: int, now: float) -> list[SessionEffect]:
+        """The client acknowledged `offset` of the lease (ignored if unknown)."""
+        window = self._windows.get(lease)
+        if window is None or offset not in window.in_flight:
+            return []
+        before = window.progress
+        window.in_flight.discard(offset)
+        return self._moved(lease, window, before, now)
+
+    def disconnect(self, now: float) -> list[SessionEffect]:
+        return self._run(self.agent.disconnect(now), now)
+
+    def tick(self, now: float) -> list[SessionEffect]:
+        return self._run(self.agent.tick(now), now)
+
+    # ----------------------------------------------------------------- internals
+
+    def _moved(self, lease: Lease, window: _Window, before: int, now: float) -> list[SessionEffect]:
+        effects: list[Effect] = []
+        if window.progress > before:
+            effects += self.agent.progress(lease.borrower, lease.stream, window.progress, now)
+        if window.stopping and not window.in_flight:
+            del self._windows[lease]
+            effects += self.agent.drained(lease.borrower, lease.stream, window.progress, now)
+        return self._run(effects, now)
+
+    def _run(self, effects: list[Effect], now: float) -> list[SessionEffect]:
+        """Apply the Agent's effects on the windows; return the session's share.
+
+        A stop of a lease with nothing in flight drains at once, which goes back
+        into the Agent: hence the work list."""
+        out: list[SessionEffect] = []
+        work = list(effects)
+        while work:
+            effect = work.pop(0)
+            match effect:
+                case StartFetching(borrower, stream, offset):
+                    self._windows[Lease(borrower, stream)] = _Window(offset)
+                    out.append(effect)
+                case StopFetching(borrower, stream):
+                    lease = Lease(borrower, stream)
+                    window = self._windows.get(lease)
+                    out.append(effect)
+                    if window is None:
+                        continue
+                    window.stopping = True
+                    if not window.in_flight:
+                        del self._windows[lease]
+                        work.extend(self.agent.drained(borrower, stream, window.progress, now))
+                case Forget(borrower, stream):
+                    if self._windows.pop(Lease(borrower, stream), None) is not None:
+                        out.append(effect)
+                case Send():
+                    out.append(effect)
+                case Invalidated() | Terminated():
+                    pass
+                case _:
+                    assert_never(effect)
+        return out

@@ -1,0 +1,89 @@
+"""The leader claim and the persisted group state, on both backends."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.storage import create_topic, numbered_rows
+from riverbed.errors import AlreadyExists, InvalidInput, LeaseHeld, NotFound, PreconditionFailed
+from riverbed.model import StreamId
+from riverbed.sharedsub.claims import GroupStore, start_offsets
+from riverbed.sharedsub.protocol import GroupId
+from riverbed.storage import Storage
+
+S = 1_000_000
+G = GroupId("g", "t/#")
+S0 = StreamId("t", 0, 0)
+
+
+def test_create_get_list_delete(storage: Storage) -> None:
+    groups = GroupStore(storage)
+    record = groups.create(G, start_us=5 * S, now_us=10 * S)
+    assert (record.start_us, record.created_us, record.leader) == (5 * S, 10 * S, None)
+    assert groups.get(G) == record
+    with pytest.raises(AlreadyExists):
+        groups.create(G, start_us=None, now_us=11 * S)
+    assert [r.group for r in groups.list()] == [G]
+    groups.delete(G)
+    assert groups.get(G) is None
+    with pytest.raises(NotFound):
+        groups.delete(G)
+    with pytest.raises(InvalidInput, match="group start"):
+        groups.create(G, start_us=-1, now_us=0)
+
+
+def test_claim_save_and_resume(storage: Storage) -> None:
+    groups = GroupStore(storage)
+    claim = groups.claim(G, "leader-1", ttl_us=30 * S, now_us=0)  # creates the group
+    assert claim.record.leader == "leader-1" and claim.record.start_us == 0
+    claim = groups.save(claim, {S0: 7}, [StreamId("t", 0, 1)], now_us=1 * S)
+    claim = groups.renew(claim, ttl_us=30 * S, now_us=20 * S)
+    claim = groups.save(claim, {S0: 9}, now_us=21 * S)
+    groups.release(claim)
+    resumed = groups.claim(G, "leader-2", ttl_us=30 * S, now_us=22 * S)
+    assert resumed.record.progress == {S0: 9} and resumed.record.leader == "leader-2"
+
+
+def test_one_leader_at_a_time_and_a_stale_one_is_fenced_off(storage: Storage) -> None:
+    groups = GroupStore(storage)
+    old = groups.claim(G, "leader-1", ttl_us=30 * S, now_us=0)
+    with pytest.raises(LeaseHeld):
+        groups.claim(G, "leader-2", ttl_us=30 * S, now_us=29 * S)
+    new = groups.claim(G, "leader-2", ttl_us=30 * S, now_us=30 * S)  # expired: taken over
+    # The old Leader's clock lags: its claim looks alive, but its write is refused.
+    with pytest.raises(PreconditionFailed):
+        groups.save(old, {S0: 100}, now_us=10 * S)
+    with pytest.raises(PreconditionFailed):
+        groups.renew(old, ttl_us=30 * S, now_us=10 * S)
+    groups.save(new, {S0: 3}, now_us=31 * S)
+    record = groups.get(G)
+    assert record is not None and record.progress == {S0: 3} and record.leader == "leader-2"
+    assert groups.leader_of(G, now_us=31 * S) is not None
+    assert groups.leader_of(G, now_us=61 * S) is None
+
+
+def test_a_leader_whose_claim_expired_does_not_save(storage: Storage) -> None:
+    groups = GroupStore(storage)
+    claim = groups.claim(G, "leader-1", ttl_us=30 * S, now_us=0)
+    with pytest.raises(PreconditionFailed, match="expired"):
+        groups.save(claim, {S0: 1}, now_us=30 * S)
+
+
+def test_deleting_a_group_fences_its_leader(storage: Storage) -> None:
+    groups = GroupStore(storage)
+    claim = groups.claim(G, "leader-1", ttl_us=30 * S, now_us=0)
+    groups.delete(G)
+    with pytest.raises(PreconditionFailed):
+        groups.save(claim, {S0: 1}, now_us=1 * S)
+    assert groups.leader_of(G, now_us=1 * S) is None
+
+
+def test_start_offsets_from_the_group_start(storage: Storage) -> None:
+    heads = create_topic(storage, "t", 1)
+    key = heads[0].key
+    rows = numbered_rows(4)
+    rows = [(r[0], ts, *r[2:]) for r, ts in zip(rows, [10, 20, 30, 40], strict=True)]
+    storage.append({key: rows})
+    heads = storage.list_streams("t")
+    assert start_offsets(storage, heads, None) == {heads[0].stream: 0}
+    assert start_offsets(storage, heads, 25) == {heads[0].stream: 2}
