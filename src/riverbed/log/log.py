@@ -60,12 +60,16 @@ class Log:
         self._check(topic, messages)
         return self.appender.submit(topic, messages)
 
-    def produce_now(self, topic: str, messages: Sequence[Message]) -> Positions | None:
-        """Commit on the calling thread if that needs no waiting (`Appender.
-        try_append_now`: an embedded storage, no commit running, the write lock
-        free); None, with nothing written, otherwise. Checks like `produce`."""
+    def produce_soon(
+        self, topic: str, messages: Sequence[Message]
+    ) -> Positions | Future[Positions]:
+        """`produce_async`, except that the messages are committed on the calling
+        thread when that needs no waiting (`Appender.try_append_now`: an embedded
+        storage, no commit running, the write lock free): then their positions
+        come back at once, else a future. Checks like `produce`, once."""
         self._check(topic, messages)
-        return self.appender.try_append_now(topic, messages)
+        positions = self.appender.try_append_now(topic, messages)
+        return self.appender.submit(topic, messages) if positions is None else positions
 
     def produce(self, topic: str, messages: Sequence[Message]) -> Positions:
         """Append messages to a topic and wait until they are committed.

@@ -93,22 +93,16 @@ class _Batch:
         return None if self.future is None else self.future.exception()
 
 
-class _Failed:
-    """A batch that could not even be queued (stands in for its future)."""
-
-    __slots__ = ("error",)
-
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
-
-    def done(self) -> bool:
-        return True
-
-    def cancelled(self) -> bool:
-        return False
-
-    def exception(self) -> BaseException | None:
-        return self.error
+def _finished(
+    positions: Positions | None = None, error: BaseException | None = None
+) -> Future[Positions]:
+    """A future that is already done: a batch committed in place, or refused."""
+    future: Future[Positions] = Future()
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(positions)  # type: ignore[arg-type]
+    return future
 
 
 class Inbound:
@@ -163,26 +157,14 @@ class Inbound:
             try:
                 # An embedded storage commits a small batch right here when nothing
                 # else is committing; otherwise the writer thread does.
-                done_now = bus.produce_now(batch.topic, batch.messages)
+                produced = bus.produce_soon(batch.topic, batch.messages)
+                future = produced if isinstance(produced, Future) else _finished(produced)
             except RiverbedError as exc:
-                failed_now: Future[Positions] = Future()
-                failed_now.set_exception(exc)
-                batch.future = failed_now
-                self._batch_committed(batch)
-                continue
-            if done_now is not None:
-                committed: Future[Positions] = Future()
-                committed.set_result(done_now)
-                batch.future = committed
-                self._batch_committed(batch)
-                continue
-            try:
-                future = bus.produce_async(batch.topic, batch.messages)
-            except RiverbedError as exc:
-                failed: Future[Positions] = Future()
-                failed.set_exception(exc)
-                future = failed
+                future = _finished(error=exc)
             batch.future = future
+            if future.done():
+                self._batch_committed(batch)
+                continue
 
             def done(_f: Future[Positions], batch: _Batch = batch) -> None:
                 loop.call_soon_threadsafe(self._batch_committed, batch)

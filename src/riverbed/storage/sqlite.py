@@ -37,6 +37,7 @@ WATCH_IDLE = 5.0
 
 BUSY_TIMEOUT = 60.0
 """Seconds a connection waits for another's write lock before giving up."""
+_BUSY_TIMEOUT_MS = int(BUSY_TIMEOUT * 1000)
 
 _RESERVE = (
     "UPDATE streams SET next_offset = next_offset + ? WHERE id = ? AND sealed = 0"
@@ -91,7 +92,7 @@ class SqliteStorage(SqlStorage):
             )
             _enable_wal(conn)
             conn.execute(f"PRAGMA synchronous={self.synchronous}")
-            conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT * 1000)}")
+            conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
         except sqlite3.Error as exc:
             if conn is not None:
                 conn.close()
@@ -127,7 +128,7 @@ class SqliteStorage(SqlStorage):
             raise
         finally:
             with contextlib.suppress(sqlite3.Error):
-                conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT * 1000)}")
+                conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
 
     def _schema_version(self, cur: Cursor) -> int:
         exists = cur.execute(
