@@ -16,6 +16,7 @@ shown when the broker fails to start or exits with an error.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import ssl
 import subprocess
@@ -127,8 +128,11 @@ class BrokerProcess:
             code = self.stop()
         finally:
             self.kill()
-        if kind is None and code not in (0, -signal.SIGKILL):
-            raise AssertionError(f"broker exited with {code}:\n{self.tail()}")
+        try:
+            if kind is None and code not in (0, -signal.SIGKILL):
+                raise AssertionError(f"broker exited with {code}:\n{self.tail()}")
+        finally:
+            shutil.rmtree(self._log_dir, ignore_errors=True)
 
 
 @dataclass(frozen=True, slots=True)

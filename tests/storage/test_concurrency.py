@@ -29,6 +29,7 @@ from riverbed.model import MessageIdGenerator
 from riverbed.storage import Storage, open_storage
 from riverbed.storage import postgres as postgres_module
 from riverbed.storage import sqlite as sqlite_module
+from riverbed.storage.base import Wakeups
 
 WRITER_SCRIPT = Path(__file__).with_name("writer_process.py")
 TESTS_DIR = Path(__file__).parents[1]
@@ -311,6 +312,33 @@ def test_the_sqlite_watcher_stops_when_nobody_waits_and_starts_again(
     finally:
         other.close()
         storage.close()
+
+
+def test_a_polling_watcher_keeps_the_pace_its_waits_ask_for() -> None:
+    wakeups = Wakeups()
+    default = 0.002
+    assert wakeups.poll_interval(default) == default  # nobody has waited yet
+
+    def wait_in_thread(latency: float | None, pace: float) -> threading.Thread:
+        """Start a wait; return once the watcher's pace is `pace`."""
+        thread = threading.Thread(target=wakeups.wait, args=(wakeups.version, 5.0, latency))
+        thread.start()
+        deadline = time.monotonic() + 5.0
+        while wakeups.poll_interval(default) != pace:
+            assert time.monotonic() < deadline, "the wait never started"
+            time.sleep(0.001)
+        return thread
+
+    relaxed = wait_in_thread(0.02, pace=0.02)  # the broker's router: 20 ms late is fine
+    eager = wait_in_thread(None, pace=default)  # a worker: as soon as it can
+    wakeups.notify()
+    relaxed.join(5.0)
+    eager.join(5.0)
+    wait_in_thread(0.02, pace=0.02)
+    wakeups.notify()
+    time.sleep(0.05)
+    assert wakeups.poll_interval(default) == 0.02  # resting between the router's waits
+    assert wakeups.poll_interval(0.05) == 0.05  # never more often than the backend's own
 
 
 # --------------------------------------------------------------------------- concurrent writers

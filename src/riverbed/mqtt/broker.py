@@ -7,7 +7,7 @@
 
 `Broker` owns what the connections share: the listening socket, the client id
 registry (for takeover), the topic trie of online sessions' filters, the live
-router, the session store and the authenticator/authorizer. A background task
+router, the commit pacer, the session store and the authenticator/authorizer. A background task
 discards sessions whose expiry passed (also those left behind by a broker that
 stopped: their expiry counts from when they were last seen).
 
@@ -31,6 +31,7 @@ from riverbed.mqtt.auth import load_auth
 from riverbed.mqtt.codec import DisconnectReason
 from riverbed.mqtt.config import BrokerConfig
 from riverbed.mqtt.connection import Connection
+from riverbed.mqtt.pacer import CommitPacer
 from riverbed.mqtt.retained import RetainedStore
 from riverbed.mqtt.router import Router
 from riverbed.mqtt.tls import server_context
@@ -70,6 +71,7 @@ class Broker:
         self.trie: TopicTrie[Hashable] = TopicTrie()
         self.router = Router(log.storage, self.trie)
         self.router.on_new_streams = self._streams_changed
+        self.pacer = CommitPacer(log, config.storage.commit_interval_ms / 1000)
         self.authenticator, self.authorizer = load_auth(config.auth)
         self.connections: dict[str, Connection] = {}
         """Client id -> the connection holding its session."""
@@ -123,6 +125,7 @@ class Broker:
             connection.close(DisconnectReason.SERVER_SHUTTING_DOWN)
         for connection in connections:
             await connection.done.wait()
+        self.pacer.commit_now()
         await self.router.stop()
         for server in (self._server, self._tls_server):
             if server is not None:

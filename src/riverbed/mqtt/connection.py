@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import uuid
 from collections import deque
 from dataclasses import replace
@@ -99,6 +100,7 @@ _NO_BACKLOG: deque[Packet] = deque()
 """The empty backlog of every connection with nothing waiting (never appended to)."""
 MAX_BACKLOG = 1000
 """Packets queued behind a slow one before reading pauses."""
+_QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
 
 
 class Connection(asyncio.Protocol):
@@ -131,6 +133,7 @@ class Connection(asyncio.Protocol):
         "_out",
         "_paused",
         "_persisting",
+        "_sock",
         "_teardown_task",
         "_timer",
         "_timer_at",
@@ -158,6 +161,7 @@ class Connection(asyncio.Protocol):
         self.broker = broker
         self.transport: asyncio.Transport | None = None
         self.peer = "-"
+        self._sock: socket.socket | None = None
         limits = broker.config.limits
         self.decoder = Decoder(max_packet_size=limits.maximum_packet_size)
         self.level = 4
@@ -213,6 +217,7 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
         self.peer = str(transport.get_extra_info("peername"))
+        self._sock = transport.get_extra_info("socket")
         self.broker.connection_opened(self)
         self._alive = self._loop.call_later(CONNECT_TIMEOUT, self._check_alive)
 
@@ -277,6 +282,7 @@ class Connection(asyncio.Protocol):
             self.send(Pingresp())
             return True
         if kind is Disconnect:
+            self.inbound.flush(now=True)  # acknowledged before the connection closes
             self._end_of_read()
             self._disconnect(cast(Disconnect, packet))
             return True
@@ -773,6 +779,8 @@ class Connection(asyncio.Protocol):
                 handle.cancel()
         self.following.cancel()
         broker = self.broker
+        # Its PUBLISHes committed before its Will can be.
+        self.inbound.flush(now=True)
         try:
             if self._worker is not None:
                 # It stops after the packet at hand (closing is set).
@@ -821,6 +829,14 @@ class Connection(asyncio.Protocol):
             log.info("client %s: session was taken over; not saved", self.client_id)
         except RiverbedError:
             log.exception("client %s: saving the session failed", self.client_id)
+
+    def quickack(self) -> None:
+        """Have the kernel acknowledge the bytes received so far now, not with
+        our next write (Linux TCP_QUICKACK)."""
+        sock = self._sock
+        if sock is not None and _QUICKACK is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 1)
 
     # --- writing --------------------------------------------------------------------------
     def send(self, packet: Packet, level: int | None = None) -> None:

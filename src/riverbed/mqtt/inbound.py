@@ -2,8 +2,9 @@
 
 A PUBLISH is committed to the log (the topic `Log.topic_for` picks) before its
 PUBACK/PUBREC goes out, and acknowledgements go out in the order the PUBLISHes
-came in [MQTT-4.6.0-2]. QoS 0 and 1 go through the group commit
-(`Log.produce_async`).
+came in [MQTT-4.6.0-2]. QoS 0 and 1 wait in a batch per log topic for the
+broker's commit pacer (`mqtt/pacer.py`), which commits every connection's
+batches for a topic together.
 
 QoS 2, exactly once across broker restarts (issue 3): the message and a marker
 `(session id, packet id)` are committed in one transaction
@@ -22,11 +23,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-from riverbed.errors import ProtocolError, RiverbedError
-from riverbed.log.appender import Position, Positions
+from riverbed.errors import ProtocolError
+from riverbed.log.appender import Position
 from riverbed.log.log import Log
 from riverbed.model import Message, StoredMessage, StreamId, encode_properties
 from riverbed.mqtt.codec import (
@@ -41,6 +41,7 @@ from riverbed.mqtt.codec import (
     PubrecReason,
 )
 from riverbed.mqtt.messages import committed_row, message_from_publish
+from riverbed.mqtt.pacer import Batch
 from riverbed.sessions.store import now_us, qos2_marker
 from riverbed.storage.base import Row
 
@@ -73,38 +74,6 @@ def append_exactly_once(bus: Log, log_topic: str, message: Message, marker: str)
     return None if stream is None else (stream, offset)
 
 
-class _Batch:
-    """The QoS 0/1 PUBLISHes of one read bound for one topic: committed together."""
-
-    __slots__ = ("future", "messages", "topic")
-
-    def __init__(self, topic: str) -> None:
-        self.topic = topic
-        self.messages: list[Message] = []
-        self.future: Future[Positions] | None = None
-
-    def done(self) -> bool:
-        return self.future is not None and self.future.done()
-
-    def cancelled(self) -> bool:
-        return self.future is not None and self.future.cancelled()
-
-    def exception(self) -> BaseException | None:
-        return None if self.future is None else self.future.exception()
-
-
-def _finished(
-    positions: Positions | None = None, error: BaseException | None = None
-) -> Future[Positions]:
-    """A future that is already done: a batch committed in place, or refused."""
-    future: Future[Positions] = Future()
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(positions)  # type: ignore[arg-type]
-    return future
-
-
 class Inbound:
     """The PUBLISHes of one connection, from arrival to acknowledgement."""
 
@@ -121,10 +90,10 @@ class Inbound:
         self.conn = conn
         self._loop = asyncio.get_running_loop()
         self._aliases: dict[int, str] = {}
-        self._acks: deque[tuple[_Batch | asyncio.Future[Any], Publish]] = deque()
+        self._acks: deque[tuple[Batch | asyncio.Future[Any], Publish]] = deque()
         """Commits not yet acknowledged, in arrival order."""
-        self._batches: dict[str, _Batch] = {}
-        """This read's QoS 0/1 PUBLISHes by topic, not yet handed to the log."""
+        self._batches: dict[str, Batch] = {}
+        """QoS 0/1 PUBLISHes by topic that the pacer has not taken yet."""
         self._qos2: set[int] = set()
         """Packet ids committed at QoS 2 whose PUBREL has not come (this connection)."""
 
@@ -140,36 +109,27 @@ class Inbound:
         log_topic = self.conn.broker.log.topic_for(topic)
         batch = self._batches.get(log_topic)
         if batch is None:
-            batch = self._batches[log_topic] = _Batch(log_topic)
+            batch = self._batches[log_topic] = Batch(self, log_topic)
         batch.messages.append(message)
         self._acks.append((batch, packet))
         return True
 
-    def flush(self) -> None:
-        """Hand this read's batches to the log (one group-commit submission each)."""
-        if not self._batches:
-            return
+    def flush(self, now: bool = False) -> None:
+        """Hand the batches to the commit pacer; `now`: commit them (and every
+        other connection's) at once."""
+        pacer = self.conn.broker.pacer
+        if self._batches and pacer.want(self):
+            # The PUBACKs wait: acknowledge the bytes at once, or a client with
+            # Nagle's algorithm on (paho-mqtt) holds its next PUBLISH until they go.
+            self.conn.quickack()
+        if now:
+            pacer.commit_now()
+
+    def take_batches(self) -> list[Batch]:
+        """For the pacer: the batches to commit; they leave this connection's hands."""
         batches = list(self._batches.values())
         self._batches.clear()
-        bus = self.conn.broker.log
-        loop = self._loop
-        for batch in batches:
-            try:
-                # An embedded storage commits a small batch right here when nothing
-                # else is committing; otherwise the writer thread does.
-                produced = bus.produce_soon(batch.topic, batch.messages)
-                future = produced if isinstance(produced, Future) else _finished(produced)
-            except RiverbedError as exc:
-                future = _finished(error=exc)
-            batch.future = future
-            if future.done():
-                self._batch_committed(batch)
-                continue
-
-            def done(_f: Future[Positions], batch: _Batch = batch) -> None:
-                loop.call_soon_threadsafe(self._batch_committed, batch)
-
-            future.add_done_callback(done)
+        return batches
 
     def _accept(self, packet: Publish) -> tuple[str, Message] | None:
         """Checks every PUBLISH passes: topic alias, Receive Maximum, retain,
@@ -225,6 +185,7 @@ class Inbound:
 
     async def publish(self, packet: Publish) -> None:
         """A PUBLISH that waits: retained (stored before the acknowledgement) or QoS 2."""
+        self.flush(now=True)  # the PUBLISHes before it first (per-publisher order)
         accepted = self._accept(packet)
         if accepted is None:
             return
@@ -239,11 +200,10 @@ class Inbound:
         if packet.qos == 2:
             await self._publish_exactly_once(packet, log_topic, message)
             return
-        batch = _Batch(log_topic)
+        batch = self._batches[log_topic] = Batch(self, log_topic)
         batch.messages.append(message)
         self._acks.append((batch, packet))
-        self._batches[log_topic] = batch
-        self.flush()
+        self.flush(now=True)
 
     async def _publish_exactly_once(
         self, packet: Publish, log_topic: str, message: Message
@@ -255,10 +215,10 @@ class Inbound:
         assert self.conn.stored is not None and packet.packet_id is not None
         earlier: dict[int, asyncio.Future[Any]] = {}
         for f, _ in self._acks:
-            if not isinstance(f, _Batch):
+            if not isinstance(f, Batch):
                 earlier[id(f)] = f
             elif f.future is not None and id(f) not in earlier:
-                earlier[id(f)] = asyncio.wrap_future(f.future)
+                earlier[id(f)] = asyncio.wrap_future(f.future)  # at the writer thread
         if earlier:
             await asyncio.wait(earlier.values())
         marker = qos2_marker(self.conn.stored.record.session_id, packet.packet_id)
@@ -291,18 +251,17 @@ class Inbound:
             # PUBCOMP was lost, or a stray one): MQTT 5 says so, 3.1.1 cannot.
             self.conn.send(Pubcomp(packet_id, PubcompReason.PACKET_IDENTIFIER_NOT_FOUND))
 
-    def _batch_committed(self, batch: _Batch) -> None:
-        """A batch was committed (or failed): route it, send the acknowledgements due."""
-        future = batch.future
-        assert future is not None
-        if not future.cancelled() and future.exception() is None:
-            positions = future.result()
+    def committed(self, batch: Batch) -> None:
+        """The pacer committed a batch (or it failed): route it, send the
+        acknowledgements due."""
+        positions = batch.positions
+        if positions is not None:
             router = self.conn.broker.router
-            messages = batch.messages
+            start = batch.start
             run_stream: StreamId | None = None
             run_first = 0
             run: list[StoredMessage] = []
-            for i, message in enumerate(messages):
+            for i, message in enumerate(batch.messages, start):
                 stream, offset = positions[i]
                 if stream != run_stream or offset != run_first + len(run):
                     if run_stream is not None:

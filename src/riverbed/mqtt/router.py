@@ -328,7 +328,7 @@ class Router:
             if not self._wanted.is_set():
                 await self._wanted.wait()
                 seen = wakeups.version
-            seen = await wakeups.wait_async(seen, WATCH_TIMEOUT)
+            seen = await wakeups.wait_async(seen, WATCH_TIMEOUT, latency=REFRESH_INTERVAL)
             if not any(r.waiters for r in self._streams.values()):
                 self._wanted.clear()
                 continue

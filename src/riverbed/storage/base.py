@@ -346,7 +346,9 @@ class Wakeups:
     runs (SQLite polls) may stop once nobody has waited for a while
     (`watcher_may_stop`); the next wait starts it again. A watcher notifies once
     when it starts: a commit between a reader's look at the heads and its wait
-    would otherwise go unnoticed.
+    would otherwise go unnoticed. A wait may say how late it can hear of another
+    process's commit (`latency`); a polling watcher polls as often as the most
+    demanding wait asks (`poll_interval`).
     """
 
     def __init__(self, start_watcher: Callable[[], None] | None = None) -> None:
@@ -357,6 +359,10 @@ class Wakeups:
         self._watching = False
         self._waiting = 0
         """Waits in progress, blocking or async."""
+        self._latencies: list[float | None] = []
+        """The `latency` of each wait in progress."""
+        self._resting: float | None = None
+        """The `latency` of the last wait that ended: between waits, the pace."""
         self._last_wait = time.monotonic()
         """When a wait last began or ended."""
 
@@ -372,13 +378,14 @@ class Wakeups:
         for loop, future in waiters:
             loop.call_soon_threadsafe(_resolve, future)
 
-    def _enter_wait(self) -> None:
+    def _enter_wait(self, latency: float | None) -> None:
         # Counting the waiter and checking the watcher under one lock: a watcher
         # deciding to stop either sees this waiter or leaves `_watching` False for
         # this waiter to start a new one.
         starter = self._start_watcher
         with self._cond:
             self._waiting += 1
+            self._latencies.append(latency)
             self._last_wait = time.monotonic()
             start = not self._watching and starter is not None
             self._watching = True
@@ -389,10 +396,25 @@ class Wakeups:
                 self.watcher_stopped()
                 raise
 
-    def _leave_wait(self) -> None:
+    def _leave_wait(self, latency: float | None) -> None:
         with self._cond:
             self._waiting -= 1
+            self._latencies.remove(latency)
+            self._resting = latency
             self._last_wait = time.monotonic()
+
+    def poll_interval(self, default: float) -> float:
+        """For a polling watcher: how long to wait before the next look. The
+        least `latency` of the waits in progress (None counts as `default`);
+        between waits, that of the last one (a reader that rests between its
+        waits, like the broker's router, keeps its pace). A wait asking for less
+        than the watcher's current pause hears of other processes' commits at
+        most that pause late, once."""
+        with self._cond:
+            latencies = self._latencies or [self._resting]
+            return min(
+                default if latency is None else max(default, latency) for latency in latencies
+            )
 
     def watcher_may_stop(self, idle: float) -> bool:
         """For a watcher: True when nobody waits and nobody has for `idle` seconds,
@@ -409,20 +431,22 @@ class Wakeups:
         with self._cond:
             self._watching = False
 
-    def wait(self, seen: int, timeout: float) -> int:
-        """Block until the version differs from `seen` or `timeout` passes."""
+    def wait(self, seen: int, timeout: float, latency: float | None = None) -> int:
+        """Block until the version differs from `seen` or `timeout` passes;
+        `latency`: how late this wait may hear of other processes' commits
+        (None: as soon as the backend can tell)."""
         try:
-            self._enter_wait()
+            self._enter_wait(latency)
             with self._cond:
                 self._cond.wait_for(lambda: self._version != seen, timeout)
                 return self._version
         finally:
-            self._leave_wait()
+            self._leave_wait(latency)
 
-    async def wait_async(self, seen: int, timeout: float) -> int:
+    async def wait_async(self, seen: int, timeout: float, latency: float | None = None) -> int:
         """Like `wait`, without blocking the event loop."""
         try:
-            self._enter_wait()
+            self._enter_wait(latency)
             loop = asyncio.get_running_loop()
             future: asyncio.Future[None] = loop.create_future()
             with self._cond:
@@ -437,7 +461,7 @@ class Wakeups:
                         self._waiters.remove((loop, future))
             return self._version
         finally:
-            self._leave_wait()
+            self._leave_wait(latency)
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

@@ -199,7 +199,8 @@ class SqliteStorage(SqlStorage):
             # by a reader that waits for the first time (or the first time since the
             # watcher stopped); one wake-up makes it look.
             self.wakeups.notify()
-            while not self._stopping.wait(WATCH_INTERVAL):
+            wakeups = self.wakeups
+            while not self._stopping.wait(wakeups.poll_interval(WATCH_INTERVAL)):
                 version = conn.execute("PRAGMA data_version").fetchone()[0]
                 if version != last:
                     last = version
