@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from riverbed.model import StoredMessage
 from riverbed.sessions.session import (
+    REFILL_DELAY,
     Acked,
     Checkpoint,
     Deliver,
@@ -46,6 +49,33 @@ def test_delivers_in_order_within_the_window() -> None:
     assert s.inflight == 2 and s.queued == 1
     sent = of(Deliver, s.handle(Acked(1), now=0.0))
     assert [(d.message.offset, d.packet_id) for d in sent] == [(2, 3)]
+
+
+def test_a_full_window_is_refilled_in_batches() -> None:
+    s = session(window=8, refill=4, queue_limit=100, checkpoint_interval=60)
+    s.handle(Follow(1, 0), now=0.0)
+    sent = of(Deliver, s.handle(Offered(1, [msg(i) for i in range(20)], 20), now=0.0))
+    assert [d.message.offset for d in sent] == list(range(8))
+    # Slots free up one by one: held until four are free...
+    for packet_id in (1, 2, 3):
+        assert of(Deliver, s.handle(Acked(packet_id), now=0.001)) == []
+    assert s.next_deadline() == 0.001 + REFILL_DELAY  # from the first freed slot
+    sent = of(Deliver, s.handle(Acked(4), now=0.002))
+    assert [d.message.offset for d in sent] == [8, 9, 10, 11]
+    assert s.next_deadline() == 60.0  # only the checkpoint waits now
+    # ... or until REFILL_DELAY after the first, for a client that waits.
+    assert of(Deliver, s.handle(Acked(5), now=0.003)) == []
+    assert of(Deliver, s.handle(Tick(), now=0.003 + REFILL_DELAY / 2)) == []
+    sent = of(Deliver, s.handle(Tick(), now=0.003 + REFILL_DELAY))
+    assert [d.message.offset for d in sent] == [12]
+
+
+def test_refill_defaults_to_an_eighth_of_the_window_and_is_checked() -> None:
+    assert session(window=100).refill == 12
+    assert session(window=5).refill == 1  # a small window: no batching
+    for bad in (0, 9):
+        with pytest.raises(ValueError, match=rf"refill = {bad}: must be from 1 to the window"):
+            session(window=8, refill=bad)
 
 
 def test_cursor_is_the_contiguous_acknowledged_prefix() -> None:

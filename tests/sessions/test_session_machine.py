@@ -3,7 +3,8 @@
 A model of the log (streams of messages) answers the session's fetches in any
 order; the client acknowledges any message in flight, at any time. Invariants:
 the window is never exceeded; a followed stream is never left stalled (it has a
-fetch out, or a queue at least half its share, or is done); each stream's
+fetch out, or a queue at least half its share, or is done); a window held back
+for a batched refill has a deadline that sends it anyway; each stream's
 messages are delivered once, in offset order; the cursor never passes an
 unacknowledged message; and at the end everything matching is delivered.
 """
@@ -16,6 +17,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from riverbed.model import StoredMessage
 from riverbed.sessions.session import (
+    REFILL_DELAY,
     Acked,
     Deliver,
     Effect,
@@ -29,6 +31,7 @@ from riverbed.sessions.session import (
 
 STREAMS = 3
 WINDOW = 4
+REFILL = 2
 QUEUE = 12
 
 
@@ -47,6 +50,7 @@ class SessionMachine(RuleBasedStateMachine):
             queue_limit=QUEUE,
             checkpoint_every=5,
             checkpoint_interval=1.0,
+            refill=REFILL,
         )
         self.now = 0.0
         self.log: dict[int, list[StoredMessage]] = {k: [] for k in range(STREAMS)}
@@ -105,6 +109,15 @@ class SessionMachine(RuleBasedStateMachine):
     def delivered_once_in_order(self) -> None:
         for offsets in self.delivered.values():
             assert offsets == sorted(set(offsets))
+
+    @invariant()
+    def a_held_refill_goes_out_by_its_deadline(self) -> None:
+        # Queued messages and a free slot: the window waits for REFILL free
+        # slots, and a Tick at the deadline sends anyway.
+        if self.session.queued and len(self.inflight) < WINDOW:
+            assert WINDOW - len(self.inflight) < REFILL
+            deadline = self.session.next_deadline()
+            assert deadline is not None and deadline <= self.now + REFILL_DELAY
 
     @invariant()
     def cursor_never_passes_an_unacknowledged_message(self) -> None:

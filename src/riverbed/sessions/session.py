@@ -55,6 +55,8 @@ from riverbed.sessions.qos2 import Phase, WindowEntry
 from riverbed.topics.filters import matches
 
 MAX_PACKET_ID = 0xFFFF
+REFILL_DELAY = 0.005
+"""Seconds a freed slot of a full window waits at most for `refill` slots."""
 RETAINED = -1
 """The pseudo stream of retained messages sent for a new subscription: in the
 window like any other, never fetched, never checkpointed, not replayed."""
@@ -231,7 +233,11 @@ class Session:
 
     `window`: how many QoS 1 messages may be unacknowledged (the client's
     Receive Maximum, capped by the broker). `queue_limit`: messages held in
-    memory waiting for the window, over all streams. Cursors are checkpointed
+    memory waiting for the window, over all streams. A window that filled up is
+    refilled once `refill` slots are free (default: an eighth of it), or
+    REFILL_DELAY after the first: the client then gets many PUBLISHes per write
+    and answers with many PUBACKs per read, where one slot at a time would cost
+    a write, a read and two wake-ups per message. Cursors are checkpointed
     every `checkpoint_every` acknowledgements or `checkpoint_interval` seconds
     after they changed, whichever comes first. `publisher(message)` names the
     client that published a message, for No Local.
@@ -251,6 +257,7 @@ class Session:
         "_persisting",
         "_publisher",
         "_ready",
+        "_refill_at",
         "_resend",
         "_reserved",
         "_streams",
@@ -260,6 +267,7 @@ class Session:
         "checkpoint_interval",
         "client_id",
         "queue_limit",
+        "refill",
         "window",
     )
 
@@ -275,11 +283,17 @@ class Session:
         publisher: Callable[[StoredMessage], str | None] | None = None,
         qos2_window: Sequence[WindowEntry] = (),
         now: float = 0.0,
+        refill: int | None = None,
     ) -> None:
         if window < 1 or queue_limit < 1 or checkpoint_every < 1 or checkpoint_interval <= 0:
             raise ValueError("window, queue_limit, checkpoint_every and the interval must be > 0")
+        if refill is not None and not 1 <= refill <= window:
+            raise ValueError(f"refill = {refill}: must be from 1 to the window ({window})")
         self.client_id = client_id
         self.window = window
+        self.refill = max(1, window // 8) if refill is None else refill
+        self._refill_at: float | None = None
+        """When a held refill goes out anyway (see `refill`)."""
         self.queue_limit = queue_limit
         self.checkpoint_every = checkpoint_every
         self.checkpoint_interval = checkpoint_interval
@@ -397,10 +411,13 @@ class Session:
                 self._reserved.discard(entry.packet_id)
 
     def next_deadline(self) -> float | None:
-        """When a `Tick` would checkpoint changed cursors; None if none changed."""
-        if self._moved:
-            return self._last_checkpoint + self.checkpoint_interval
-        return None
+        """When a `Tick` would checkpoint changed cursors or refill the window
+        anyway; None if neither waits."""
+        deadline = self._last_checkpoint + self.checkpoint_interval if self._moved else None
+        refill_at = self._refill_at
+        if refill_at is not None and (deadline is None or refill_at < deadline):
+            return refill_at
+        return deadline
 
     # --- events ------------------------------------------------------------------
     def handle(self, event: Event, now: float) -> list[Effect]:
@@ -415,7 +432,7 @@ class Session:
             self._resend = []
         for event in events:
             self._apply(event, effects)
-        self._pump(effects)
+        self._pump(effects, now)
         self._fetch(effects)
         if self._dirty and not self._persisting:
             self._dirty = False
@@ -605,8 +622,19 @@ class Session:
             return None
         return _Queued(message.offset, message, min(qos, message.qos), retain, tuple(identifiers))
 
-    def _pump(self, effects: list[Effect]) -> None:
+    def _pump(self, effects: list[Effect], now: float) -> None:
         ready = self._ready
+        inflight = len(self._inflight)
+        if ready and inflight and self.window - inflight < self.refill:
+            if inflight >= self.window:
+                self._refill_at = None  # full: the first slot freed starts the wait
+                return
+            refill_at = self._refill_at
+            if refill_at is None:
+                refill_at = self._refill_at = now + REFILL_DELAY
+            if now < refill_at:
+                return
+        self._refill_at = None
         while ready and len(self._inflight) < self.window:
             key = ready.popleft()
             state = self._streams[key]
