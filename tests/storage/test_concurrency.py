@@ -341,6 +341,36 @@ def test_a_polling_watcher_keeps_the_pace_its_waits_ask_for() -> None:
     assert wakeups.poll_interval(0.05) == 0.05  # never more often than the backend's own
 
 
+def test_after_a_try_append_the_threads_other_writes_wait_for_the_lock_again(
+    sqlite_url: str,
+) -> None:
+    # try_append leaves its thread's connection without a busy timeout (an event
+    # loop calls it all the time); anything else on that thread gets it back.
+    storage = open_storage(sqlite_url)
+    other = open_storage(sqlite_url)
+    assert isinstance(other, sqlite_module.SqliteStorage)
+    try:
+        (stream,) = create_topic(storage, "orders", 1)
+        assert storage.try_append({stream.key: numbered_rows(1)}) == {stream.key: 0}
+        held = other._write()
+        held.__enter__()  # BEGIN IMMEDIATE: the write lock, held
+        releaser = threading.Timer(0.3, held.__exit__, (None, None, None))
+        try:
+            assert storage.try_append({stream.key: numbered_rows(1)}) is None
+            releaser.start()
+            # Waits for the lock (BUSY_TIMEOUT), does not fail at once.
+            assert storage.append({stream.key: numbered_rows(1)}) == {stream.key: 1}
+        finally:
+            if releaser.ident is None:  # never started: release here
+                held.__exit__(None, None, None)
+            releaser.join()
+        assert storage.try_append({stream.key: numbered_rows(1)}) == {stream.key: 2}
+        assert head(storage, stream.key).next_offset == 3
+    finally:
+        other.close()
+        storage.close()
+
+
 # --------------------------------------------------------------------------- concurrent writers
 
 

@@ -101,6 +101,7 @@ _NO_BACKLOG: deque[Packet] = deque()
 MAX_BACKLOG = 1000
 """Packets queued behind a slow one before reading pauses."""
 _QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
+_TCP = (socket.AF_INET, socket.AF_INET6)
 
 
 class Connection(asyncio.Protocol):
@@ -217,7 +218,12 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
         self.peer = str(transport.get_extra_info("peername"))
-        self._sock = transport.get_extra_info("socket")
+        sock = transport.get_extra_info("socket")
+        if _QUICKACK is not None and sock is not None and sock.family in _TCP:
+            # Our own object on the transport's descriptor (uvloop's makes a
+            # socket object per setsockopt); detached, never closed, when the
+            # connection is lost.
+            self._sock = socket.socket(sock.family, sock.type, sock.proto, sock.fileno())
         self.broker.connection_opened(self)
         self._alive = self._loop.call_later(CONNECT_TIMEOUT, self._check_alive)
 
@@ -259,6 +265,9 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
+        if self._sock is not None:
+            self._sock.detach()
+            self._sock = None
         if self._teardown_task is None:
             self._teardown_task = self._loop.create_task(self._teardown())
 
@@ -834,9 +843,9 @@ class Connection(asyncio.Protocol):
         """Have the kernel acknowledge the bytes received so far now, not with
         our next write (Linux TCP_QUICKACK)."""
         sock = self._sock
-        if sock is not None and _QUICKACK is not None:
+        if sock is not None:
             with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 1)
+                sock.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 1)  # type: ignore[arg-type]
 
     # --- writing --------------------------------------------------------------------------
     def send(self, packet: Packet, level: int | None = None) -> None:

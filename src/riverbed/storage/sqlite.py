@@ -14,7 +14,6 @@ waited for `WATCH_IDLE` seconds (the next wait starts it again).
 
 from __future__ import annotations
 
-import contextlib
 import sqlite3
 import threading
 import time
@@ -73,6 +72,7 @@ class SqliteStorage(SqlStorage):
 
     def __init__(self, url: str, path: Path, synchronous: str = "NORMAL") -> None:
         super().__init__(url)
+        self._conn = self._waiting_conn
         self.path = path
         self.synchronous = synchronous
         try:
@@ -88,7 +88,11 @@ class SqliteStorage(SqlStorage):
         conn: sqlite3.Connection | None = None
         try:
             conn = sqlite3.connect(
-                self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT
+                self.path,
+                isolation_level=None,
+                check_same_thread=False,
+                timeout=BUSY_TIMEOUT,
+                factory=_Connection,
             )
             _enable_wal(conn)
             conn.execute(f"PRAGMA synchronous={self.synchronous}")
@@ -117,9 +121,16 @@ class SqliteStorage(SqlStorage):
     @operation
     def try_append(self, batches: Mapping[int, Sequence[Row]]) -> dict[int, int] | None:
         """`append` unless another connection holds the write lock: the lock is
-        asked for without the busy timeout, and a busy database answers None."""
-        conn = self._conn()
-        conn.execute("PRAGMA busy_timeout=0")
+        asked for without the busy timeout, and a busy database answers None.
+
+        The thread's connection keeps the busy timeout off after this (a thread
+        that calls this calls it again, an event loop's many times a second) and
+        turns it back on before anything else it does (`_waiting_conn`)."""
+        conn = self.connections.get()
+        if conn.waits:
+            conn.execute("PRAGMA busy_timeout=0")
+            conn.waits = False
+        conn.inline = True
         try:
             return self._append_rows(batches)
         except sqlite3.OperationalError as exc:
@@ -127,8 +138,16 @@ class SqliteStorage(SqlStorage):
                 return None
             raise
         finally:
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
+            conn.inline = False
+
+    def _waiting_conn(self) -> _Connection:
+        """The thread's connection, with its busy timeout on unless `try_append`
+        is using it."""
+        conn: _Connection = self.connections.get()
+        if not conn.waits and not conn.inline:
+            conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
+            conn.waits = True
+        return conn
 
     def _schema_version(self, cur: Cursor) -> int:
         exists = cur.execute(
@@ -213,6 +232,15 @@ class SqliteStorage(SqlStorage):
         finally:
             if conn is not None:
                 conn.close()
+
+
+class _Connection(sqlite3.Connection):
+    """A connection that knows whether its busy timeout is on (`try_append`)."""
+
+    waits = True
+    """The busy timeout is BUSY_TIMEOUT (else 0)."""
+    inline = False
+    """`try_append` is using it."""
 
 
 def _enable_wal(conn: sqlite3.Connection) -> None:
