@@ -20,7 +20,8 @@ others are found through the storage's wake-ups and the heads table, and read
 once for all the sessions waiting on that stream. A stream nobody waits on is
 not read at all: its position just moves to the head.
 
-Everything here runs on the event loop; only storage calls go to threads.
+Everything here runs on the event loop; storage calls go to threads, except the
+look at the heads of an embedded database (SQLite: a small local read).
 """
 
 from __future__ import annotations
@@ -158,7 +159,13 @@ class Router:
 
     async def refresh(self) -> dict[int, int]:
         """Look at the heads now; route what others appended. Returns the heads."""
-        heads = await asyncio.to_thread(self.storage.list_streams)
+        if self.storage.appends_inline:
+            # An embedded database: reading the small heads table here costs
+            # less than the hand-over to a thread and back (which, 50 times a
+            # second under load, cost ~10 µs per message at 2,000 msg/s).
+            heads = self.storage.list_streams()
+        else:
+            heads = await asyncio.to_thread(self.storage.list_streams)
         self._learn(heads)
         for routed in self._streams.values():
             self._advance(routed)
