@@ -92,7 +92,7 @@ def test_the_documented_example_file_loads(tmp_path: Path) -> None:
     assert dataclasses.replace(config.limits) == Limits()
     assert config.auth == AuthConfig(False, tmp_path / "passwd", tmp_path / "acl")
     assert config.storage.url == "sqlite:///./riverbed-data/riverbed.db"
-    assert config.storage.commit_interval_ms == 2
+    assert config.storage.commit_interval_ms == 3
 
 
 def test_every_key_is_a_field_and_every_field_a_key() -> None:

@@ -7,8 +7,8 @@ commit is at least `interval` ago; otherwise as soon as it is. So:
 
 - a lone message after a quiet spell waits for nothing;
 - a steady stream is committed at most once per interval, all connections'
-  messages for one topic in one transaction: at 2,000 msg/s and 2 ms, one
-  commit, one PUBACK write and one delivery write serve four messages instead
+  messages for one topic in one transaction: at 2,000 msg/s and 3 ms, one
+  commit, one PUBACK write and one delivery write serve six messages instead
   of one each (docs/benchmarks.md has what that saves);
 - a message waits at most `interval` longer than it would unpaced.
 
