@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+
 import pytest
 
 from harness.storage import create_topic, numbered_rows
@@ -12,8 +15,10 @@ from riverbed.sessions.store import (
     SessionRecord,
     SessionStore,
     cursor_name,
+    node_lease,
 )
 from riverbed.storage import Storage
+from riverbed.storage.leases import Leases
 
 
 def record(client_id: str = "c", session_id: str = "s1", **changes: object) -> SessionRecord:
@@ -81,3 +86,35 @@ def test_expire_discards_record_and_cursors(storage: Storage) -> None:
     assert store.load("old") is None
     assert store.load("live") is not None and store.load("fresh") is not None
     assert [s.name for s in storage.list_subscriptions("t")] == []
+
+
+def test_a_session_held_by_another_running_node_does_not_expire(storage: Storage) -> None:
+    # Several brokers on one database: node B's sweep must not discard a session
+    # connected to node A, however long ago A last wrote its record, while A's
+    # liveness lease runs; once it lapses (A crashed), the usual rule applies.
+    store = SessionStore(storage)
+    leases = Leases(storage)
+    a = leases.acquire(node_lease("a"), "a", ttl_us=10_000_000, now_us=0)
+    store.write(record("on-a", "s-a", expiry_interval=1, seen_us=0, node="a"), None)
+    store.write(record("on-gone", "s-g", expiry_interval=1, seen_us=0, node="gone"), None)
+    store.write(record("on-b", "s-b", expiry_interval=1, seen_us=0, node="b"), None)
+    gone_off = record("left-a", "s-l", expiry_interval=1, seen_us=0, node="a")
+    store.write(replace(gone_off, connected=False, disconnected_us=0), None)
+
+    held = store.load("on-a")
+    assert held is not None and store.held_elsewhere(held.record, "b", 5_000_000)
+    assert not store.held_elsewhere(held.record, "a", 5_000_000)  # ours: `live` decides
+    # At 5 s every interval has passed: A's connected session stays; the one of a
+    # node without a lease, our own orphan and A's disconnected one go.
+    assert sorted(store.expire(5_000_000, live=set(), here="b")) == ["left-a", "on-b", "on-gone"]
+    assert store.load("on-a") is not None
+    # A's lease lapses (no renewal): its session is an orphan like any other.
+    assert leases.get(node_lease("a")) == a
+    assert store.expire(10_000_000, live=set(), here="b") == ["on-a"]
+
+
+def test_the_node_survives_the_record_round_trip() -> None:
+    assert SessionRecord.from_json(record(node="host-1-abc").to_json()).node == "host-1-abc"
+    legacy = json.loads(record().to_json())
+    del legacy["node"]  # written before nodes were recorded
+    assert SessionRecord.from_json(json.dumps(legacy).encode()).node is None

@@ -9,7 +9,9 @@
 registry (for takeover), the topic trie of online sessions' filters, the live
 router, the commit pacer, the session store and the authenticator/authorizer. A background task
 discards sessions whose expiry passed (also those left behind by a broker that
-stopped: their expiry counts from when they were last seen).
+stopped: their expiry counts from when they were last seen) and renews this
+node's liveness lease: several brokers may share a database, and a session
+connected to another running node is never expired here.
 
 Stopping: stop accepting, send every MQTT 5 client DISCONNECT 0x8B Server
 shutting down, checkpoint every session and mark it disconnected, stop the
@@ -21,10 +23,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
+import uuid
 from collections.abc import Hashable, Iterable
 from typing import cast
 
-from riverbed.errors import RiverbedError
+from riverbed.errors import LeaseHeld, PreconditionFailed, RiverbedError
 from riverbed.log.log import Log
 from riverbed.log.topics import BUILTIN_TOPIC
 from riverbed.mqtt.auth import load_auth
@@ -36,11 +41,17 @@ from riverbed.mqtt.retained import RetainedStore
 from riverbed.mqtt.router import Router
 from riverbed.mqtt.tls import server_context
 from riverbed.mqtt.wills import Wills
-from riverbed.sessions.store import SessionStore, now_us
+from riverbed.sessions.store import SessionStore, node_lease, now_us
+from riverbed.storage.leases import Lease, Leases
 from riverbed.topics.filters import filters_overlap
 from riverbed.topics.trie import TopicTrie
 
 log = logging.getLogger(__name__)
+
+NODE_LEASE_TTL = 30.0
+"""Seconds a node's liveness lease lasts unless renewed (at each expiry sweep):
+how long after a crash other nodes still count its sessions as in use (after
+that they expire counting from when they were last seen, as on one node)."""
 
 
 class Broker:
@@ -73,6 +84,11 @@ class Broker:
         self.router.on_new_streams = self._streams_changed
         self.pacer = CommitPacer(log, config.storage.commit_interval_ms / 1000)
         self.authenticator, self.authorizer = load_auth(config.auth)
+        self.node = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        """This broker node's name: in the session records of its connections,
+        and in its liveness lease (`sessions.store.node_lease`)."""
+        self._leases = Leases(log.storage)
+        self._lease: Lease | None = None
         self.connections: dict[str, Connection] = {}
         """Client id -> the connection holding its session."""
         self._all: set[Connection] = set()
@@ -84,6 +100,9 @@ class Broker:
     async def start(self) -> None:
         """Start the router and listen on `config.listeners.mqtt` (and `.tls` if set)."""
         await self.router.start()
+        self._lease = await asyncio.to_thread(
+            self._leases.acquire, node_lease(self.node), self.node, self._lease_ttl_us()
+        )
         address = self.config.listeners.mqtt
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(self._accept, address.host, address.port)
@@ -127,6 +146,11 @@ class Broker:
             await connection.done.wait()
         self.pacer.commit_now()
         await self.router.stop()
+        if self._lease is not None:
+            # Its sessions are marked disconnected now: nobody needs the lease.
+            with contextlib.suppress(RiverbedError):
+                await asyncio.to_thread(self._leases.release, self._lease)
+            self._lease = None
         for server in (self._server, self._tls_server):
             if server is not None:
                 with contextlib.suppress(Exception):
@@ -174,11 +198,33 @@ class Broker:
         if connection.client_id and not self.client_lock(connection.client_id).locked():
             self._locks.pop(connection.client_id, None)
 
+    def _lease_ttl_us(self) -> int:
+        return int(max(NODE_LEASE_TTL, 3 * self.expiry_sweep) * 1_000_000)
+
+    def _keep_lease(self) -> None:
+        """Renew this node's liveness lease (taken again if it lapsed: a stall
+        longer than its TTL let other nodes count our sessions as orphaned)."""
+        ttl = self._lease_ttl_us()
+        lease = self._lease
+        try:
+            if lease is None:
+                raise PreconditionFailed("no lease yet")
+            self._lease = self._leases.renew(lease, ttl)
+        except (PreconditionFailed, LeaseHeld):
+            log.warning("node %s: liveness lease lapsed; taking it again", self.node)
+            self._lease = self._leases.acquire(node_lease(self.node), self.node, ttl)
+
     async def _sweep(self) -> None:
         while True:
             await asyncio.sleep(self.expiry_sweep)
             try:
-                gone = await asyncio.to_thread(self.store.expire, now_us(), set(self.connections))
+                await asyncio.to_thread(self._keep_lease)
+            except RiverbedError:
+                log.exception("node %s: renewing the liveness lease failed", self.node)
+            try:
+                gone = await asyncio.to_thread(
+                    self.store.expire, now_us(), set(self.connections), self.node
+                )
             except RiverbedError:
                 log.exception("looking for expired sessions failed")
                 continue

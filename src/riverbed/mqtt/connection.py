@@ -525,7 +525,12 @@ class Connection(asyncio.Protocol):
         store = broker.store
         stored = await asyncio.to_thread(store.load, self.client_id)
         at = now_us()
-        if stored is not None and not clean_start and not stored.record.expired(at):
+        live = stored is not None and (
+            not stored.record.expired(at)
+            # in use on another broker node: taken over, whatever its age
+            or await asyncio.to_thread(store.held_elsewhere, stored.record, broker.node, at)
+        )
+        if stored is not None and not clean_start and live:
             old = stored.record
             crashed = old.connected  # nobody saved it: its broker stopped without a goodbye
             record = replace(
@@ -536,6 +541,7 @@ class Connection(asyncio.Protocol):
                 seen_us=at,
                 disconnected_us=None,
                 will=self._will_json(),
+                node=broker.node,
             )
             self.stored = await asyncio.to_thread(store.write, record, stored.version)
             since = old.disconnected_us if old.disconnected_us is not None else old.seen_us
@@ -557,6 +563,7 @@ class Connection(asyncio.Protocol):
             at,
             None,
             will=self._will_json(),
+            node=broker.node,
         )
         self.stored = await asyncio.to_thread(
             store.write, record, None if stored is None else stored.version

@@ -32,6 +32,7 @@ from riverbed.errors import AlreadyExists, NotFound, PreconditionFailed, Subscri
 from riverbed.sessions.qos2 import WindowEntry
 from riverbed.sessions.session import Subscription
 from riverbed.storage.base import StartKind, Storage, StreamHead, SubscriptionRecord
+from riverbed.storage.leases import Leases
 
 NAMESPACE = "sessions"
 CURSOR_PREFIX = "$session."
@@ -51,6 +52,14 @@ def qos2_marker(session_id: str, packet_id: int) -> str:
 
 
 QOS2_MARKER_PREFIX = "mqtt.qos2/"
+NODE_LEASE_PREFIX = "broker-node/"
+"""A running broker node holds the lease `broker-node/NODE` (`riverbed.storage.leases`)
+and renews it; sessions connected to it do not expire while it runs."""
+
+
+def node_lease(node: str) -> str:
+    """The name of a broker node's liveness lease."""
+    return NODE_LEASE_PREFIX + node
 
 
 def now_us() -> int:
@@ -80,12 +89,15 @@ class SessionRecord:
     will: str | None = None
     """The connection's Will, opaque here (`mqtt/wills.py`): kept while it may
     still have to be published, so a broker restart does not lose it."""
+    node: str | None = None
+    """The broker node whose connection holds the session (while connected)."""
 
     def expires_us(self) -> int | None:
         """When the session expires if no connection resumes it; None for never.
 
         A record still marked connected that no live connection holds (its
-        broker crashed) counts from when it was last seen.
+        broker crashed) counts from when it was last seen. (One connected to a
+        node that still runs does not expire: `SessionStore.held_elsewhere`.)
         """
         if self.expiry_interval == NEVER_EXPIRES:
             return None
@@ -122,6 +134,7 @@ class SessionRecord:
                 "sent": {str(k): v for k, v in self.sent.items()},
                 "qos2": [e.to_json() for e in self.qos2],
                 "will": self.will,
+                "node": self.node,
             },
             separators=(",", ":"),
         ).encode()
@@ -145,6 +158,7 @@ class SessionRecord:
             sent={int(k): int(v) for k, v in data["sent"].items()},
             qos2=tuple(WindowEntry.from_json(e) for e in data.get("qos2", ())),
             will=data.get("will"),
+            node=data.get("node"),
         )
 
 
@@ -162,6 +176,17 @@ class SessionStore:
 
     def __init__(self, storage: Storage) -> None:
         self.storage = storage
+        self.leases = Leases(storage)
+
+    # --- broker nodes --------------------------------------------------------------
+    def held_elsewhere(self, record: SessionRecord, here: str, at_us: int) -> bool:
+        """Whether `record` is marked connected on another broker node than
+        `here` whose liveness lease (`node_lease`) runs at `at_us`: its session
+        is in use there, whatever its age."""
+        if not record.connected or record.node is None or record.node == here:
+            return False
+        lease = self.leases.get(node_lease(record.node))
+        return lease is not None and not lease.expired(at_us)
 
     # --- records -----------------------------------------------------------------
     def load(self, client_id: str) -> Stored | None:
@@ -255,13 +280,17 @@ class SessionStore:
                     self.storage.commit_cursors(cursor_name(record.session_id, topic), offsets)
         return written
 
-    def expire(self, at_us: int, live: set[str]) -> list[str]:
+    def expire(self, at_us: int, live: set[str], here: str | None = None) -> list[str]:
         """Discard every session whose expiry has passed at `at_us`, except those
-        of client ids in `live` (connected here); return their client ids."""
+        of client ids in `live` (connected here) and those held by another
+        running node (`held_elsewhere`; `here`: this node); return their client
+        ids."""
         gone: list[str] = []
         for stored in self.all():
             record = stored.record
             if record.client_id in live or not record.expired(at_us):
+                continue
+            if here is not None and self.held_elsewhere(record, here, at_us):
                 continue
             try:
                 self.discard(stored)
