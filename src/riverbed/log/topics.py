@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from riverbed.errors import AlreadyExists, BindingOverlap, InvalidInput, TopicNotFound
@@ -173,6 +173,24 @@ class Topics:
         deleted = self.storage.delete_topic(name)
         self._on_change()
         return deleted
+
+
+def reachable_topics(
+    filters: Iterable[str], bindings: Iterable[tuple[str, str | None]]
+) -> list[str]:
+    """The topics whose messages these MQTT filters can match: those whose
+    binding overlaps one of them, and the built-in `mqtt` (docs/broker.md).
+    `bindings`: (topic, binding) pairs."""
+    filters = list(filters)
+    if not filters:
+        return []
+    out = [BUILTIN_TOPIC]
+    for name, binding in bindings:
+        if binding is None or name == BUILTIN_TOPIC:
+            continue
+        if any(filters_overlap(binding, f) for f in filters):
+            out.append(name)
+    return out
 
 
 def resolve_binding(topics: list[TopicRecord], mqtt_topic: str) -> str:

@@ -31,7 +31,7 @@ from typing import cast
 
 from riverbed.errors import LeaseHeld, PreconditionFailed, RiverbedError
 from riverbed.log.log import Log
-from riverbed.log.topics import BUILTIN_TOPIC
+from riverbed.log.topics import reachable_topics
 from riverbed.mqtt.auth import load_auth
 from riverbed.mqtt.codec import DisconnectReason
 from riverbed.mqtt.config import BrokerConfig
@@ -43,7 +43,6 @@ from riverbed.mqtt.tls import server_context
 from riverbed.mqtt.wills import Wills
 from riverbed.sessions.store import SessionStore, node_lease, now_us
 from riverbed.storage.leases import Lease, Leases
-from riverbed.topics.filters import filters_overlap
 from riverbed.topics.trie import TopicTrie
 
 log = logging.getLogger(__name__)
@@ -171,18 +170,8 @@ class Broker:
     def reachable_topics(
         self, filters: Iterable[str], bindings: Iterable[tuple[str, str | None]]
     ) -> list[str]:
-        """The topics whose messages these filters can match: those whose binding
-        overlaps one of them, and the built-in `mqtt` (docs/broker.md)."""
-        filters = list(filters)
-        if not filters:
-            return []
-        out = [BUILTIN_TOPIC]
-        for name, binding in bindings:
-            if binding is None or name == BUILTIN_TOPIC:
-                continue
-            if any(filters_overlap(binding, f) for f in filters):
-                out.append(name)
-        return out
+        """The topics whose messages these filters can match (`log.topics.reachable_topics`)."""
+        return reachable_topics(filters, bindings)
 
     def _accept(self) -> Connection:
         """A new client connection (the listeners' protocol factory)."""

@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from riverbed.errors import AlreadyExists, InvalidInput, NotFound, PreconditionFailed
+from riverbed.log.topics import reachable_topics
 from riverbed.model import StreamId
 from riverbed.sharedsub.protocol import GroupId, LeaderId
 from riverbed.storage.base import KVEntry, Storage, StreamHead
@@ -163,6 +164,45 @@ class GroupStore:
         """Give the claim up (a Leader stopping when idle). Raises
         `PreconditionFailed` if it was no longer ours."""
         self.leases.release(claim.lease)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamProgress:
+    """Where a group stands on one stream it may be lent."""
+
+    stream: StreamId
+    position: int
+    """The first offset not yet done: saved progress, else where the group's
+    start puts it (within what is retained)."""
+    head: int
+    consumed: bool
+    """Known fully consumed (lineage progress)."""
+
+    @property
+    def lag(self) -> int:
+        return max(0, self.head - self.position)
+
+
+def group_progress(storage: Storage, record: GroupRecord) -> list[StreamProgress]:
+    """Per stream of every topic the group's filter may reach
+    (`log.topics.reachable_topics`): position, head and lag."""
+    bindings = [(t.name, t.binding) for t in storage.list_topics()]
+    out: list[StreamProgress] = []
+    for topic in reachable_topics([record.group.topic_filter], bindings):
+        heads = storage.list_streams(topic)
+        new = [h for h in heads if h.stream not in record.progress]
+        initial = start_offsets(storage, new, record.start_us)
+        for h in heads:
+            position = record.progress.get(h.stream, initial.get(h.stream, h.start_offset))
+            out.append(
+                StreamProgress(
+                    h.stream,
+                    max(position, h.start_offset),
+                    h.next_offset,
+                    h.stream in record.consumed,
+                )
+            )
+    return out
 
 
 def start_offsets(
