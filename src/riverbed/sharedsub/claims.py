@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from riverbed.errors import AlreadyExists, InvalidInput, NotFound, PreconditionFailed
 from riverbed.log.topics import reachable_topics
 from riverbed.model import StreamId
-from riverbed.sharedsub.protocol import GroupId, LeaderId
+from riverbed.sharedsub.protocol import GroupId, LeaderId, stream_order
 from riverbed.storage.base import KVEntry, Storage, StreamHead
 from riverbed.storage.leases import Lease, Leases
 
@@ -222,7 +222,10 @@ def _encode(record: GroupRecord) -> bytes:
             "filter": record.group.topic_filter,
             "start_us": record.start_us,
             "created_us": record.created_us,
-            "progress": {str(s): o for s, o in sorted(record.progress.items())},
+            "progress": {
+                str(s): o
+                for s, o in sorted(record.progress.items(), key=lambda p: stream_order(p[0]))
+            },
             "consumed": sorted(str(s) for s in record.consumed),
             "leader": record.leader,
         },

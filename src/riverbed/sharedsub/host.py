@@ -1,0 +1,237 @@
+"""A node's Leaders over a real storage (issue 5): the Leader side of the runtime.
+
+`LeaderHost` is what the node-local `Registry` asks when a `leader_wanted`
+comes for a group it knows no Leader of (`find_leader`): if this node runs the
+group's Leader, that one; else it tries to become the Leader — take the claim
+(`claims.GroupStore.claim`, fencing off earlier Leaders) and start a `Leader`
+from the progress the group record holds. It then carries out the Leaders'
+effects:
+
+- `Send`: onto the bus;
+- `RenewStreams`: the heads and generations of every topic the group's filter
+  may reach (`log.topics.reachable_topics`), with where the group's start puts
+  streams it has no progress for (`claims.start_offsets`), answered at once;
+- `SaveProgress`: a compare-and-set on the group record; refused
+  (`PreconditionFailed`: a newer Leader claimed the group, or it was deleted),
+  the Leader is dropped and nothing after the save is carried out;
+- `Stop` (no Borrower for `leader_idle_stop`): the claim is released.
+
+and renews each claim every `leader_periodic` seconds (a renewal refused: the
+Leader is dropped). Another node's claim is not taken over until it expires;
+until a bus between nodes exists, a Borrower here then gets no Leader and asks
+again after `find_leader_retry`.
+
+Synchronous and sans-asyncio, with the clock injected (`now`: seconds for the
+state machines, `wall_us`: µs since the epoch for the storage's leases), so
+tests drive it step by step; a broker runs `tick` at `next_deadline` and calls
+it from a worker thread (its storage calls block).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from riverbed.errors import LeaseHeld, RiverbedError
+from riverbed.log.topics import reachable_topics
+from riverbed.model import StreamId
+from riverbed.sharedsub.bus import Bus, Registry
+from riverbed.sharedsub.claims import Claim, GroupStore, start_offsets
+from riverbed.sharedsub.config import SharedSubConfig
+from riverbed.sharedsub.leader import (
+    Effect,
+    Event,
+    Leader,
+    RenewStreams,
+    SaveProgress,
+    Send,
+    Stop,
+    StreamsRenewed,
+    Tick,
+    TopicStreams,
+)
+from riverbed.sharedsub.protocol import Address, GroupId, LeaderId, Message, ToLeader
+from riverbed.storage.base import Storage
+
+log = logging.getLogger(__name__)
+
+
+def _wall_us() -> int:
+    return time.time_ns() // 1000
+
+
+class RoutingBus(Bus, Protocol):
+    """A bus that addresses can join and leave (`bus.InProcessBus`)."""
+
+    def register(self, address: Address, deliver: Callable[[Message], None]) -> None: ...
+
+    def unregister(self, address: Address) -> None: ...
+
+
+@dataclass(slots=True)
+class _Hosted:
+    leader: Leader
+    claim: Claim
+    renew_at: float
+
+
+class LeaderHost:
+    """Runs the Leaders of the groups this node leads."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        bus: RoutingBus,
+        registry: Registry,
+        config: SharedSubConfig,
+        node: str,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall_us: Callable[[], int] = _wall_us,
+    ) -> None:
+        self.storage = storage
+        self.store = GroupStore(storage)
+        self.bus = bus
+        self.registry = registry
+        self.config = config
+        self.node = node
+        self.clock = clock
+        self.wall_us = wall_us
+        self.leaders: dict[GroupId, _Hosted] = {}
+
+    # ----------------------------------------------------------------- the registry's lookup
+
+    def find_leader(self, group: GroupId) -> LeaderId | None:
+        """This node's Leader of `group`, started now if nobody holds the claim."""
+        hosted = self.leaders.get(group)
+        if hosted is not None:
+            return hosted.leader.id
+        leader_id = f"{self.node}/leader/{uuid.uuid4().hex[:12]}"
+        try:
+            claim = self.store.claim(group, leader_id, ttl_us=self._ttl_us(), now_us=self.wall_us())
+        except LeaseHeld:
+            return None  # another node leads it (reachable once nodes share a bus)
+        except RiverbedError:
+            log.exception("group %s: taking the leader claim failed", group)
+            return None
+        now = self.clock()
+        leader = Leader(leader_id, group, self.config, now, claim.record.progress)
+        hosted = _Hosted(leader, claim, now + self.config.leader_periodic)
+        self.leaders[group] = hosted
+        self.bus.register(leader_id, lambda message: self.receive(group, message))
+        log.info("group %s: leading as %s", group, leader_id)
+        self._apply(hosted, leader.handle(self._renewed(claim), now))
+        return leader_id
+
+    # ----------------------------------------------------------------- events
+
+    def receive(self, group: GroupId, message: Message) -> None:
+        """A message for the Leader of `group` (the bus delivers it)."""
+        hosted = self.leaders.get(group)
+        if hosted is not None and isinstance(message, ToLeader):
+            self._handle(hosted, message)
+
+    def tick(self) -> None:
+        """Run what is due: claim renewals, then the Leaders' timers."""
+        now = self.clock()
+        for hosted in list(self.leaders.values()):
+            if now >= hosted.renew_at:
+                try:
+                    hosted.claim = self.store.renew(
+                        hosted.claim, ttl_us=self._ttl_us(), now_us=self.wall_us()
+                    )
+                except RiverbedError as exc:
+                    self._drop(hosted, f"renewing the claim failed: {exc}")
+                    continue
+                hosted.renew_at = now + self.config.leader_periodic
+            self._handle(hosted, Tick())
+
+    def next_deadline(self) -> float | None:
+        times: list[float] = []
+        for hosted in self.leaders.values():
+            times.append(hosted.renew_at)
+            deadline = hosted.leader.next_deadline()
+            if deadline is not None:
+                times.append(deadline)
+        return min(times) if times else None
+
+    def close(self) -> None:
+        """Save and release every claim (a node stopping cleanly)."""
+        for hosted in list(self.leaders.values()):
+            self._stop(hosted)
+
+    # ----------------------------------------------------------------- effects
+
+    def _handle(self, hosted: _Hosted, event: Event) -> None:
+        self._apply(hosted, hosted.leader.handle(event, self.clock()))
+
+    def _apply(self, hosted: _Hosted, effects: Sequence[Effect]) -> None:
+        for effect in effects:
+            if self.leaders.get(hosted.leader.group) is not hosted:
+                return  # dropped by an effect before this one
+            match effect:
+                case Send(to, message):
+                    self.bus.send(to, message)
+                case SaveProgress(progress, consumed):
+                    if not self._save(hosted, progress, consumed):
+                        return
+                case RenewStreams():
+                    self._handle(hosted, self._renewed(hosted.claim))
+                case Stop():
+                    log.info("group %s: no Borrower for a while; leader stops", hosted.leader.group)
+                    self._stop(hosted)
+
+    def _stop(self, hosted: _Hosted) -> None:
+        leader = hosted.leader
+        if self._save(hosted, leader.progress, frozenset(leader.consumed)):
+            self._release(hosted)
+
+    def _save(
+        self, hosted: _Hosted, progress: Mapping[StreamId, int], consumed: Iterable[StreamId]
+    ) -> bool:
+        try:
+            hosted.claim = self.store.save(hosted.claim, progress, consumed, now_us=self.wall_us())
+        except RiverbedError as exc:  # PreconditionFailed: fenced off
+            self._drop(hosted, f"saving progress failed: {exc}")
+            return False
+        return True
+
+    def _renewed(self, claim: Claim) -> StreamsRenewed:
+        record = claim.record
+        bindings = [(t.name, t.binding) for t in self.storage.list_topics()]
+        topics: list[TopicStreams] = []
+        for topic in reachable_topics([record.group.topic_filter], bindings):
+            heads = self.storage.list_streams(topic)
+            new = [h for h in heads if h.stream not in record.progress]
+            topics.append(
+                TopicStreams(
+                    self.storage.list_storage_topics(topic),
+                    heads,
+                    start_offsets(self.storage, new, record.start_us),
+                )
+            )
+        return StreamsRenewed(topics)
+
+    def _release(self, hosted: _Hosted) -> None:
+        self._forget(hosted)
+        with contextlib.suppress(RiverbedError):  # no longer ours: nothing to give up
+            self.store.release(hosted.claim)
+
+    def _drop(self, hosted: _Hosted, why: str) -> None:
+        log.warning("group %s: leader %s stops: %s", hosted.leader.group, hosted.leader.id, why)
+        self._forget(hosted)
+
+    def _forget(self, hosted: _Hosted) -> None:
+        group = hosted.leader.group
+        if self.leaders.get(group) is hosted:
+            del self.leaders[group]
+        self.registry.set_leader(group, None)
+        self.bus.unregister(hosted.leader.id)
+
+    def _ttl_us(self) -> int:
+        return int(self.config.leader_claim_lease * 1_000_000)

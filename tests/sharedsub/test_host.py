@@ -1,0 +1,235 @@
+"""The Leader side of the runtime over a real storage (sharedsub/host.py), on
+both backends: Leaders started on demand from the group record, progress
+persisted and resumed, one Leader per group across nodes, fencing.
+
+Sessions are model clients around the sans-I/O Handler (take in what their
+leases' streams hold, acknowledge it); the clocks are fakes moved by the test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from riverbed.log.log import Log
+from riverbed.model import Message, StreamId
+from riverbed.sharedsub.borrower import Send
+from riverbed.sharedsub.bus import InProcessBus, Registry
+from riverbed.sharedsub.claims import GroupStore
+from riverbed.sharedsub.config import SharedSubConfig
+from riverbed.sharedsub.handler import SessionEffect, SharedSubscriptionHandler
+from riverbed.sharedsub.host import LeaderHost
+from riverbed.sharedsub.protocol import REGISTRY, GroupId
+from riverbed.sharedsub.protocol import Message as BusMessage
+
+GROUP = GroupId("g", "t/#")
+SHARE = "$share/g/t/#"
+
+
+@dataclass
+class Clock:
+    now: float = 0.0
+    wall_us: int = 1_000_000_000_000
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        self.wall_us += int(seconds * 1_000_000)
+
+
+@dataclass
+class Node:
+    """One broker node: its bus, registry and Leader host."""
+
+    host: LeaderHost
+    bus: InProcessBus
+    clients: list[Client] = field(default_factory=list)
+
+
+class Client:
+    """A session with a shared subscription: takes in every message of its
+    leases and acknowledges it when told."""
+
+    def __init__(self, node: Node, name: str, clock: Clock, log: Log) -> None:
+        self.node, self.clock, self.log = node, clock, log
+        self.handler = SharedSubscriptionHandler(name, node.host.config, nonce=name)
+        self.got: dict[StreamId, list[int]] = {}
+        self.registered: set[str] = set()
+        node.clients.append(self)
+
+    def apply(self, effects: list[SessionEffect]) -> None:
+        for effect in effects:
+            if isinstance(effect, Send):
+                self.node.bus.send(effect.to, effect.message)
+        for borrower in self.handler.agent.borrowers:
+            if borrower not in self.registered:
+                self.registered.add(borrower)
+                self.node.bus.register(borrower, self.receive)
+
+    def receive(self, message: BusMessage) -> None:
+        self.apply(self.handler.receive(message, self.clock.now))
+
+    def pump(self) -> int:
+        """Take in and acknowledge what the leases' streams hold."""
+        keys = {h.stream: h.key for h in self.log.storage.list_streams()}
+        done = 0
+        for lease, position in list(self.handler.leases.items()):
+            rows = self.log.storage.read(keys[lease.stream], position, 100)
+            if not rows:
+                continue
+            offsets = [r.offset for r in rows]
+            self.got.setdefault(lease.stream, []).extend(offsets)
+            self.apply(self.handler.fetched(lease, offsets[-1] + 1, offsets, self.clock.now))
+            for offset in offsets:
+                self.apply(self.handler.acked(lease, offset, self.clock.now))
+            done += len(offsets)
+        return done
+
+
+class World:
+    def __init__(self, log: Log, config: SharedSubConfig) -> None:
+        self.log, self.config, self.clock = log, config, Clock()
+        self.nodes: list[Node] = []
+
+    def node(self, name: str) -> Node:
+        bus = InProcessBus()
+        registry = Registry(bus)
+        host = LeaderHost(
+            self.log.storage,
+            bus,
+            registry,
+            self.config,
+            name,
+            clock=lambda: self.clock.now,
+            wall_us=lambda: self.clock.wall_us,
+        )
+        registry.find_leader = host.find_leader
+        bus.register(REGISTRY, registry.deliver)
+        node = Node(host, bus)
+        self.nodes.append(node)
+        return node
+
+    def settle(self) -> None:
+        for _ in range(50):
+            moved = sum(n.bus.drain() for n in self.nodes)
+            moved += sum(c.pump() for n in self.nodes for c in n.clients)
+            moved += sum(n.bus.drain() for n in self.nodes)
+            if not moved:
+                return
+
+    def advance(self, seconds: float, step: float = 0.25) -> None:
+        end = self.clock.now + seconds
+        while self.clock.now < end:
+            self.clock.advance(min(step, end - self.clock.now))
+            for n in self.nodes:
+                n.host.tick()
+                for c in n.clients:
+                    c.apply(c.handler.tick(self.clock.now))
+            self.settle()
+
+
+@pytest.fixture
+def log(storage_url: str) -> Iterator[Log]:
+    with Log.open(storage_url) as opened:
+        opened.topics.create("t", 4, binding="t/#")
+        yield opened
+
+
+def publish(log: Log, count: int, start: int = 0) -> None:
+    log.produce(
+        "t", [Message(b"%d" % i, key=f"k{i % 8}", mqtt_topic="t/x") for i in range(start, count)]
+    )
+
+
+def delivered(*clients: Client) -> list[tuple[str, int]]:
+    return sorted((str(s), o) for c in clients for s, offsets in c.got.items() for o in offsets)
+
+
+def all_offsets(log: Log) -> list[tuple[str, int]]:
+    return sorted(
+        (str(h.stream), o)
+        for h in log.storage.list_streams("t")
+        for o in range(h.start_offset, h.next_offset)
+    )
+
+
+def test_a_leader_starts_on_demand_and_its_progress_survives_it(log: Log) -> None:
+    GroupStore(log.storage).create(GROUP, start_us=None, now_us=0)  # from the earliest
+    publish(log, 40)
+    world = World(log, SharedSubConfig(leader_idle_stop=3.0))
+    node = world.node("n1")
+    first = Client(node, "s1", world.clock, log)
+    first.apply(first.handler.subscribe(SHARE, world.clock.now))
+    world.advance(2.0)
+    assert delivered(first) == all_offsets(log)  # published before it subscribed
+    (leader,) = node.host.leaders.values()
+    saved = GroupStore(log.storage).get(GROUP)
+    assert saved is not None and saved.leader == leader.leader.id
+    assert sum(saved.progress.values()) == 40  # every stream's progress at its head
+
+    # The sharer leaves; with no Borrower for leader_idle_stop the Leader saves,
+    # releases its claim and goes.
+    first.apply(first.handler.unsubscribe(SHARE, world.clock.now))
+    world.advance(5.0)
+    assert node.host.leaders == {}
+    assert GroupStore(log.storage).leader_of(GROUP, world.clock.wall_us) is None
+
+    # More messages; a new sharer: a new Leader resumes from the saved progress.
+    publish(log, 60, start=40)
+    second = Client(node, "s2", world.clock, log)
+    second.apply(second.handler.subscribe(SHARE, world.clock.now))
+    world.advance(2.0)
+    assert len(delivered(second)) == 20
+    assert sorted(delivered(first) + delivered(second)) == all_offsets(log)
+
+
+def test_one_leader_per_group_across_nodes_and_a_stale_one_is_fenced(log: Log) -> None:
+    publish(log, 16)
+    world = World(log, SharedSubConfig())
+    a, b = world.node("a"), world.node("b")
+    assert a.host.find_leader(GROUP) is not None  # creates the group, starting now
+    assert b.host.find_leader(GROUP) is None  # a's claim holds
+    (on_a,) = a.host.leaders.values()
+
+    # a stalls (no tick) past its claim's lease; b takes the group over.
+    world.clock.advance(world.config.leader_claim_lease + 1)
+    assert b.host.find_leader(GROUP) is not None
+    # a wakes up: its renewal (or its next save) is refused, and it lets go.
+    a.host.tick()
+    assert a.host.leaders == {}
+    record = GroupStore(log.storage).get(GROUP)
+    assert record is not None and record.leader == b.host.leaders[GROUP].leader.id
+    assert on_a.leader.id != record.leader
+
+
+def test_deleting_the_group_stops_its_leader(log: Log) -> None:
+    publish(log, 8)
+    world = World(log, SharedSubConfig())
+    node = world.node("n1")
+    client = Client(node, "s1", world.clock, log)
+    client.apply(client.handler.subscribe(SHARE, world.clock.now))
+    world.advance(1.0)
+    assert GROUP in node.host.leaders
+    GroupStore(log.storage).delete(GROUP)
+    publish(log, 16, start=8)
+    world.advance(3.0)  # the next save is refused
+    assert GROUP not in node.host.leaders
+
+
+def test_close_saves_and_releases(log: Log) -> None:
+    publish(log, 8)
+    world = World(log, SharedSubConfig())
+    node = world.node("n1")
+    client = Client(node, "s1", world.clock, log)
+    client.apply(client.handler.subscribe(SHARE, world.clock.now))
+    world.advance(1.0)
+    assert delivered(client) == all_offsets(log)
+    progress = dict(node.host.leaders[GROUP].leader.progress)
+    node.host.close()
+    store = GroupStore(log.storage)
+    assert node.host.leaders == {}
+    assert store.leader_of(GROUP, world.clock.wall_us) is None
+    record = store.get(GROUP)
+    assert record is not None and dict(record.progress) == progress
+    assert sum(progress.values()) == 8
