@@ -44,12 +44,16 @@ def test_publish_waits_for_the_window_to_be_persisted() -> None:
     s = session()
     s.handle(Follow(1, 0), now=0.0)
     effects = s.handle(Offered(1, [msg(0), msg(1, qos=1)], 2), now=0.0)
-    # QoS 1 goes at once; QoS 2 only once its packet id is durable.
-    assert [(d.message.offset, d.qos) for d in of(Deliver, effects)] == [(1, 1)]
+    # QoS 2 goes only once its packet id is durable, and the QoS 1 message after
+    # it waits behind it (log order across QoS levels).
+    assert of(Deliver, effects) == []
     assert of(Persist, effects) == [Persist(1)]
     assert s.window_entries() == (WindowEntry(1, 0, 1, Phase.SENT),)
     sent = of(Deliver, s.handle(Persisted(1), now=0.0))
-    assert [(d.message.offset, d.packet_id, d.qos, d.dup) for d in sent] == [(0, 1, 2, False)]
+    assert [(d.message.offset, d.packet_id, d.qos, d.dup) for d in sent] == [
+        (0, 1, 2, False),
+        (1, 2, 1, False),
+    ]
 
 
 def test_pubrec_persists_released_before_pubrel_and_pubcomp_frees_the_cursor() -> None:

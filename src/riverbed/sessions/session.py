@@ -37,6 +37,8 @@ the window that names them is persisted (`Persist` answered by `Persisted`); a
 window restored from the record resends its PUBRELs at once, sends its PUBLISHes
 again with the same packet ids and DUP=1, and skips messages it completed. A
 QoS 2 message holds the cursor until its PUBCOMP, like a QoS 1 one until PUBACK.
+Messages after a held PUBLISH wait behind it, whatever their QoS: the client gets
+them in log order (MQTT orders only within a QoS level; per-key order does not).
 
 Events: `Follow`, `Offered`, `Acked`, `Received`, `Completed`, `Persisted`,
 `Tick`. Effects: `Deliver`, `Release`, `Fetch`, `Checkpoint`, `Persist`.
@@ -663,6 +665,10 @@ class Session:
             )
             if hold:
                 self._hold(deliver)
+            elif self._held:
+                # Behind a held QoS 2 PUBLISH: goes out after it, in log order
+                # (per-key order across QoS levels), with the same persist.
+                self._held.append((self._held[-1][0], deliver))
             else:
                 effects.append(deliver)
             state.sent = max(state.sent, item.offset + 1)
