@@ -5,7 +5,10 @@ stand-ins with the two methods the pacer calls."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from typing import Any
+
+import pytest
 
 from riverbed.log.log import Log
 from riverbed.model import Message, StreamId
@@ -47,115 +50,104 @@ def _payloads(log: Log, stream: StreamId) -> list[bytes]:
     return [m.payload for m in log.storage.read(key, 0, 100)]
 
 
+@pytest.fixture
+def log(sqlite_url: str) -> Iterator[Log]:
+    """A log with topic `t` (one partition)."""
+    with Log.open(sqlite_url) as opened:
+        opened.topics.create("t", 1)
+        yield opened
+
+
 def _run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
-def test_connections_of_one_loop_turn_share_one_commit(sqlite_url: str) -> None:
-    log = Log.open(sqlite_url)
-    try:
-        log.topics.create("t", 1)
+def test_connections_of_one_loop_turn_share_one_commit(log: Log) -> None:
 
-        async def go() -> tuple[FakeInbound, FakeInbound]:
-            pacer = CommitPacer(log, interval=0.0)
-            a, b = FakeInbound("a"), FakeInbound("b")
-            a.add("t", Message(b"a1", key="k", mqtt_topic="x"), Message(b"a2", key="k"))
-            b.add("t", Message(b"b1", key="k"))
-            assert pacer.want(a) is False  # nothing committed lately: this turn
-            assert pacer.want(b) is False
-            assert not a.done and not b.done  # not before the end of the turn
-            await asyncio.sleep(0)
-            return a, b
+    async def go() -> tuple[FakeInbound, FakeInbound]:
+        pacer = CommitPacer(log, interval=0.0)
+        a, b = FakeInbound("a"), FakeInbound("b")
+        a.add("t", Message(b"a1", key="k", mqtt_topic="x"), Message(b"a2", key="k"))
+        b.add("t", Message(b"b1", key="k"))
+        assert pacer.want(a) is False  # nothing committed lately: this turn
+        assert pacer.want(b) is False
+        assert not a.done and not b.done  # not before the end of the turn
+        await asyncio.sleep(0)
+        return a, b
 
-        a, b = _run(go())
-        ((batch_a,), (batch_b,)) = a.done, b.done
-        (stream,) = {s for s, _ in _positions(batch_a) + _positions(batch_b)}
-        # One commit: consecutive offsets, in the order the connections asked.
-        assert [o for _, o in _positions(batch_a)] == [0, 1]
-        assert [o for _, o in _positions(batch_b)] == [2]
-        assert _payloads(log, stream) == [b"a1", b"a2", b"b1"]
-    finally:
-        log.close()
+    a, b = _run(go())
+    ((batch_a,), (batch_b,)) = a.done, b.done
+    (stream,) = {s for s, _ in _positions(batch_a) + _positions(batch_b)}
+    # One commit: consecutive offsets, in the order the connections asked.
+    assert [o for _, o in _positions(batch_a)] == [0, 1]
+    assert [o for _, o in _positions(batch_b)] == [2]
+    assert _payloads(log, stream) == [b"a1", b"a2", b"b1"]
 
 
-def test_a_commit_soon_after_another_waits_for_the_interval(sqlite_url: str) -> None:
-    log = Log.open(sqlite_url)
-    try:
-        log.topics.create("t", 1)
-        interval = 0.2
+def test_a_commit_soon_after_another_waits_for_the_interval(log: Log) -> None:
+    interval = 0.2
 
-        async def go() -> tuple[list[float], list[bool], FakeInbound]:
-            loop = asyncio.get_running_loop()
-            pacer = CommitPacer(log, interval=interval)
-            c = FakeInbound("c")
-            waits = []
-            c.add("t", Message(b"1", key="k"))
-            waits.append(pacer.want(c))  # quiet until now: at once
-            await asyncio.sleep(0)
-            first = loop.time()
-            c.add("t", Message(b"2", key="k"))
-            waits.append(pacer.want(c))  # too soon: waits
-            c.add("t", Message(b"3", key="k"))
-            waits.append(pacer.want(c))  # joins the waiting batch
-            while len(c.done) < 2:
-                await asyncio.sleep(0.01)
-            return [first, *c.committed_at], waits, c
+    async def go() -> tuple[list[float], list[bool], FakeInbound]:
+        loop = asyncio.get_running_loop()
+        pacer = CommitPacer(log, interval=interval)
+        c = FakeInbound("c")
+        waits = []
+        c.add("t", Message(b"1", key="k"))
+        waits.append(pacer.want(c))  # quiet until now: at once
+        await asyncio.sleep(0)
+        first = loop.time()
+        c.add("t", Message(b"2", key="k"))
+        waits.append(pacer.want(c))  # too soon: waits
+        c.add("t", Message(b"3", key="k"))
+        waits.append(pacer.want(c))  # joins the waiting batch
+        while len(c.done) < 2:
+            await asyncio.sleep(0.01)
+        return [first, *c.committed_at], waits, c
 
-        (first, t1, t2), waits, c = _run(go())
-        assert waits == [False, True, True]
-        assert t1 <= first
-        assert t2 - t1 >= interval * 0.9  # the loop clock's granularity
-        assert [len(b.messages) for b in c.done] == [1, 2]
-        ((stream, _),) = {p for p in _positions(c.done[0])}
-        assert _payloads(log, stream) == [b"1", b"2", b"3"]
-    finally:
-        log.close()
+    (first, t1, t2), waits, c = _run(go())
+    assert waits == [False, True, True]
+    assert t1 <= first
+    assert t2 - t1 >= interval * 0.9  # the loop clock's granularity
+    assert [len(b.messages) for b in c.done] == [1, 2]
+    ((stream, _),) = {p for p in _positions(c.done[0])}
+    assert _payloads(log, stream) == [b"1", b"2", b"3"]
 
 
-def test_commit_now_does_not_wait_for_the_interval(sqlite_url: str) -> None:
-    log = Log.open(sqlite_url)
-    try:
-        log.topics.create("t", 1)
+def test_commit_now_does_not_wait_for_the_interval(log: Log) -> None:
 
-        async def go() -> FakeInbound:
-            pacer = CommitPacer(log, interval=10.0)
-            c = FakeInbound("c")
-            c.add("t", Message(b"1", key="k"))
-            pacer.want(c)
-            await asyncio.sleep(0)
-            c.add("t", Message(b"2", key="k"))
-            assert pacer.want(c) is True
-            pacer.commit_now()  # a QoS 2 PUBLISH behind it, or shutdown
-            assert len(c.done) == 2
-            pacer.commit_now()  # nothing waiting: nothing happens
-            return c
+    async def go() -> FakeInbound:
+        pacer = CommitPacer(log, interval=10.0)
+        c = FakeInbound("c")
+        c.add("t", Message(b"1", key="k"))
+        pacer.want(c)
+        await asyncio.sleep(0)
+        c.add("t", Message(b"2", key="k"))
+        assert pacer.want(c) is True
+        pacer.commit_now()  # a QoS 2 PUBLISH behind it, or shutdown
+        assert len(c.done) == 2
+        pacer.commit_now()  # nothing waiting: nothing happens
+        return c
 
-        c = _run(go())
-        assert [len(b.messages) for b in c.done] == [1, 1]
-    finally:
-        log.close()
+    c = _run(go())
+    assert [len(b.messages) for b in c.done] == [1, 1]
 
 
-def test_one_connections_bad_batch_does_not_refuse_the_others(sqlite_url: str) -> None:
-    log = Log.open(sqlite_url)
-    try:
-        log.topics.create("bound", 1, binding="sensors/#")
+def test_one_connections_bad_batch_does_not_refuse_the_others(log: Log) -> None:
+    log.topics.create("bound", 1, binding="sensors/#")
 
-        async def go() -> tuple[FakeInbound, FakeInbound]:
-            pacer = CommitPacer(log, interval=0.0)
-            good, bad = FakeInbound("good"), FakeInbound("bad")
-            good.add("bound", Message(b"ok", key="k", mqtt_topic="sensors/1"))
-            bad.add("bound", Message(b"no", key="k", mqtt_topic="other/1"))  # not its binding
-            pacer.want(good)
-            pacer.want(bad)
-            await asyncio.sleep(0)
-            return good, bad
+    async def go() -> tuple[FakeInbound, FakeInbound]:
+        pacer = CommitPacer(log, interval=0.0)
+        good, bad = FakeInbound("good"), FakeInbound("bad")
+        good.add("bound", Message(b"ok", key="k", mqtt_topic="sensors/1"))
+        bad.add("bound", Message(b"no", key="k", mqtt_topic="other/1"))  # not its binding
+        pacer.want(good)
+        pacer.want(bad)
+        await asyncio.sleep(0)
+        return good, bad
 
-        good, bad = _run(go())
-        assert good.done[0].error is None and good.done[0].positions is not None
-        error = bad.done[0].error
-        assert error is not None and "other/1" in str(error) and "sensors/#" in str(error)
-        (stream,) = {s for s, _ in _positions(good.done[0])}
-        assert _payloads(log, stream) == [b"ok"]
-    finally:
-        log.close()
+    good, bad = _run(go())
+    assert good.done[0].error is None and good.done[0].positions is not None
+    error = bad.done[0].error
+    assert error is not None and "other/1" in str(error) and "sensors/#" in str(error)
+    (stream,) = {s for s, _ in _positions(good.done[0])}
+    assert _payloads(log, stream) == [b"ok"]

@@ -203,13 +203,19 @@ def test_one_leader_per_group_across_nodes_and_a_stale_one_is_fenced(log: Log) -
     assert on_a.leader.id != record.leader
 
 
-def test_deleting_the_group_stops_its_leader(log: Log) -> None:
-    publish(log, 8)
+def one_sharer(log: Log, messages: int) -> tuple[World, Node, Client]:
+    """`messages` published, one node, one sharer that has taken them in."""
+    publish(log, messages)
     world = World(log, SharedSubConfig())
     node = world.node("n1")
     client = Client(node, "s1", world.clock, log)
     client.apply(client.handler.subscribe(SHARE, world.clock.now))
     world.advance(1.0)
+    return world, node, client
+
+
+def test_deleting_the_group_stops_its_leader(log: Log) -> None:
+    world, node, _ = one_sharer(log, 8)
     assert GROUP in node.host.leaders
     GroupStore(log.storage).delete(GROUP)
     publish(log, 16, start=8)
@@ -218,12 +224,7 @@ def test_deleting_the_group_stops_its_leader(log: Log) -> None:
 
 
 def test_close_saves_and_releases(log: Log) -> None:
-    publish(log, 8)
-    world = World(log, SharedSubConfig())
-    node = world.node("n1")
-    client = Client(node, "s1", world.clock, log)
-    client.apply(client.handler.subscribe(SHARE, world.clock.now))
-    world.advance(1.0)
+    world, node, client = one_sharer(log, 8)
     assert delivered(client) == all_offsets(log)
     progress = dict(node.host.leaders[GROUP].leader.progress)
     node.host.close()
