@@ -1,0 +1,163 @@
+"""A node's shared-subscription runtime on an event loop (issue 5).
+
+Two sides, each with its own in-process bus:
+
+- the loop side: the sessions' Borrowers (their Shared Subscription Handlers
+  run on the event loop, like the sessions);
+- the leader side: the node-local `Registry` and the `LeaderHost` with its
+  Leaders, in one worker thread, because they call the storage (claims,
+  progress) and must not block the loop.
+
+A message goes to the side its address lives on: `REGISTRY` and the Leaders'
+ids to the leader thread, everything else (Borrower ids) to the loop. Each side
+drains its bus after every hand-over, so a message never waits for a timer.
+The leader thread runs `LeaderHost.tick` at the host's `next_deadline()`; the
+sessions tick their own Handlers.
+
+    runtime = SharedRuntime(storage, config, node)
+    runtime.register(borrower_id, deliver)     # on the loop
+    runtime.send(to, message)                  # from the loop
+    ...
+    await runtime.close()                      # saves and releases the claims
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from riverbed.sharedsub.bus import InProcessBus, Registry
+from riverbed.sharedsub.config import SharedSubConfig
+from riverbed.sharedsub.host import LeaderHost
+from riverbed.sharedsub.protocol import REGISTRY, Address, Message
+from riverbed.storage.base import Storage
+
+log = logging.getLogger(__name__)
+
+Deliver = Callable[[Message], None]
+
+
+class _LeaderSide:
+    """The leader thread's bus: Leaders and the registry here, the rest to the loop."""
+
+    def __init__(self, runtime: SharedRuntime) -> None:
+        self.runtime = runtime
+        self.bus = InProcessBus()
+
+    def register(self, address: Address, deliver: Deliver) -> None:
+        self.bus.register(address, deliver)
+        with self.runtime._lock:
+            self.runtime._leader_side.add(address)
+
+    def unregister(self, address: Address) -> None:
+        self.bus.unregister(address)
+        with self.runtime._lock:
+            self.runtime._leader_side.discard(address)
+
+    def send(self, to: Address, message: Message) -> None:
+        if self.runtime._on_leader_side(to):
+            self.bus.send(to, message)
+        else:
+            self.runtime._to_loop(to, message)
+
+
+class SharedRuntime:
+    """Runs the shared subscriptions of one broker node."""
+
+    def __init__(self, storage: Storage, config: SharedSubConfig, node: str) -> None:
+        self.config = config
+        self.loop = asyncio.get_running_loop()
+        self._lock = threading.Lock()
+        self._leader_side: set[Address] = {REGISTRY}
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="riverbed-shared-leaders")
+        self._side = _LeaderSide(self)
+        self.registry = Registry(self._side)
+        self.host = LeaderHost(storage, self._side, self.registry, config, node)
+        self.registry.find_leader = self.host.find_leader
+        self._side.bus.register(REGISTRY, self.registry.deliver)
+        self.bus = InProcessBus()
+        """The loop side: the sessions' Borrowers."""
+        self._draining = False
+        self._tick: asyncio.TimerHandle | None = None
+        self._closed = False
+
+    # ----------------------------------------------------------------- the loop side
+
+    def register(self, address: Address, deliver: Deliver) -> None:
+        """A Borrower of a session on this node (call on the loop)."""
+        self.bus.register(address, deliver)
+
+    def unregister(self, address: Address) -> None:
+        self.bus.unregister(address)
+
+    def send(self, to: Address, message: Message) -> None:
+        """Send from the loop (a Handler's `Send` effect)."""
+        if self._on_leader_side(to):
+            self._on_leader(self._side.bus.send, to, message)
+        else:
+            self.bus.send(to, message)
+            self._drain_soon()
+
+    def _to_loop(self, to: Address, message: Message) -> None:
+        """From the leader thread: a message for a Borrower."""
+        if not self._closed:
+            self.loop.call_soon_threadsafe(self._arrived, to, message)
+
+    def _arrived(self, to: Address, message: Message) -> None:
+        self.bus.send(to, message)
+        self._drain_soon()
+
+    def _drain_soon(self) -> None:
+        if not self._draining:
+            self._draining = True
+            self.loop.call_soon(self._drain)
+
+    def _drain(self) -> None:
+        self._draining = False
+        self.bus.drain()
+
+    def _on_leader_side(self, address: Address) -> bool:
+        with self._lock:
+            return address in self._leader_side
+
+    # ----------------------------------------------------------------- the leader thread
+
+    def _on_leader(self, call: Callable[..., object], *args: object) -> None:
+        """Run `call(*args)` on the leader thread, then drain its bus and plan
+        the next tick."""
+        if self._closed:
+            return
+        self._executor.submit(self._leader_step, call, args)
+
+    def _leader_step(self, call: Callable[..., object], args: tuple[object, ...]) -> None:
+        try:
+            call(*args)
+            self._side.bus.drain()
+        except Exception:
+            log.exception("shared subscriptions: the leader side failed")
+        deadline = self.host.next_deadline()
+        if deadline is not None and not self._closed:
+            self.loop.call_soon_threadsafe(self._plan_tick, deadline)
+
+    def _plan_tick(self, deadline: float) -> None:
+        """On the loop: tick the leader side at `deadline` (monotonic seconds)."""
+        if self._closed:
+            return
+        if self._tick is not None:
+            self._tick.cancel()
+        delay = max(0.0, deadline - self.host.clock())
+        self._tick = self.loop.call_later(delay, self._on_leader, self.host.tick)
+
+    async def close(self) -> None:
+        """Save and release every claim this node holds; stop the leader thread."""
+        if self._tick is not None:
+            self._tick.cancel()
+        done = self.loop.run_in_executor(self._executor, self.host.close)
+        self._closed = True
+        with contextlib.suppress(Exception):
+            await done
+        self._executor.shutdown(wait=True)
