@@ -65,6 +65,7 @@ def test_a_group_may_start_in_the_past(storage_url: str, before_and_after: int) 
         "head": 5,
         "lag": 2,
         "consumed": False,
+        "borrower": None,
     }
     assert since["leader"] is None
     # The built-in `mqtt` topic is reachable by any filter, empty here.
@@ -84,10 +85,16 @@ def test_describe_shows_the_leader_and_saved_progress(
         store = GroupStore(log.storage)
         now = time.time_ns() // 1000
         claim = store.claim(GroupId("g", "sensors/#"), "leader-1", ttl_us=60_000_000, now_us=now)
-        store.save(claim, {StreamId("sensors", 0, 0): 4}, now_us=now)
+        sensors = StreamId("sensors", 0, 0)
+        store.save(claim, {sensors: 4}, now_us=now, holdings={"borrower-1": [sensors]})
     described = ok(storage_url, "group", "describe", "g", "sensors/#", "--json")
     assert described["leader"] == "leader-1" and "leader_claim_expires" in described
     assert _sensors(described)["position"] == 4 and described["lag"] == 1
+    assert described["borrowers"] == {"borrower-1": ["sensors/0/0"]}
+    assert _sensors(described)["borrower"] == "borrower-1"
+    assert "borrower: borrower-1 (1 streams)" in ok(
+        storage_url, "group", "describe", "g", "sensors/#"
+    )
     assert "leader-1" in ok(storage_url, "group", "list")
 
     assert "deleted group $share/g/sensors/#" in ok(

@@ -121,6 +121,16 @@ def test_two_sharers_split_the_streams_and_one_hands_over(log: Log) -> None:
             await _run([a, b], split)
             await _run([a, b], lambda: len(a.got) + len(b.got) >= 200)
             both = len(a.handler.leases), len(b.handler.leases)
+            # The Leader saves who holds what (for `riverbed group describe`).
+            store = GroupStore(log.storage)
+
+            def saved() -> bool:
+                record = store.get(GroupId("g", "t/#"))
+                return record is not None and sorted(
+                    len(held) for held in record.holdings.values()
+                ) == [10, 10]
+
+            await _run([a, b], saved)
             # a leaves gracefully: b takes its streams over and reads what follows.
             a.apply(a.handler.unsubscribe(SHARE, time.monotonic()))
             _publish(log, 200, 300)

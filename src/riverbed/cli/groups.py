@@ -121,7 +121,8 @@ def _stream_json(p: StreamProgress) -> dict[str, object]:
 @json_option
 @db_option
 def group_describe(name: str, topic_filter: str, as_json: bool) -> None:
-    """Show group NAME/FILTER: its Leader, and per stream its position, head and lag."""
+    """Show group NAME/FILTER: its Leader and Borrowers, and per stream its
+    position, head, lag and holder (as of the Leader's last save)."""
     group_id = GroupId(name, topic_filter)
     now = _now_us()
     with open_log() as log:
@@ -135,18 +136,33 @@ def group_describe(name: str, topic_filter: str, as_json: bool) -> None:
     summary = _summary(record, leader, sum(p.lag for p in progress))
     if lease is not None:
         summary["leader_claim_expires"] = format_time(lease.expires_us)
+    holders = {str(s): b for b, held in record.holdings.items() for s in held}
     if as_json:
-        print_json({**summary, "streams": [_stream_json(p) for p in progress]})
+        streams = [{**_stream_json(p), "borrower": holders.get(str(p.stream))} for p in progress]
+        borrowers = {b: [str(s) for s in held] for b, held in sorted(record.holdings.items())}
+        print_json({**summary, "borrowers": borrowers, "streams": streams})
         return
     console = make_console()
     for key in ("group", "filter", "start", "created", "leader"):
         console.print(f"{key:>8}: {'-' if summary[key] is None else summary[key]}")
+    for borrower, held in sorted(record.holdings.items()):
+        console.print(f"borrower: {borrower} ({len(held)} streams)")
     console.print(
         make_table(
             f"Streams of {group_id}",
-            ["stream", "position", "head", "lag", "consumed"],
-            [[p.stream, p.position, p.head, p.lag, "yes" if p.consumed else ""] for p in progress],
-            footer=["total", "", "", summary["lag"], ""],
+            ["stream", "position", "head", "lag", "consumed", "borrower"],
+            [
+                [
+                    p.stream,
+                    p.position,
+                    p.head,
+                    p.lag,
+                    "yes" if p.consumed else "",
+                    holders.get(str(p.stream), ""),
+                ]
+                for p in progress
+            ],
+            footer=["total", "", "", summary["lag"], "", ""],
         )
     )
 

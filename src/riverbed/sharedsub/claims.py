@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from riverbed.errors import AlreadyExists, InvalidInput, NotFound, PreconditionFailed
 from riverbed.log.topics import reachable_topics
@@ -49,6 +49,9 @@ class GroupRecord:
     consumed: frozenset[StreamId]
     leader: LeaderId | None
     version: int
+    holdings: Mapping[str, tuple[StreamId, ...]] = field(default_factory=dict)
+    """Per Borrower, the streams it held or was being granted when the Leader
+    last saved (for `riverbed group describe`; the Leader's memory is the truth)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +129,7 @@ class GroupStore:
                 with contextlib.suppress(AlreadyExists):  # another candidate did
                     self.create(group, start_us=now_us, now_us=now_us)
                 continue
-            record = replace(_decode(entry), leader=leader)
+            record = replace(_decode(entry), leader=leader, holdings={})
             try:
                 written = self.storage.kv_compare_and_set(
                     self.namespace, group.key, entry.version, _encode(record)
@@ -146,6 +149,7 @@ class GroupStore:
         consumed: Iterable[StreamId] = (),
         *,
         now_us: int,
+        holdings: Mapping[str, Sequence[StreamId]] | None = None,
     ) -> Claim:
         """Persist progress. Raises `PreconditionFailed` if this Leader was fenced
         off (another claimed the group, or the group was deleted) or its own clock
@@ -155,6 +159,8 @@ class GroupStore:
                 f"the claim of {claim.leader!r} on group {claim.record.group} expired"
             )
         record = replace(claim.record, progress=dict(progress), consumed=frozenset(consumed))
+        if holdings is not None:
+            record = replace(record, holdings={b: tuple(s) for b, s in holdings.items()})
         written = self.storage.kv_compare_and_set(
             self.namespace, record.group.key, claim.record.version, _encode(record)
         )
@@ -228,6 +234,7 @@ def _encode(record: GroupRecord) -> bytes:
             },
             "consumed": sorted(str(s) for s in record.consumed),
             "leader": record.leader,
+            "holdings": {b: [str(s) for s in held] for b, held in sorted(record.holdings.items())},
         },
         separators=(",", ":"),
     ).encode()
@@ -243,4 +250,5 @@ def _decode(entry: KVEntry) -> GroupRecord:
         frozenset(StreamId.parse(s) for s in data["consumed"]),
         data["leader"],
         entry.version,
+        {b: tuple(StreamId.parse(s) for s in held) for b, held in data.get("holdings", {}).items()},
     )

@@ -78,6 +78,7 @@ class _Hosted:
     leader: Leader
     claim: Claim
     renew_at: float
+    saved_holdings: dict[str, list[StreamId]] | None = None
 
 
 class LeaderHost:
@@ -150,6 +151,13 @@ class LeaderHost:
                     continue
                 hosted.renew_at = now + self.config.leader_periodic
             self._handle(hosted, Tick())
+            leader = hosted.leader
+            if (
+                self.leaders.get(leader.group) is hosted
+                and leader.holdings() != hosted.saved_holdings
+            ):
+                # Who holds what changed: saved for `riverbed group describe`.
+                self._save(hosted, leader.progress, leader.consumed)
 
     def next_deadline(self) -> float | None:
         times: list[float] = []
@@ -188,14 +196,23 @@ class LeaderHost:
 
     def _stop(self, hosted: _Hosted) -> None:
         leader = hosted.leader
-        if self._save(hosted, leader.progress, frozenset(leader.consumed)):
+        if self._save(hosted, leader.progress, frozenset(leader.consumed), holdings={}):
             self._release(hosted)
 
     def _save(
-        self, hosted: _Hosted, progress: Mapping[StreamId, int], consumed: Iterable[StreamId]
+        self,
+        hosted: _Hosted,
+        progress: Mapping[StreamId, int],
+        consumed: Iterable[StreamId],
+        holdings: dict[str, list[StreamId]] | None = None,
     ) -> bool:
+        if holdings is None:
+            holdings = hosted.leader.holdings()
         try:
-            hosted.claim = self.store.save(hosted.claim, progress, consumed, now_us=self.wall_us())
+            hosted.claim = self.store.save(
+                hosted.claim, progress, consumed, now_us=self.wall_us(), holdings=holdings
+            )
+            hosted.saved_holdings = holdings
         except RiverbedError as exc:  # PreconditionFailed: fenced off
             self._drop(hosted, f"saving progress failed: {exc}")
             return False
