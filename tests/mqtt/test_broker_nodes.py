@@ -4,7 +4,7 @@ Each node holds a liveness lease and renews it at its expiry sweep; a session
 marked connected on a node whose lease runs is in use there: another node's
 sweep never discards it, and a client that connects to another node with clean
 start 0 takes it over (Session Present 1) however long ago the first node last
-wrote the record.
+wrote the record; the first node closes its connection (0x8E) at its next sweep.
 """
 
 from __future__ import annotations
@@ -33,5 +33,8 @@ def test_a_session_in_use_on_one_node_survives_the_others_sweep(storage_url: str
         pub.publish("n/1", b"to-b", qos=1).wait_for_publish(5)
         pub.disconnect()
         assert [r.payload for r in on_b.wait_for(1)] == [b"to-b"]
+        # A learns of the takeover at its next sweep and closes its connection.
+        assert on_a.wait_disconnected(SWEEP + 5)
+        assert on_a.disconnects == [0x8E]  # Session taken over
         on_b.disconnect()
         on_a.close()

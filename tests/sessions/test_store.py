@@ -118,3 +118,16 @@ def test_the_node_survives_the_record_round_trip() -> None:
     legacy = json.loads(record().to_json())
     del legacy["node"]  # written before nodes were recorded
     assert SessionRecord.from_json(json.dumps(legacy).encode()).node is None
+
+
+def test_sessions_taken_over_elsewhere(storage: Storage) -> None:
+    store = SessionStore(storage)
+    kept = store.write(record("kept", "s1", node="a"), None)
+    moved = store.write(record("moved", "s2", node="a"), None)
+    gone = store.write(record("gone", "s3", node="a"), None)
+    ours_again = store.write(record("ours", "s4", node="a"), None)
+    mine = {s.record.client_id: s.version for s in (kept, moved, gone, ours_again)}
+    store.write(replace(moved.record, node="b"), moved.version)  # connected on b now
+    store.discard(gone)
+    store.write(ours_again.record, ours_again.version)  # our own later write (a race)
+    assert sorted(store.taken_over(mine, here="a")) == ["gone", "moved"]

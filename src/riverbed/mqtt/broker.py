@@ -11,7 +11,8 @@ router, the commit pacer, the session store and the authenticator/authorizer. A 
 discards sessions whose expiry passed (also those left behind by a broker that
 stopped: their expiry counts from when they were last seen) and renews this
 node's liveness lease: several brokers may share a database, and a session
-connected to another running node is never expired here.
+connected to another running node is never expired here; a connection whose
+session a client took over on another node is closed (0x8E) at the next sweep.
 
 Stopping: stop accepting, send every MQTT 5 client DISCONNECT 0x8B Server
 shutting down, checkpoint every session and mark it disconnected, stop the
@@ -219,6 +220,32 @@ class Broker:
                 continue
             for client_id in gone:
                 log.info("session of client %s expired", client_id)
+            await self._let_go_of_taken_over()
+
+    async def _let_go_of_taken_over(self) -> None:
+        """Close the connections whose session a client took over on another
+        node (there is no bus between nodes yet: found at the sweep)."""
+        mine = {
+            client_id: conn.stored.version
+            for client_id, conn in self.connections.items()
+            if conn.stored is not None
+        }
+        if not mine:
+            return
+        try:
+            taken = await asyncio.to_thread(self.store.taken_over, mine, self.node)
+        except RiverbedError:
+            log.exception("looking for sessions taken over elsewhere failed")
+            return
+        for client_id in taken:
+            conn = self.connections.get(client_id)
+            if (
+                conn is not None
+                and conn.stored is not None
+                and conn.stored.version <= mine[client_id]
+            ):
+                log.info("client %s: session taken over on another node", client_id)
+                conn.close(DisconnectReason.SESSION_TAKEN_OVER)
 
 
 async def serve(config: BrokerConfig, log_: Log, stop: asyncio.Event, **options: float) -> None:

@@ -188,6 +188,24 @@ class SessionStore:
         lease = self.leases.get(node_lease(record.node))
         return lease is not None and not lease.expired(at_us)
 
+    def taken_over(self, mine: Mapping[str, int], here: str) -> list[str]:
+        """Of the sessions this node holds (`mine`: client id -> the version of
+        our last write), those another node has taken over since: their record
+        rewritten by a connection elsewhere, or gone."""
+        current = {e.key: e for e in self.storage.kv_list(NAMESPACE)}
+        out: list[str] = []
+        for client_id, version in mine.items():
+            entry = current.get(client_id)
+            gone = entry is None
+            rewritten = (
+                entry is not None
+                and entry.version > version
+                and SessionRecord.from_json(entry.value).node != here
+            )
+            if gone or rewritten:
+                out.append(client_id)
+        return out
+
     # --- records -----------------------------------------------------------------
     def load(self, client_id: str) -> Stored | None:
         entry = self.storage.kv_get(NAMESPACE, client_id)
