@@ -151,3 +151,41 @@ def test_two_sharers_split_the_streams_and_one_hands_over(log: Log) -> None:
         str(h.stream): h.next_offset for h in log.storage.list_streams("t")
     }
     assert GroupStore(log.storage).leader_of(GroupId("g", "t/#"), time.time_ns() // 1000) is None
+
+
+def test_sharers_on_two_nodes_share_one_leader_over_postgres(postgres_url: str) -> None:
+    # Nodes talk over LISTEN/NOTIFY (sharedsub/pgbus.py): the sharer on the node
+    # without the Leader reaches it there, and the two split the streams.
+    with Log.open(postgres_url) as log_1, Log.open(postgres_url) as log_2:
+        log_1.topics.create("t", 4, binding="t/#")
+        GroupStore(log_1.storage).create(GroupId("g", "t/#"), start_us=None, now_us=0)
+        _publish(log_1, 0, 200)
+
+        async def go() -> tuple[Sharer, Sharer, list[str]]:
+            one = SharedRuntime(log_1.storage, FAST, "node-1", remote_url=postgres_url)
+            two = SharedRuntime(log_2.storage, FAST, "node-2", remote_url=postgres_url)
+            await one.start()
+            await two.start()
+            a, b = Sharer(one, log_1, "a"), Sharer(two, log_2, "b")
+            try:
+                a.apply(a.handler.subscribe(SHARE, time.monotonic()))
+                await _run([a, b], lambda: bool(a.handler.leases))  # node-1 leads
+                b.apply(b.handler.subscribe(SHARE, time.monotonic()))
+                await _run(
+                    [a, b],
+                    lambda: len(a.handler.leases) == 10 and len(b.handler.leases) == 10,
+                )
+                _publish(log_1, 200, 300)
+                await _run([a, b], lambda: len(a.got) + len(b.got) >= 300)
+                leaders = [
+                    h.leader.id for h in (*one.host.leaders.values(), *two.host.leaders.values())
+                ]
+                return a, b, leaders
+            finally:
+                await two.close()
+                await one.close()
+
+        a, b, leaders = asyncio.run(go())
+        assert len(leaders) == 1 and leaders[0].startswith("node-1/")
+        assert sorted(a.got + b.got) == _all(log_1)  # no loss, no duplicate
+        assert a.got and b.got

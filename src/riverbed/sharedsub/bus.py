@@ -74,6 +74,10 @@ class InProcessBus:
     def unregister(self, address: Address) -> None:
         self._handlers.pop(address, None)
 
+    def has(self, address: Address) -> bool:
+        """Whether `address` is registered here."""
+        return address in self._handlers
+
     def send(self, to: Address, message: Message) -> None:
         copies = 1 if self.fault is None else self.fault(to, message)
         raw = encode(message)
@@ -113,10 +117,15 @@ class Registry:
         self,
         bus: Bus,
         find_leader: Callable[[GroupId], LeaderId | None] | None = None,
+        *,
+        is_local: Callable[[LeaderId], bool] | None = None,
     ) -> None:
         self.bus = bus
         self.leaders: dict[GroupId, LeaderId] = {}
         self.find_leader = find_leader
+        self.is_local = is_local
+        """With nodes sharing a bus: only this node's Leaders are remembered (a
+        Leader elsewhere may be gone by the next `leader_wanted`: looked up again)."""
         self.unanswered = 0
 
     address: Address = REGISTRY
@@ -133,7 +142,7 @@ class Registry:
         leader = self.leaders.get(message.group)
         if leader is None and self.find_leader is not None:
             leader = self.find_leader(message.group)
-            if leader is not None:
+            if leader is not None and (self.is_local is None or self.is_local(leader)):
                 self.leaders[message.group] = leader
         if leader is None:
             self.unanswered += 1

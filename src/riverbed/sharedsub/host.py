@@ -104,6 +104,9 @@ class LeaderHost:
         self.clock = clock
         self.wall_us = wall_us
         self.leaders: dict[GroupId, _Hosted] = {}
+        self.remote_leaders = False
+        """Nodes share a bus (`pgbus`): another node's Leader is reachable, so
+        a group led elsewhere answers with that Leader's id."""
 
     # ----------------------------------------------------------------- the registry's lookup
 
@@ -116,7 +119,11 @@ class LeaderHost:
         try:
             claim = self.store.claim(group, leader_id, ttl_us=self._ttl_us(), now_us=self.wall_us())
         except LeaseHeld:
-            return None  # another node leads it (reachable once nodes share a bus)
+            # Another node leads it: reachable over a bus between nodes.
+            if not self.remote_leaders:
+                return None
+            lease = self.store.leader_of(group, self.wall_us())
+            return None if lease is None else lease.owner
         except RiverbedError:
             log.exception("group %s: taking the leader claim failed", group)
             return None

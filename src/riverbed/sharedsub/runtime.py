@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from riverbed.sharedsub.bus import InProcessBus, Registry
 from riverbed.sharedsub.config import SharedSubConfig
 from riverbed.sharedsub.host import LeaderHost
+from riverbed.sharedsub.pgbus import PostgresBus
 from riverbed.sharedsub.protocol import REGISTRY, Address, Message
 from riverbed.storage.base import Storage
 
@@ -52,30 +53,44 @@ class _LeaderSide:
         self.bus.register(address, deliver)
         with self.runtime._lock:
             self.runtime._leader_side.add(address)
+        if self.runtime.remote is not None:
+            self.runtime.remote.announce(address)
 
     def unregister(self, address: Address) -> None:
         self.bus.unregister(address)
         with self.runtime._lock:
             self.runtime._leader_side.discard(address)
+        if self.runtime.remote is not None:
+            self.runtime.remote.forget(address)
 
     def send(self, to: Address, message: Message) -> None:
-        if self.runtime._on_leader_side(to):
+        runtime = self.runtime
+        if runtime._on_leader_side(to):
             self.bus.send(to, message)
+        elif runtime.remote is not None and not runtime.bus.has(to):
+            runtime.remote.send(to, message)  # another node's Borrower
         else:
-            self.runtime._to_loop(to, message)
+            runtime._to_loop(to, message)
 
 
 class SharedRuntime:
     """Runs the shared subscriptions of one broker node."""
 
-    def __init__(self, storage: Storage, config: SharedSubConfig, node: str) -> None:
+    def __init__(
+        self,
+        storage: Storage,
+        config: SharedSubConfig,
+        node: str,
+        *,
+        remote_url: str | None = None,
+    ) -> None:
         self.config = config
         self.loop = asyncio.get_running_loop()
         self._lock = threading.Lock()
         self._leader_side: set[Address] = {REGISTRY}
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="riverbed-shared-leaders")
         self._side = _LeaderSide(self)
-        self.registry = Registry(self._side)
+        self.registry = Registry(self._side, is_local=self._on_leader_side)
         self.host = LeaderHost(storage, self._side, self.registry, config, node)
         self.registry.find_leader = self.host.find_leader
         self._side.bus.register(REGISTRY, self.registry.deliver)
@@ -84,23 +99,48 @@ class SharedRuntime:
         self._draining = False
         self._tick: asyncio.TimerHandle | None = None
         self._closed = False
+        self.remote: PostgresBus | None = None
+        """The bus to other nodes (`remote_url`: their shared PostgreSQL)."""
+        self._remote_sends = ThreadPoolExecutor(1, thread_name_prefix="riverbed-shared-sends")
+        if remote_url is not None:
+            self.remote = PostgresBus(remote_url, storage, node, self._from_remote)
+            self.host.remote_leaders = True
+
+    async def start(self) -> None:
+        """Listen for other nodes' messages (with `remote_url`)."""
+        if self.remote is not None:
+            await asyncio.to_thread(self.remote.start)
 
     # ----------------------------------------------------------------- the loop side
 
     def register(self, address: Address, deliver: Deliver) -> None:
         """A Borrower of a session on this node (call on the loop)."""
         self.bus.register(address, deliver)
+        if self.remote is not None:
+            self._remote_sends.submit(self.remote.announce, address)
 
     def unregister(self, address: Address) -> None:
         self.bus.unregister(address)
+        if self.remote is not None:
+            self._remote_sends.submit(self.remote.forget, address)
 
     def send(self, to: Address, message: Message) -> None:
         """Send from the loop (a Handler's `Send` effect)."""
         if self._on_leader_side(to):
             self._on_leader(self._side.bus.send, to, message)
+        elif self.remote is not None and not self.bus.has(to):
+            # Another node's Leader: in order, off the loop (one sending thread).
+            self._remote_sends.submit(self.remote.send, to, message)
         else:
             self.bus.send(to, message)
             self._drain_soon()
+
+    def _from_remote(self, to: Address, message: Message) -> None:
+        """From another node (the listener thread)."""
+        if self._on_leader_side(to):
+            self._on_leader(self._side.bus.send, to, message)
+        else:
+            self._to_loop(to, message)
 
     def _to_loop(self, to: Address, message: Message) -> None:
         """From the leader thread: a message for a Borrower."""
@@ -161,3 +201,6 @@ class SharedRuntime:
         with contextlib.suppress(Exception):
             await done
         self._executor.shutdown(wait=True)
+        self._remote_sends.shutdown(wait=True)
+        if self.remote is not None:
+            await asyncio.to_thread(self.remote.close)

@@ -1,0 +1,70 @@
+"""The bus between nodes over PostgreSQL LISTEN/NOTIFY (sharedsub/pgbus.py),
+with a real server: delivery in order to an announced address on another node,
+and losses the protocol tolerates (an unknown address, a payload over
+PostgreSQL's limit) counted, never raised."""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Iterator
+
+import pytest
+
+from riverbed.model import StreamId
+from riverbed.sharedsub.pgbus import MAX_PAYLOAD, PostgresBus, channel
+from riverbed.sharedsub.protocol import Address, Disconnect, GroupId, Message, Ping
+from riverbed.storage import Storage, open_storage
+
+GROUP = GroupId("g", "t/#")
+
+
+Buses = tuple[PostgresBus, "queue.Queue[tuple[Address, Message]]"]
+
+
+@pytest.fixture
+def storage(postgres_url: str) -> Iterator[Storage]:
+    opened = open_storage(postgres_url)
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
+@pytest.fixture
+def buses(postgres_url: str, storage: Storage) -> Iterator[Buses]:
+    got: queue.Queue[tuple[Address, Message]] = queue.Queue()
+    sender = PostgresBus(postgres_url, storage, "node-a", lambda a, m: None)
+    receiver = PostgresBus(postgres_url, storage, "node-b", lambda a, m: got.put((a, m)))
+    sender.start()
+    receiver.start()
+    try:
+        yield sender, got
+        assert receiver.dropped == 0
+    finally:
+        receiver.close()
+        sender.close()
+
+
+def test_messages_reach_an_address_on_another_node_in_order(buses: Buses, storage: Storage) -> None:
+    sender, got = buses
+    PostgresBus("unused", storage, "node-b", lambda a, m: None).announce("borrower-1")
+    pings = [Ping(GROUP, "borrower-1", "node-a/leader/x", seq) for seq in range(20)]
+    for ping in pings:
+        sender.send("borrower-1", ping)
+    received = [got.get(timeout=10) for _ in pings]
+    assert received == [("borrower-1", ping) for ping in pings]
+    assert sender.dropped == 0
+
+
+def test_lost_messages_are_counted_not_raised(buses: Buses, storage: Storage) -> None:
+    sender, got = buses
+    sender.send("nobody", Ping(GROUP, "nobody", "node-a/leader/x", 1))  # never announced
+    PostgresBus("unused", storage, "node-b", lambda a, m: None).announce("big")
+    progress = tuple((StreamId("t" * 40, 0, p), 10**12) for p in range(200))
+    huge = Disconnect(GROUP, "big", None, progress)
+    sender.send("big", huge)  # above MAX_PAYLOAD
+    assert sender.dropped == 2
+    with pytest.raises(queue.Empty):
+        got.get(timeout=0.5)
+    assert MAX_PAYLOAD < 8000
+    assert channel("host-1-abc").isidentifier() and len(channel("x" * 500)) < 64
