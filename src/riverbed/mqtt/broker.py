@@ -224,7 +224,8 @@ class Broker:
 
     async def _let_go_of_taken_over(self) -> None:
         """Close the connections whose session a client took over on another
-        node (there is no bus between nodes yet: found at the sweep)."""
+        node (found at the sweep: the broker does not use the nodes' bus,
+        `sharedsub/pgbus.py`, for this yet)."""
         mine = {
             client_id: conn.stored.version
             for client_id, conn in self.connections.items()

@@ -17,9 +17,10 @@ effects:
 - `Stop` (no Borrower for `leader_idle_stop`): the claim is released.
 
 and renews each claim every `leader_periodic` seconds (a renewal refused: the
-Leader is dropped). Another node's claim is not taken over until it expires;
-until a bus between nodes exists, a Borrower here then gets no Leader and asks
-again after `find_leader_retry`.
+Leader is dropped). Another node's claim is not taken over until it expires:
+with a bus between nodes (`remote_leaders`, `pgbus.py`) the lookup answers with
+that node's Leader; without one, a Borrower here gets no Leader and asks again
+after `find_leader_retry`.
 
 Synchronous and sans-asyncio, with the clock injected (`now`: seconds for the
 state machines, `wall_us`: µs since the epoch for the storage's leases), so
