@@ -29,12 +29,13 @@ sessions are kept, SessionDBPlugin for persistence). Every broker listens on
 127.0.0.1 only; everything started is stopped (SIGTERM, then SIGKILL by pid).
 
     .venv/bin/python bench/mqtt.py [--messages 100000] [--paced 20000]
-        [--brokers riverbed,mosquitto,amqtt]
+        [--brokers riverbed,mosquitto,amqtt] [--riverbed-db sqlite|postgres]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -54,6 +55,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from harness.net import free_port, wait_listening
+from harness.postgres import PostgresServer
 
 TOPIC = "bench/t"
 SUB_ID = "bench-sub"
@@ -304,10 +306,13 @@ class Broker:
 class Riverbed(Broker):
     name = "riverbed"
     v311 = False
+    db_url: str | None = None
+    """`--riverbed-db postgres`: a database on a throwaway PostgreSQL server."""
 
     def command(self) -> list[str]:
         db = self.workdir / "data" / "riverbed.db"
         db.parent.mkdir(exist_ok=True)
+        url = self.db_url or f"sqlite:///{db}"
         return [
             str(ROOT / ".venv" / "bin" / "python"),
             "-m",
@@ -316,7 +321,7 @@ class Riverbed(Broker):
             "--mqtt",
             f"127.0.0.1:{self.port}",
             "--db",
-            f"sqlite:///{db}",
+            url,
             "--allow-anonymous",
         ]
 
@@ -561,6 +566,12 @@ def main() -> None:
     p.add_argument("--rate", type=float, default=2000.0, help="paced rate, msg/s")
     p.add_argument("--brokers", default="riverbed,mosquitto,amqtt")
     p.add_argument("--amqtt-python", default=Amqtt.python)
+    p.add_argument(
+        "--riverbed-db",
+        choices=["sqlite", "postgres"],
+        default="sqlite",
+        help="Riverbed's storage (postgres: a throwaway server from Debian's binaries)",
+    )
     p.add_argument("--keep", action="store_true", help="keep the temp dirs (logs, stores)")
     # client roles
     p.add_argument("--role", choices=["pub", "sub"])
@@ -582,10 +593,22 @@ def main() -> None:
 
     Amqtt.python = args.amqtt_python
     kinds = {"riverbed": Riverbed, "mosquitto": Mosquitto, "amqtt": Amqtt}
+    with contextlib.ExitStack() as stack:
+        if args.riverbed_db == "postgres":
+            server = PostgresServer()
+            server.start()
+            stack.callback(server.stop)
+            Riverbed.db_url = server.new_database("bench_mqtt")
+        compare(args, kinds)
+
+
+def compare(args: argparse.Namespace, kinds: dict[str, type[Broker]]) -> None:
+    """Run each broker of `--brokers` in turn, then print the ratios."""
     print(
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
         f"load {os.getloadavg()[0]:.2f}; {args.messages} messages of {PAYLOAD} bytes, QoS 1, "
-        f"paced run {args.paced} at {args.rate:,.0f}/s, in flight {RECEIVE_MAXIMUM}",
+        f"paced run {args.paced} at {args.rate:,.0f}/s, in flight {RECEIVE_MAXIMUM};"
+        f" Riverbed on {args.riverbed_db}",
         flush=True,
     )
     runs: dict[str, Run] = {}
