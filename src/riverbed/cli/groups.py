@@ -9,8 +9,6 @@ its group starting then; `create` makes one that starts earlier (or later),
 
 from __future__ import annotations
 
-import time
-
 import click
 
 from riverbed.cli._app import (
@@ -25,14 +23,11 @@ from riverbed.cli._app import (
 )
 from riverbed.errors import NotFound
 from riverbed.log.jsonlines import format_time
+from riverbed.sessions.store import now_us
 from riverbed.sharedsub.claims import GroupRecord, GroupStore, StreamProgress, group_progress
 from riverbed.sharedsub.protocol import GroupId
 from riverbed.storage.base import StartKind
 from riverbed.subscriptions.cursors import Start
-
-
-def _now_us() -> int:
-    return time.time_ns() // 1000
 
 
 @cli.group()
@@ -55,7 +50,7 @@ def group() -> None:
 def group_create(name: str, topic_filter: str, start: Start) -> None:
     """Create group NAME sharing FILTER."""
     group_id = GroupId(name, topic_filter)
-    now = _now_us()
+    now = now_us()
     if isinstance(start, int):
         start_us: int | None = start  # a time
     elif start is StartKind.EARLIEST:
@@ -84,7 +79,7 @@ def _summary(record: GroupRecord, leader: str | None, lag: int) -> dict[str, obj
 @db_option
 def group_list(as_json: bool) -> None:
     """List the groups, with their Leader and total lag."""
-    now = _now_us()
+    now = now_us()
     rows = []
     with open_log() as log:
         store = GroupStore(log.storage)
@@ -124,7 +119,7 @@ def group_describe(name: str, topic_filter: str, as_json: bool) -> None:
     """Show group NAME/FILTER: its Leader and Borrowers, and per stream its
     position, head, lag and holder (as of the Leader's last save)."""
     group_id = GroupId(name, topic_filter)
-    now = _now_us()
+    now = now_us()
     with open_log() as log:
         store = GroupStore(log.storage)
         record = store.get(group_id)

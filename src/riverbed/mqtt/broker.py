@@ -27,12 +27,11 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable
 from typing import cast
 
 from riverbed.errors import LeaseHeld, PreconditionFailed, RiverbedError
 from riverbed.log.log import Log
-from riverbed.log.topics import reachable_topics
 from riverbed.mqtt.auth import load_auth
 from riverbed.mqtt.codec import DisconnectReason
 from riverbed.mqtt.config import BrokerConfig
@@ -167,12 +166,6 @@ class Broker:
         if lock is None:
             lock = self._locks[client_id] = asyncio.Lock()
         return lock
-
-    def reachable_topics(
-        self, filters: Iterable[str], bindings: Iterable[tuple[str, str | None]]
-    ) -> list[str]:
-        """The topics whose messages these filters can match (`log.topics.reachable_topics`)."""
-        return reachable_topics(filters, bindings)
 
     def _accept(self) -> Connection:
         """A new client connection (the listeners' protocol factory)."""

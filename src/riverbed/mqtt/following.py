@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from riverbed.errors import RiverbedError, TopicNotFound
 from riverbed.log.reader import readable_streams
+from riverbed.log.topics import reachable_topics
 from riverbed.mqtt.codec import (
     MQTT_5,
     Suback,
@@ -69,8 +70,8 @@ class Following:
     def reachable_topics(
         self, subscriptions: tuple[Subscription, ...], bindings: list[tuple[str, str | None]]
     ) -> list[str]:
-        conn = self.conn
-        return conn.broker.reachable_topics([s.topic_filter for s in subscriptions], bindings)
+        """The topics these subscriptions' filters may reach."""
+        return reachable_topics([s.topic_filter for s in subscriptions], bindings)
 
     async def follow(
         self,
@@ -203,7 +204,7 @@ class Following:
         if added:
             # Cursors first: whatever is published after the SUBACK is after them.
             filters = [s.topic_filter for s in (*session.subscriptions, *added)]
-            topics = broker.reachable_topics(filters, await self.bindings())
+            topics = reachable_topics(filters, await self.bindings())
             follow = await self.follow(topics, start_us=None, dup={}, crashed=False)
             wants_retained: list[Subscription] = []
             for sub in added:

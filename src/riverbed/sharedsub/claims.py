@@ -189,17 +189,34 @@ class StreamProgress:
         return max(0, self.head - self.position)
 
 
-def group_progress(storage: Storage, record: GroupRecord) -> list[StreamProgress]:
-    """Per stream of every topic the group's filter may reach
-    (`log.topics.reachable_topics`): position, head and lag."""
+@dataclass(frozen=True, slots=True)
+class ReachedTopic:
+    """A topic the group's filter may reach, as read now."""
+
+    name: str
+    heads: Sequence[StreamHead]
+    initial: Mapping[StreamId, int]
+    """Where the group's start puts the streams it has no progress for."""
+
+
+def reached_topics(storage: Storage, record: GroupRecord) -> list[ReachedTopic]:
+    """Every topic the group's filter may reach (`log.topics.reachable_topics`),
+    with its heads and the start offsets of streams new to the group."""
     bindings = [(t.name, t.binding) for t in storage.list_topics()]
-    out: list[StreamProgress] = []
+    out: list[ReachedTopic] = []
     for topic in reachable_topics([record.group.topic_filter], bindings):
         heads = storage.list_streams(topic)
         new = [h for h in heads if h.stream not in record.progress]
-        initial = start_offsets(storage, new, record.start_us)
-        for h in heads:
-            position = record.progress.get(h.stream, initial.get(h.stream, h.start_offset))
+        out.append(ReachedTopic(topic, heads, start_offsets(storage, new, record.start_us)))
+    return out
+
+
+def group_progress(storage: Storage, record: GroupRecord) -> list[StreamProgress]:
+    """Per stream of every topic the group's filter may reach: position, head and lag."""
+    out: list[StreamProgress] = []
+    for topic in reached_topics(storage, record):
+        for h in topic.heads:
+            position = record.progress.get(h.stream, topic.initial.get(h.stream, h.start_offset))
             out.append(
                 StreamProgress(
                     h.stream,

@@ -39,10 +39,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from riverbed.errors import LeaseHeld, RiverbedError
-from riverbed.log.topics import reachable_topics
 from riverbed.model import StreamId
+from riverbed.sessions.store import now_us
 from riverbed.sharedsub.bus import Bus, Registry
-from riverbed.sharedsub.claims import Claim, GroupStore, start_offsets
+from riverbed.sharedsub.claims import Claim, GroupStore, reached_topics
 from riverbed.sharedsub.config import SharedSubConfig
 from riverbed.sharedsub.leader import (
     Effect,
@@ -60,10 +60,6 @@ from riverbed.sharedsub.protocol import Address, GroupId, LeaderId, Message, ToL
 from riverbed.storage.base import Storage
 
 log = logging.getLogger(__name__)
-
-
-def _wall_us() -> int:
-    return time.time_ns() // 1000
 
 
 class RoutingBus(Bus, Protocol):
@@ -94,7 +90,7 @@ class LeaderHost:
         node: str,
         *,
         clock: Callable[[], float] = time.monotonic,
-        wall_us: Callable[[], int] = _wall_us,
+        wall_us: Callable[[], int] = now_us,
     ) -> None:
         self.storage = storage
         self.store = GroupStore(storage)
@@ -227,20 +223,12 @@ class LeaderHost:
         return True
 
     def _renewed(self, claim: Claim) -> StreamsRenewed:
-        record = claim.record
-        bindings = [(t.name, t.binding) for t in self.storage.list_topics()]
-        topics: list[TopicStreams] = []
-        for topic in reachable_topics([record.group.topic_filter], bindings):
-            heads = self.storage.list_streams(topic)
-            new = [h for h in heads if h.stream not in record.progress]
-            topics.append(
-                TopicStreams(
-                    self.storage.list_storage_topics(topic),
-                    heads,
-                    start_offsets(self.storage, new, record.start_us),
-                )
-            )
-        return StreamsRenewed(topics)
+        return StreamsRenewed(
+            [
+                TopicStreams(self.storage.list_storage_topics(t.name), t.heads, t.initial)
+                for t in reached_topics(self.storage, claim.record)
+            ]
+        )
 
     def _release(self, hosted: _Hosted) -> None:
         self._forget(hosted)
