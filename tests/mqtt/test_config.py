@@ -25,6 +25,7 @@ from riverbed.mqtt.config import (
     TlsListener,
     load_config,
 )
+from riverbed.sharedsub.config import SharedSubConfig
 
 ANONYMOUS = {"auth.allow_anonymous": True}
 
@@ -101,6 +102,8 @@ def test_every_key_is_a_field_and_every_field_a_key() -> None:
         for f in dataclasses.fields(cls):
             if f.name == "tls":
                 out |= keys(f"{prefix}tls.", TlsListener)
+            elif f.name == "timers":  # [shared_subscriptions] holds them flat
+                out |= keys(prefix, SharedSubConfig)
             elif dataclasses.is_dataclass(f.default_factory):
                 out |= keys(f"{prefix}{f.name}.", f.default_factory)
             else:
@@ -108,6 +111,44 @@ def test_every_key_is_a_field_and_every_field_a_key() -> None:
         return out
 
     assert keys("", BrokerConfig) == set(KEYS)
+
+
+def test_shared_subscription_timers_come_from_their_section(tmp_path: Path) -> None:
+    text = """
+[auth]
+allow_anonymous = true
+[shared_subscriptions]
+ping_interval = 1.5
+ping_timeout = "2"
+leader_borrower_timeout = 3
+"""
+    config = load_config(toml(tmp_path, text))
+    shared = config.shared_subscriptions
+    assert shared.enabled
+    assert shared.timers == SharedSubConfig(
+        ping_interval=1.5, ping_timeout=2.0, leader_borrower_timeout=3.0
+    )
+    assert not load_config(
+        None, {"auth.allow_anonymous": True, "shared_subscriptions.enabled": "false"}
+    ).shared_subscriptions.enabled
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"shared_subscriptions.ping_timeout": "0"}, "positive number of seconds"),
+        ({"shared_subscriptions.ping_timeout": "soon"}, "positive number of seconds"),
+        ({"shared_subscriptions.ping_interval": "5"}, "leader_borrower_timeout"),
+        ({"shared_subscriptions.leader_claim_lease": "5"}, "must exceed leader_borrower_timeout"),
+    ],
+)
+def test_bad_shared_subscription_timers_are_refused(
+    overrides: dict[str, object], message: str
+) -> None:
+    with pytest.raises(InvalidConfig, match=message) as caught:
+        load_config(None, {"auth.allow_anonymous": True, **overrides})
+    key = next(iter(overrides)).rpartition(".")[2]
+    assert key in str(caught.value)
 
 
 # --------------------------------------------------------------------- file and overrides
@@ -420,7 +461,11 @@ def test_unknown_keys_are_refused_with_the_known_ones(tmp_path: Path) -> None:
     ("text", "rule"),
     [
         ("[listener]\nmqtt = 'a:1'\n", "unknown section [listener] (did you mean [listeners]?)"),
-        ("[tls]\n", "known sections: [auth], [limits], [listeners], [listeners.tls], [storage]"),
+        (
+            "[tls]\n",
+            "known sections: [auth], [limits], [listeners], [listeners.tls],"
+            " [shared_subscriptions], [storage]",
+        ),
         ("port = 1883\n", "unknown key 'port'; known keys: listeners.mqtt, listeners.tls.address"),
         ("[listeners.tls]\nport = 1\n", "unknown key 'listeners.tls.port'"),
         ("limits = 5\n", "limits must be a table ([limits]), not 5"),

@@ -7,7 +7,8 @@
 
 `Broker` owns what the connections share: the listening socket, the client id
 registry (for takeover), the topic trie of online sessions' filters, the live
-router, the commit pacer, the session store and the authenticator/authorizer. A background task
+router, the commit pacer, the session store, the authenticator/authorizer and
+the runtime of durable shared subscriptions (`sharedsub/runtime.py`). A background task
 discards sessions whose expiry passed (also those left behind by a broker that
 stopped: their expiry counts from when they were last seen) and renews this
 node's liveness lease: several brokers may share a database, and a session
@@ -42,7 +43,9 @@ from riverbed.mqtt.router import Router
 from riverbed.mqtt.tls import server_context
 from riverbed.mqtt.wills import Wills
 from riverbed.sessions.store import SessionStore, node_lease, now_us
+from riverbed.sharedsub.runtime import SharedRuntime
 from riverbed.storage.leases import Lease, Leases
+from riverbed.storage.postgres import PostgresStorage
 from riverbed.topics.trie import TopicTrie
 
 log = logging.getLogger(__name__)
@@ -95,10 +98,20 @@ class Broker:
         self._server: asyncio.Server | None = None
         self._tls_server: asyncio.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        self.shared: SharedRuntime | None = None
+        """Durable shared subscriptions (`sharedsub/`), unless disabled."""
 
     async def start(self) -> None:
         """Start the router and listen on `config.listeners.mqtt` (and `.tls` if set)."""
         await self.router.start()
+        shared = self.config.shared_subscriptions
+        if shared.enabled:
+            storage = self.log.storage
+            # Nodes sharing a PostgreSQL database reach each other's Leaders
+            # over it (LISTEN/NOTIFY, sharedsub/pgbus.py).
+            remote = storage.url if isinstance(storage, PostgresStorage) else None
+            self.shared = SharedRuntime(storage, shared.timers, self.node, remote_url=remote)
+            await self.shared.start()
         self._lease = await asyncio.to_thread(
             self._leases.acquire, node_lease(self.node), self.node, self._lease_ttl_us()
         )
@@ -143,6 +156,10 @@ class Broker:
             connection.close(DisconnectReason.SERVER_SHUTTING_DOWN)
         for connection in connections:
             await connection.done.wait()
+        if self.shared is not None:
+            # After the members left (their progress is with the Leaders): save
+            # and release this node's Leaders' claims.
+            await self.shared.close()
         self.pacer.commit_now()
         await self.router.stop()
         if self._lease is not None:

@@ -35,6 +35,19 @@ A complete file, with the defaults:
     max_inflight = 100               # QoS 1/2 messages sent to a client and unacknowledged
     retain_available = true          # keep retained messages
 
+    [shared_subscriptions]           # $share/GROUP/FILTER and $queue/FILTER (sharedsub/)
+    enabled = true
+    find_leader_retry = 1.0          # seconds: a member asks again for its group's Leader
+    ping_interval = 4.0              # a member pings its Leader this often
+    ping_timeout = 4.0               # ... and gives up on it after this long
+    unsubscribe_timeout = 1.0        # a revoked stream waits this long for its acknowledgements
+    leader_borrower_timeout = 5.0    # a silent member's streams move on after this long
+    fence_margin = 0.5               # a member lets go this long before the Leader may drop it
+    leader_periodic = 1.0            # the Leader renews, rebalances and saves this often
+    leader_resend = 1.0              # an unanswered grant/revoke/revoked goes again
+    leader_claim_lease = 30.0        # the Leader's claim on its group lasts this long unrenewed
+    leader_idle_stop = 30.0          # a Leader with no member stops after this long
+
     [auth]
     allow_anonymous = false          # clients without a user name
     # password_file = "passwd"       # `riverbed passwd FILE USER` manages it
@@ -88,6 +101,7 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
+import math
 import re
 import tomllib
 from collections.abc import Callable, Mapping
@@ -99,6 +113,7 @@ from urllib.parse import urlsplit
 from riverbed.errors import InvalidConfig
 from riverbed.model import parse_duration
 from riverbed.mqtt.codec.wire import MAX_PACKET_SIZE
+from riverbed.sharedsub.config import SharedSubConfig
 from riverbed.storage.urls import redact_url
 
 MAX_UINT16 = 0xFFFF
@@ -288,6 +303,19 @@ class AuthConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class SharedSubscriptions:
+    """Durable shared subscriptions (`sharedsub/`): on or off, and the timers
+    of the protocol between a group's members and its Leader (which check the
+    rules between themselves: `SharedSubConfig`)."""
+
+    enabled: bool = True
+    timers: SharedSubConfig = field(default_factory=SharedSubConfig)
+
+    def __post_init__(self) -> None:
+        _check_fields("shared_subscriptions", self)
+
+
+@dataclass(frozen=True, slots=True)
 class BrokerConfig:
     """The whole broker configuration."""
 
@@ -295,6 +323,7 @@ class BrokerConfig:
     storage: StorageConfig = field(default_factory=StorageConfig)
     limits: Limits = field(default_factory=Limits)
     auth: AuthConfig = field(default_factory=AuthConfig)
+    shared_subscriptions: SharedSubscriptions = field(default_factory=SharedSubscriptions)
 
     def __post_init__(self) -> None:
         if not self.auth.allow_anonymous and self.auth.password_file is None:
@@ -366,6 +395,24 @@ def _seconds(high: int, never: bool = False) -> Callable[[str, object], int]:
         return number
 
     return convert
+
+
+def _positive_seconds(key: str, value: object) -> float:
+    rule = "must be a positive number of seconds (e.g. 0.5 or 4)"
+    number: object = value
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            raise _fail(key, value, rule) from None
+    if (
+        not isinstance(number, int | float)
+        or isinstance(number, bool)
+        or not math.isfinite(number)
+        or number <= 0
+    ):
+        raise _fail(key, value, rule)
+    return float(number)
 
 
 def _optional(convert: Callable[[str, object], Any]) -> Callable[[str, object], Any]:
@@ -476,6 +523,11 @@ KEYS: dict[str, Key] = {
         _integer(1, MAX_UINT16), "QoS 1/2 messages sent to a client and unacknowledged"
     ),
     "limits.retain_available": Key(_boolean, "keep retained messages"),
+    "shared_subscriptions.enabled": Key(_boolean, "accept $share/ and $queue/ subscriptions"),
+    **{
+        f"shared_subscriptions.{f.name}": Key(_positive_seconds, f"seconds: {f.name}")
+        for f in fields(SharedSubConfig)
+    },
     "auth.allow_anonymous": Key(_boolean, "let clients without a user name connect"),
     "auth.password_file": Key(
         _optional(_readable_file), "user names and scrypt hashes", is_path=True
@@ -590,4 +642,13 @@ def _build(values: Mapping[str, object]) -> BrokerConfig:
         storage=StorageConfig(**section("storage")),
         limits=Limits(**section("limits")),
         auth=AuthConfig(**section("auth")),
+        shared_subscriptions=_shared(section("shared_subscriptions")),
     )
+
+
+def _shared(values: dict[str, Any]) -> SharedSubscriptions:
+    enabled = values.pop("enabled", True)
+    try:
+        return SharedSubscriptions(enabled, SharedSubConfig(**values))
+    except InvalidConfig as exc:
+        raise InvalidConfig(f"[shared_subscriptions]: {exc}") from None

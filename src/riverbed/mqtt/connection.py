@@ -69,6 +69,7 @@ from riverbed.mqtt.codec.reasons import CONNACK_REASONS_V311
 from riverbed.mqtt.following import Following
 from riverbed.mqtt.inbound import Inbound
 from riverbed.mqtt.messages import publish_properties, publisher, remaining_expiry
+from riverbed.mqtt.sharing import Sharing, is_shared
 from riverbed.mqtt.wills import will_to_json
 from riverbed.sessions.session import (
     Acked,
@@ -78,12 +79,14 @@ from riverbed.sessions.session import (
     Effect,
     Event,
     Fetch,
+    LeaseMoved,
     Offered,
     Persist,
     Persisted,
     Received,
     Release,
     Session,
+    Subscription,
     Tick,
     cursors_by_topic,
 )
@@ -152,6 +155,7 @@ class Connection(asyncio.Protocol):
         "peer",
         "record_lock",
         "session",
+        "sharing",
         "stored",
         "transport",
         "username",
@@ -181,6 +185,8 @@ class Connection(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self.inbound = Inbound(self)
         self.following = Following(self)
+        self.sharing: Sharing | None = None
+        """Its shared subscriptions (made on the first: most connections have none)."""
         self._client_max_packet: int | None = None
         self._alias_maximum = 0
         """Outbound topic aliases the client accepts (its CONNECT Topic Alias Maximum)."""
@@ -465,9 +471,10 @@ class Connection(asyncio.Protocol):
                 self._connack_refusal(ConnectReason.SERVER_BUSY)
                 return
         assert self.stored is not None
+        subscriptions = self.stored.record.subscriptions
         self.session = Session(
             client_id,
-            self.stored.record.subscriptions,
+            [s for s in subscriptions if not is_shared(s.topic_filter)],
             window=window,
             queue_limit=limits.session_queue_limit,
             checkpoint_every=broker.checkpoint_every,
@@ -487,7 +494,7 @@ class Connection(asyncio.Protocol):
                 maximum_packet_size=limits.maximum_packet_size,
                 assigned_client_identifier=assigned,
                 topic_alias_maximum=limits.topic_alias_maximum,
-                shared_subscription_available=False,
+                shared_subscription_available=broker.shared is not None,
                 server_keep_alive=limits.server_keep_alive,
             )
             self.send(Connack(present, properties=connack_props))
@@ -513,6 +520,25 @@ class Connection(asyncio.Protocol):
         for event in follow:
             self.handle(event)
         self.handle(Tick())
+        shared = [s for s in subscriptions if is_shared(s.topic_filter)]
+        if shared and broker.shared is not None and not self.closing:
+            sharing = self.share()
+            for sub in shared:
+                sharing.subscribe(sub)
+
+    def share(self) -> Sharing:
+        """The connection's shared subscriptions (made on first use)."""
+        if self.sharing is None:
+            assert self.stored is not None
+            self.sharing = Sharing(self, self.stored.record.session_id)
+        return self.sharing
+
+    def subscriptions(self) -> tuple[Subscription, ...]:
+        """Every subscription of the session, private and shared (for its record)."""
+        assert self.session is not None
+        if self.sharing is None:
+            return self.session.subscriptions
+        return (*self.session.subscriptions, *self.sharing.subscriptions.values())
 
     def _connack_refusal(self, reason: ConnectReason) -> None:
         if self.level == MQTT_5 or reason in CONNACK_REASONS_V311:
@@ -545,10 +571,9 @@ class Connection(asyncio.Protocol):
             )
             self.stored = await asyncio.to_thread(store.write, record, stored.version)
             since = old.disconnected_us if old.disconnected_us is not None else old.seen_us
+            private = tuple(s for s in record.subscriptions if not is_shared(s.topic_filter))
             follow = await self.following.follow(
-                self.following.reachable_topics(
-                    record.subscriptions, await self.following.bindings()
-                ),
+                self.following.reachable_topics(private, await self.following.bindings()),
                 start_us=since,
                 dup=old.sent,
                 crashed=crashed,
@@ -610,7 +635,13 @@ class Connection(asyncio.Protocol):
                 case Deliver():
                     self._deliver(effect)
                 case Fetch(stream, offset, limit):
-                    self.broker.router.fetch(stream, offset, limit, self, self._offer)
+                    if stream >= 0:
+                        self.broker.router.fetch(stream, offset, limit, self, self.offer)
+                    elif self.sharing is not None:
+                        self.sharing.fetch(stream, offset, limit)
+                case LeaseMoved():
+                    if self.sharing is not None:
+                        self.sharing.moved(effect)
                 case Checkpoint():
                     self._queue_checkpoint(effect)
                 case Release(packet_id):
@@ -646,7 +677,7 @@ class Connection(asyncio.Protocol):
             return
         self.handle(Persisted(seq))
 
-    def _offer(self, stream: int, messages: object, upto: int) -> None:
+    def offer(self, stream: int, messages: object, upto: int) -> None:
         # Always on a later turn of the loop: a fetch answered from memory must not
         # re-enter the session while it is handing out effects.
         self._loop.call_soon(self.handle, Offered(stream, messages, upto))  # type: ignore[arg-type]
@@ -803,6 +834,8 @@ class Connection(asyncio.Protocol):
                 with contextlib.suppress(Exception):
                     await asyncio.shield(self._worker)
             session = self.session
+            if self.sharing is not None:
+                self.sharing.close()
             if session is not None:
                 broker.router.forget(self)
                 for sub in session.subscriptions:

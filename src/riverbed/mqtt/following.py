@@ -23,11 +23,12 @@ import logging
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from riverbed.errors import RiverbedError, TopicNotFound
+from riverbed.errors import InvalidTopicFilter, ProtocolError, RiverbedError, TopicNotFound
 from riverbed.log.reader import readable_streams
 from riverbed.log.topics import reachable_topics
 from riverbed.mqtt.codec import (
     MQTT_5,
+    DisconnectReason,
     Suback,
     SubackReason,
     Subscribe,
@@ -35,7 +36,9 @@ from riverbed.mqtt.codec import (
     UnsubackReason,
     Unsubscribe,
 )
+from riverbed.mqtt.sharing import is_shared
 from riverbed.sessions.session import Event, Follow, Subscription
+from riverbed.sharedsub.protocol import GroupId
 
 if TYPE_CHECKING:
     from riverbed.mqtt.connection import Connection
@@ -178,16 +181,33 @@ class Following:
         identifier = packet.properties.subscription_identifier
         codes: list[SubackReason] = []
         added: list[Subscription] = []
+        shared: list[Subscription] = []
         for topic in packet.topics:
             name = topic.topic_filter
-            if name.startswith("$share/") or name.startswith("$queue/"):
-                codes.append(
-                    SubackReason.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED
-                    if v5
-                    else SubackReason.UNSPECIFIED_ERROR
-                )
-                continue
-            if not broker.authorizer.can_subscribe(conn.username, conn.client_id, name):
+            group: GroupId | None = None
+            if is_shared(name):
+                if broker.shared is None:
+                    codes.append(
+                        SubackReason.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED
+                        if v5
+                        else SubackReason.UNSPECIFIED_ERROR
+                    )
+                    continue
+                try:
+                    group = GroupId.parse(name)
+                except InvalidTopicFilter as exc:
+                    log.info("client %s: %s", conn.client_id, exc)
+                    codes.append(
+                        SubackReason.TOPIC_FILTER_INVALID if v5 else SubackReason.UNSPECIFIED_ERROR
+                    )
+                    continue
+                if topic.no_local:
+                    raise ProtocolError(
+                        DisconnectReason.PROTOCOL_ERROR,
+                        f"No Local on the shared subscription {name!r} [MQTT-3.8.3-4]",
+                    )
+            inner = name if group is None else group.topic_filter
+            if not broker.authorizer.can_subscribe(conn.username, conn.client_id, inner):
                 codes.append(SubackReason.NOT_AUTHORIZED if v5 else SubackReason.UNSPECIFIED_ERROR)
                 continue
             granted = min(topic.qos, 2)
@@ -199,8 +219,16 @@ class Following:
                 int(topic.retain_handling),
                 identifier,
             )
-            added.append(sub)
+            (added if group is None else shared).append(sub)
             codes.append(SubackReason(granted))
+        if shared:
+            # A group member: the group's Leader lends it streams. No retained
+            # messages for a shared subscription (MQTT 5.0 §4.8.2).
+            sharing = conn.share()
+            for sub in shared:
+                sharing.subscribe(sub)
+            if not added:
+                await self.save_subscriptions()
         if added:
             # Cursors first: whatever is published after the SUBACK is after them.
             filters = [s.topic_filter for s in (*session.subscriptions, *added)]
@@ -228,6 +256,13 @@ class Following:
         session = conn.require_session()
         codes: list[UnsubackReason] = []
         for name in packet.topic_filters:
+            if is_shared(name):
+                sharing = conn.sharing
+                if sharing is not None and sharing.unsubscribe(name):
+                    codes.append(UnsubackReason.SUCCESS)
+                else:
+                    codes.append(UnsubackReason.NO_SUBSCRIPTION_EXISTED)
+                continue
             if session.unsubscribe(name):
                 conn.broker.trie.remove(name, conn)
                 codes.append(UnsubackReason.SUCCESS)
@@ -266,7 +301,7 @@ class Following:
         async with conn.record_lock:
             if conn.stored is None:
                 return
-            record = replace(conn.record(), subscriptions=conn.session.subscriptions)
+            record = replace(conn.record(), subscriptions=conn.subscriptions())
             conn.stored = await asyncio.to_thread(
                 conn.broker.store.write, record, conn.stored.version
             )

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from riverbed.errors import RiverbedError
 from riverbed.model import StoredMessage, StreamId
 from riverbed.storage.base import Storage, StreamHead
+from riverbed.topics.filters import matches
 from riverbed.topics.trie import TopicTrie
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,9 @@ class _Waiter:
     offset: int
     limit: int
     sink: Sink
+    topic_filter: str | None = None
+    """Matched against this filter instead of the trie (a lease of a shared
+    subscription: its handle is not in the trie)."""
 
 
 @dataclass(slots=True)
@@ -172,16 +176,30 @@ class Router:
         return self.heads()
 
     # --- sessions --------------------------------------------------------------------
-    def fetch(self, key: int, offset: int, limit: int, handle: Hashable, sink: Sink) -> None:
+    def key_of(self, stream: StreamId) -> int | None:
+        """The key of a stream the router knows."""
+        return self._keys.get(stream)
+
+    def fetch(
+        self,
+        key: int,
+        offset: int,
+        limit: int,
+        handle: Hashable,
+        sink: Sink,
+        topic_filter: str | None = None,
+    ) -> None:
         """Answer a session's fetch now (from memory), later (when the stream
-        moves) or after a storage read; `sink` is called exactly once."""
+        moves) or after a storage read; `sink` is called exactly once, unless
+        the fetch is cancelled. A waiting fetch is matched through the trie,
+        or against `topic_filter` when given."""
         routed = self._streams.get(key)
         if routed is None:
             # A stream we have not seen yet (created since the last look): read it.
             self._spawn(self._read_for(key, offset, limit, sink))
             return
         if offset >= routed.upto:
-            routed.waiters[handle] = _Waiter(offset, limit, sink)
+            routed.waiters[handle] = _Waiter(offset, limit, sink, topic_filter)
             if not self._wanted.is_set():
                 self._wanted.set()
             if offset > routed.upto or routed.head > routed.upto:
@@ -216,6 +234,12 @@ class Router:
     def forget(self, handle: Hashable) -> None:
         """Drop a session's waiting fetches (it went offline)."""
         for routed in self._streams.values():
+            routed.waiters.pop(handle, None)
+
+    def cancel(self, key: int, handle: Hashable) -> None:
+        """Drop a waiting fetch of one stream (a lease given back)."""
+        routed = self._streams.get(key)
+        if routed is not None:
             routed.waiters.pop(handle, None)
 
     # --- routing ---------------------------------------------------------------------
@@ -260,7 +284,13 @@ class Router:
             if waiter.offset >= upto:
                 continue
             del waiters[handle]
-            mine = [m for m in matched.get(handle, ()) if m.offset >= waiter.offset]
+            if waiter.topic_filter is not None:
+                pattern = waiter.topic_filter
+                mine = [
+                    m for m in rows if m.offset >= waiter.offset and matches(pattern, m.mqtt_topic)
+                ]
+            else:
+                mine = [m for m in matched.get(handle, ()) if m.offset >= waiter.offset]
             answer_upto = upto
             if len(mine) > waiter.limit:
                 answer_upto = mine[waiter.limit].offset

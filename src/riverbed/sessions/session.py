@@ -40,8 +40,18 @@ QoS 2 message holds the cursor until its PUBCOMP, like a QoS 1 one until PUBACK.
 Messages after a held PUBLISH wait behind it, whatever their QoS: the client gets
 them in log order (MQTT orders only within a QoS level; per-key order does not).
 
+Leases (shared subscriptions, `sharedsub/`): a stream lent to one of the
+session's Borrowers is a stream of its own in the session, under a key below
+RETAINED (`lease_key`), matched against that one subscription only, sharing the
+in-flight window with everything else. It is never checkpointed here: the
+session reports what it took in, sent and had acknowledged (`LeaseMoved`) and
+the group's Leader keeps the progress. `stop_lease` stops fetching and drops
+what was not sent (the stream is revoked; acknowledgements still come),
+`forget_lease` drops it.
+
 Events: `Follow`, `Offered`, `Acked`, `Received`, `Completed`, `Persisted`,
-`Tick`. Effects: `Deliver`, `Release`, `Fetch`, `Checkpoint`, `Persist`.
+`Tick`. Effects: `Deliver`, `Release`, `Fetch`, `Checkpoint`, `Persist`,
+`LeaseMoved`.
 Subscriptions change through `subscribe` / `unsubscribe`, which answer directly.
 """
 
@@ -187,7 +197,19 @@ class Persist:
     seq: int
 
 
-Effect = Deliver | Release | Fetch | Checkpoint | Persist
+@dataclass(frozen=True, slots=True)
+class LeaseMoved:
+    """A lease's stream moved: taken in up to `taken` (exclusive: the first
+    offset not sent yet), `sent` offsets now expect an acknowledgement, `acked`
+    ones got it (`sharedsub.handler.SharedSubscriptionHandler.report`)."""
+
+    stream: int
+    taken: int
+    sent: tuple[int, ...]
+    acked: tuple[int, ...]
+
+
+Effect = Deliver | Release | Fetch | Checkpoint | Persist | LeaseMoved
 
 
 # --------------------------------------------------------------------- state
@@ -215,8 +237,17 @@ class _Stream:
     """Offsets of restored QoS 2 messages waiting for PUBCOMP (not re-sent)."""
     fetching: bool = False
     dropped: bool = False
-    """No longer followed (its topic is no longer reached): what was sent is
-    completed, nothing more is fetched, queued or checkpointed."""
+    """No longer followed (its topic is no longer reached, or a lease was
+    revoked): what was sent is completed, nothing more is fetched, queued or
+    checkpointed."""
+    lease: Subscription | None = None
+    """A lease's stream: the one subscription its messages are matched against."""
+    reported: int = -1
+    """A lease: the `taken` of its last `LeaseMoved`."""
+    sent_new: list[int] = field(default_factory=list)
+    """A lease: offsets sent since its last `LeaseMoved`."""
+    acked_new: list[int] = field(default_factory=list)
+    """A lease: offsets acknowledged since its last `LeaseMoved`."""
 
     def cursor(self) -> int:
         if self.outstanding:
@@ -253,7 +284,9 @@ class Session:
         "_held",
         "_inflight",
         "_last_checkpoint",
+        "_leases",
         "_moved",
+        "_next_lease_key",
         "_next_packet_id",
         "_persist_seq",
         "_persisting",
@@ -325,9 +358,15 @@ class Session:
         self._persisting = False
         self._dirty = False
         self._resend: list[Release] = []
+        self._leases: dict[int, _Stream] = {}
+        """The leases' streams (also in `_streams`)."""
+        self._next_lease_key = min((e.stream for e in qos2_window), default=0)
+        self._next_lease_key = min(self._next_lease_key, RETAINED) - 1
         for entry in qos2_window:
-            if entry.stream == RETAINED and entry.phase is not Phase.RELEASED:
-                continue  # a retained message is not sent again after a restart
+            if entry.stream <= RETAINED and entry.phase is not Phase.RELEASED:
+                # Neither a retained message nor a lease's (its stream is the
+                # group's now) is sent again after a restart.
+                continue
             self._window[(entry.stream, entry.offset)] = entry
             if entry.phase is Phase.SENT:
                 self._reserved.add(entry.packet_id)
@@ -369,6 +408,53 @@ class Session:
                 del self._streams[key]
                 self._check_all = True
 
+    # --- leases -------------------------------------------------------------------
+    def lease_key(self) -> int:
+        """A key for a new lease's stream: below RETAINED, never used before in
+        this session (nor by a restored QoS 2 window entry)."""
+        key = self._next_lease_key
+        self._next_lease_key -= 1
+        return key
+
+    def lease(self, key: int, offset: int, subscription: Subscription, now: float) -> list[Effect]:
+        """Start fetching a lease's stream (key from `lease_key`) from `offset`,
+        matching `subscription` only."""
+        state = _Stream(key, offset, offset, 0, offset, lease=subscription, reported=offset)
+        self._streams[key] = state
+        self._leases[key] = state
+        self._check_all = True
+        return self.handle(Tick(), now)
+
+    def stop_lease(self, key: int, now: float) -> list[Effect]:
+        """Fetch and send no more of the lease (revoked); what was taken in and
+        not sent is dropped, so `taken` goes back to the first of it. What was
+        sent is still reported as it is acknowledged."""
+        state = self._leases.get(key)
+        if state is None or state.dropped:
+            return []
+        state.dropped = True
+        if state.pending:
+            state.fetched = state.pending[0].offset
+            state.pending.clear()
+        if key in self._ready:
+            self._ready.remove(key)
+        return self.handle(Tick(), now)
+
+    def forget_lease(self, key: int) -> None:
+        """Drop the lease's stream. Messages of it still in flight keep their
+        packet ids until the client answers; nothing more is reported."""
+        state = self._leases.pop(key, None)
+        if state is None:
+            return
+        del self._streams[key]
+        if key in self._ready:
+            self._ready.remove(key)
+        self._check_all = True
+
+    @property
+    def leases(self) -> frozenset[int]:
+        return frozenset(self._leases)
+
     # --- inspection --------------------------------------------------------------
     @property
     def streams(self) -> frozenset[int]:
@@ -383,14 +469,15 @@ class Session:
         return sum(len(s.pending) for s in self._streams.values())
 
     def cursors(self) -> dict[int, int]:
-        """Every followed stream's cursor: the first offset not yet done."""
-        return {key: s.cursor() for key, s in self._streams.items() if not s.dropped}
+        """Every followed stream's cursor: the first offset not yet done (not
+        leases': their progress is the group's)."""
+        return {
+            key: s.cursor() for key, s in self._streams.items() if not s.dropped and s.lease is None
+        }
 
     def sent(self) -> dict[int, int]:
         """Per stream, the offset below which messages may have been sent."""
-        return {
-            key: max(s.sent, s.dup_below) for key, s in self._streams.items() if key != RETAINED
-        }
+        return {key: max(s.sent, s.dup_below) for key, s in self._streams.items() if key >= 0}
 
     def window_entries(self) -> tuple[WindowEntry, ...]:
         """The outgoing QoS 2 window, for the session record."""
@@ -404,7 +491,7 @@ class Session:
         below = [
             k
             for k, e in self._window.items()
-            if e.offset < cursors.get(e.stream, -1) or e.stream == RETAINED
+            if e.offset < cursors.get(e.stream, -1) or e.stream <= RETAINED
         ]
         for key in below:
             entry = self._window[key]
@@ -436,6 +523,8 @@ class Session:
             self._apply(event, effects)
         self._pump(effects, now)
         self._fetch(effects)
+        if self._leases:
+            self._report_leases(effects)
         if self._dirty and not self._persisting:
             self._dirty = False
             self._persisting = True
@@ -456,7 +545,9 @@ class Session:
                     state = self._streams.get(key)
                     if state is not None:
                         state.outstanding.pop(offset, None)
-                        if state.dropped and not state.outstanding and not state.released:
+                        if state.lease is not None:
+                            state.acked_new.append(offset)
+                        elif state.dropped and not state.outstanding and not state.released:
                             del self._streams[key]
                             self._check_all = True
                     self._acks += 1
@@ -566,7 +657,9 @@ class Session:
         if state is not None:
             state.outstanding.pop(entry.offset, None)
             state.released.pop(entry.offset, None)
-            if state.dropped and not state.outstanding and not state.released:
+            if state.lease is not None:
+                state.acked_new.append(entry.offset)
+            elif state.dropped and not state.outstanding and not state.released:
                 del self._streams[entry.stream]
                 self._check_all = True
         self._acks += 1
@@ -583,7 +676,8 @@ class Session:
         if upto <= state.fetched:
             return
         was_empty = not state.pending
-        window = self._window
+        window = self._window if state.lease is None else None
+        lease = state.lease
         for message in messages:
             offset = message.offset
             if offset < state.fetched or offset >= upto:
@@ -592,7 +686,7 @@ class Session:
                 entry = window.get((key, offset))
                 if entry is not None and entry.phase is not Phase.SENT:
                     continue  # its PUBLISH went through before the restart
-            queued = self._match(message)
+            queued = self._match(message) if lease is None else _match_lease(lease, message)
             if queued is not None:
                 state.pending.append(queued)
         state.fetched = upto
@@ -646,7 +740,11 @@ class Session:
             dup = item.offset < state.dup_below
             hold = False
             if item.qos > 0:
-                restored = self._window.get((key, item.offset)) if self._window else None
+                restored = (
+                    self._window.get((key, item.offset))
+                    if self._window and state.lease is None
+                    else None
+                )
                 if restored is not None and restored.phase is Phase.SENT:
                     # Sent before a restart: same packet id, DUP=1 [MQTT-3.3.1-1] [MQTT-4.4.0-1].
                     packet_id = restored.packet_id
@@ -660,6 +758,8 @@ class Session:
                         hold = True
                 self._inflight[packet_id] = (key, item.offset)
                 state.outstanding[item.offset] = None
+                if state.lease is not None:
+                    state.sent_new.append(item.offset)
             deliver = Deliver(
                 key, item.message, item.qos, packet_id, dup, item.retain, item.identifiers
             )
@@ -707,7 +807,9 @@ class Session:
         changed = {
             key: offset
             for key, state in self._streams.items()
-            if not state.dropped and (offset := state.cursor()) != state.committed
+            if not state.dropped
+            and state.lease is None
+            and (offset := state.cursor()) != state.committed
         }
         self._acks = 0
         self._last_checkpoint = now
@@ -719,6 +821,29 @@ class Session:
         changed.pop(RETAINED, None)
         if changed:
             effects.append(Checkpoint(changed, self.sent()))
+
+    def _report_leases(self, effects: list[Effect]) -> None:
+        for key, state in self._leases.items():
+            taken = state.reported
+            if not state.dropped:
+                taken = state.pending[0].offset if state.pending else state.fetched
+            sent, acked = state.sent_new, state.acked_new
+            if taken == state.reported and not sent and not acked:
+                continue
+            state.reported = taken
+            effects.append(LeaseMoved(key, taken, tuple(sent), tuple(acked)))
+            sent.clear()
+            acked.clear()
+
+
+def _match_lease(sub: Subscription, message: StoredMessage) -> _Queued | None:
+    """A lease's message: for its one subscription (No Local is not allowed on a
+    shared subscription [MQTT-3.8.3-4]), or not at all."""
+    if not matches(sub.topic_filter, message.mqtt_topic):
+        return None
+    retain = sub.retain_as_published and bool(message.retain)
+    identifiers = () if sub.identifier is None else (sub.identifier,)
+    return _Queued(message.offset, message, min(sub.qos, message.qos), retain, identifiers)
 
 
 def cursors_by_topic(

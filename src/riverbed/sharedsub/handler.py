@@ -16,6 +16,8 @@ What the session calls:
   to be acknowledged (QoS 1/2; QoS 0 deliveries and messages that did not match
   the filter are simply not listed);
 - `acked(lease, offset, now)` when the client acknowledged one of them;
+- `report(lease, taken, sent, acked, now)`: both at once, for what a session
+  did in one step (one progress report, not one per message);
 - `disconnect(now)` when the session goes offline; `tick(now)` at
   `next_deadline()`.
 
@@ -133,6 +135,21 @@ class SharedSubscriptionHandler:
             return []
         before = window.progress
         window.in_flight.discard(offset)
+        return self._moved(lease, window, before, now)
+
+    def report(
+        self, lease: Lease, taken: int, sent: Iterable[int], acked: Iterable[int], now: float
+    ) -> list[SessionEffect]:
+        """`fetched(lease, taken, sent)` then `acked` for each of `acked`, with one
+        progress report at most."""
+        window = self._windows.get(lease)
+        if window is None:
+            return []
+        before = window.progress
+        if not window.stopping and taken >= window.fetched:
+            window.in_flight.update(o for o in sent if window.fetched <= o < taken)
+            window.fetched = taken
+        window.in_flight.difference_update(acked)
         return self._moved(lease, window, before, now)
 
     def disconnect(self, now: float) -> list[SessionEffect]:

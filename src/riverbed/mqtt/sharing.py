@@ -1,0 +1,263 @@
+"""A connection's durable shared subscriptions (issue 5, seed 001; docs/shared-subscriptions.md).
+
+`$share/GROUP/FILTER` and `$queue/FILTER` subscriptions do not follow topics
+through the session's cursors: the group's Leader lends the filter's streams to
+one member at a time. `Sharing` is the glue between the connection and the
+sans-I/O `SharedSubscriptionHandler`:
+
+- SUBSCRIBE / UNSUBSCRIBE of a shared filter go to the Handler, whose Borrowers
+  talk to the Leader over the node's `SharedRuntime` (registered there by id);
+- a lease (`StartFetching`) becomes a stream of the session under a key of its
+  own (`Session.lease_key`): fetched from the router like any stream but
+  matched against the group's filter only, in the same in-flight window as the
+  private subscriptions;
+- what the session reports of a lease (`LeaseMoved`: taken in, sent,
+  acknowledged) goes back to the Handler, which reports progress to the Leader;
+- `StopFetching` (revoke, unsubscribe) stops the lease's stream, `Forget` drops it;
+- when the connection closes, every Borrower leaves with its progress.
+
+Shared subscriptions are kept in the session record with the others (their
+full `$share/...` text), so a resumed session shares again; while the session
+is offline it is no member, and the group's other members (or, with none, the
+group's persisted progress) carry on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, assert_never
+
+from riverbed.errors import RiverbedError
+from riverbed.sessions.session import LeaseMoved, Subscription
+from riverbed.sharedsub.borrower import Forget, Send, StartFetching, StopFetching
+from riverbed.sharedsub.handler import Lease, SessionEffect, SharedSubscriptionHandler
+from riverbed.sharedsub.protocol import GroupId, Message, ToBorrower
+
+if TYPE_CHECKING:
+    from riverbed.mqtt.connection import Connection
+
+log = logging.getLogger(__name__)
+
+SHARED_PREFIXES = ("$share/", "$queue/")
+
+
+def is_shared(topic_filter: str) -> bool:
+    """Whether a subscription's filter is a shared one (`$share/` or `$queue/`)."""
+    return topic_filter.startswith(SHARED_PREFIXES)
+
+
+@dataclass(slots=True)
+class _Held:
+    """A lease the session fetches."""
+
+    lease: Lease
+    key: int
+    """The session's key for it (below RETAINED)."""
+    stream_key: int
+    """The log's key of the stream."""
+    topic_filter: str
+
+
+class Sharing:
+    """The shared subscriptions of one connection's session."""
+
+    __slots__ = (
+        "_by_key",
+        "_by_lease",
+        "_options",
+        "_registered",
+        "_timer",
+        "_timer_at",
+        "conn",
+        "handler",
+        "subscriptions",
+    )
+
+    def __init__(self, conn: Connection, session_id: str) -> None:
+        self.conn = conn
+        runtime = conn.broker.shared
+        assert runtime is not None
+        self.handler = SharedSubscriptionHandler(session_id, runtime.config)
+        self.subscriptions: dict[str, Subscription] = {}
+        """The session's shared subscriptions by their full text."""
+        self._options: dict[GroupId, Subscription] = {}
+        """The options each group was last subscribed with (kept after an
+        unsubscribe: a Borrower handing its streams back may still get one)."""
+        self._by_key: dict[int, _Held] = {}
+        self._by_lease: dict[Lease, _Held] = {}
+        self._registered: set[str] = set()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+
+    # --- SUBSCRIBE / UNSUBSCRIBE ----------------------------------------------------
+    def subscribe(self, subscription: Subscription) -> bool:
+        """Share the group `subscription.topic_filter` names (validated by the
+        caller with `GroupId.parse`); True if the session shared it already (its
+        options are replaced: leases granted from now on use them)."""
+        text = subscription.topic_filter
+        existed = text in self.subscriptions
+        self.subscriptions[text] = subscription
+        self._options[GroupId.parse(text)] = subscription
+        if not existed:
+            self._run(self.handler.subscribe(text, self._now()))
+        return existed
+
+    def unsubscribe(self, text: str) -> bool:
+        """Leave the group; False if the session did not share it."""
+        if self.subscriptions.pop(text, None) is None:
+            return False
+        self._run(self.handler.unsubscribe(text, self._now()))
+        return True
+
+    def close(self) -> None:
+        """The session goes offline: every Borrower leaves with its progress."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        runtime = self.conn.broker.shared
+        effects = self.handler.disconnect(self._now())
+        for held in list(self._by_key.values()):
+            self._drop(held)
+        if runtime is not None:
+            for effect in effects:
+                if isinstance(effect, Send):
+                    runtime.send(effect.to, effect.message)
+            for address in self._registered:
+                runtime.unregister(address)
+        self._registered.clear()
+
+    # --- the session's side ---------------------------------------------------------
+    def fetch(self, key: int, offset: int, limit: int) -> None:
+        """The session's `Fetch` of a lease's stream."""
+        held = self._by_key.get(key)
+        if held is None:
+            return  # forgotten meanwhile: nothing to answer
+        conn = self.conn
+
+        def sink(_stream: int, messages: object, upto: int) -> None:
+            conn.offer(key, messages, upto)
+
+        conn.broker.router.fetch(
+            held.stream_key, offset, limit, (conn, key), sink, held.topic_filter
+        )
+
+    def moved(self, effect: LeaseMoved) -> None:
+        """The session's report of a lease's stream."""
+        held = self._by_key.get(effect.stream)
+        if held is None:
+            return
+        self._run(
+            self.handler.report(held.lease, effect.taken, effect.sent, effect.acked, self._now())
+        )
+
+    # --- the Handler's effects ------------------------------------------------------
+    def _receive(self, message: Message) -> None:
+        if isinstance(message, ToBorrower) and not self.conn.closing:
+            self._run(self.handler.receive(message, self._now()))
+
+    def _run(self, effects: list[SessionEffect]) -> None:
+        conn = self.conn
+        runtime = conn.broker.shared
+        assert runtime is not None
+        self._register()
+        for effect in effects:
+            match effect:
+                case Send(to, message):
+                    runtime.send(to, message)
+                case StartFetching(borrower, stream, offset):
+                    self._start(Lease(borrower, stream), offset)
+                case StopFetching(borrower, stream):
+                    held = self._by_lease.get(Lease(borrower, stream))
+                    if held is not None and conn.session is not None:
+                        conn.broker.router.cancel(held.stream_key, (conn, held.key))
+                        conn.execute(conn.session.stop_lease(held.key, self._now()))
+                case Forget(borrower, stream):
+                    held = self._by_lease.get(Lease(borrower, stream))
+                    if held is not None:
+                        self._drop(held)
+                case _:
+                    assert_never(effect)
+        self._arm_timer()
+
+    def _register(self) -> None:
+        """Keep the runtime's bus in step with the Handler's Borrowers."""
+        runtime = self.conn.broker.shared
+        assert runtime is not None
+        current = set(self.handler.agent.borrowers)
+        if current == self._registered:
+            return
+        for address in current - self._registered:
+            runtime.register(address, self._receive)
+        for address in self._registered - current:
+            runtime.unregister(address)
+        self._registered = current
+
+    def _start(self, lease: Lease, offset: int) -> None:
+        conn = self.conn
+        session = conn.session
+        group = self.handler.group_of(lease)
+        if session is None or group is None or lease in self._by_lease:
+            return
+        stream_key = conn.broker.router.key_of(lease.stream)
+        if stream_key is None:
+            # A stream the router has not seen yet (created a moment ago).
+            conn._loop.create_task(self._start_later(lease, offset))
+            return
+        options = self._options.get(group) or Subscription(str(group), 0)
+        key = session.lease_key()
+        topic_filter = group.topic_filter
+        held = _Held(lease, key, stream_key, topic_filter)
+        self._by_key[key] = held
+        self._by_lease[lease] = held
+        sub = Subscription(
+            topic_filter,
+            options.qos,
+            False,
+            options.retain_as_published,
+            0,
+            options.identifier,
+        )
+        conn.execute(session.lease(key, offset, sub, self._now()))
+
+    async def _start_later(self, lease: Lease, offset: int) -> None:
+        try:
+            await self.conn.broker.router.refresh()
+        except RiverbedError:
+            log.exception("client %s: looking for stream %s failed", self.conn.client_id, lease)
+        if lease not in self.handler.leases or self.conn.closing:
+            return
+        if self.conn.broker.router.key_of(lease.stream) is None:
+            log.warning("client %s: stream %s of a lease not found", self.conn.client_id, lease)
+            return
+        self._start(lease, offset)
+
+    def _drop(self, held: _Held) -> None:
+        conn = self.conn
+        self._by_key.pop(held.key, None)
+        self._by_lease.pop(held.lease, None)
+        conn.broker.router.cancel(held.stream_key, (conn, held.key))
+        if conn.session is not None:
+            conn.session.forget_lease(held.key)
+
+    # --- time -------------------------------------------------------------------------
+    def _now(self) -> float:
+        return self.conn._loop.time()
+
+    def _arm_timer(self) -> None:
+        deadline = self.handler.next_deadline()
+        if self._timer is not None:
+            if deadline == self._timer_at:
+                return
+            self._timer.cancel()
+            self._timer = None
+        if deadline is not None and not self.conn.closing:
+            self._timer_at = deadline
+            loop = self.conn._loop
+            self._timer = loop.call_at(max(deadline, loop.time()), self._tick)
+
+    def _tick(self) -> None:
+        self._timer = None
+        if not self.conn.closing:
+            self._run(self.handler.tick(self._now()))
