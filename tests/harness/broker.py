@@ -144,6 +144,8 @@ class Received:
     retain: bool = False
     expiry: int | None = None
     """The Message Expiry Interval the broker sent (MQTT 5), if any."""
+    at: float = 0.0
+    """When it arrived (time.monotonic())."""
 
 
 class Client:
@@ -271,12 +273,17 @@ class Client:
         qos: int = 1,
         retain: bool = False,
         expiry: int | None = None,
+        key: str | None = None,
     ) -> paho.MQTTMessageInfo:
+        """PUBLISH; `key` sets the message's ordering key (user property `key`)."""
         assert self.paho is not None
         properties = None
-        if expiry is not None:
+        if expiry is not None or key is not None:
             properties = Properties(PacketTypes.PUBLISH)
-            properties.MessageExpiryInterval = expiry
+            if expiry is not None:
+                properties.MessageExpiryInterval = expiry
+            if key is not None:
+                properties.UserProperty = [("key", key)]
         return self.paho.publish(topic, payload, qos, retain, properties)
 
     def unsubscribe(self, *filters: str, timeout: float = 10.0) -> list[int]:
@@ -352,6 +359,7 @@ class Client:
                     bool(message.dup),
                     bool(message.retain),
                     getattr(message.properties, "MessageExpiryInterval", None),
+                    time.monotonic(),
                 )
             )
 

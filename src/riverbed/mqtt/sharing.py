@@ -179,10 +179,13 @@ class Sharing:
                         self._drop(held)
                 case _:
                     assert_never(effect)
+        self._register()
         self._arm_timer()
 
     def _register(self) -> None:
-        """Keep the runtime's bus in step with the Handler's Borrowers."""
+        """Keep the runtime's bus in step with the Handler's Borrowers (called
+        before and after their effects run: new ones must be reachable before
+        their first message goes out)."""
         runtime = self.conn.broker.shared
         assert runtime is not None
         current = set(self.handler.agent.borrowers)
@@ -193,13 +196,20 @@ class Sharing:
         for address in self._registered - current:
             runtime.unregister(address)
         self._registered = current
+        # A Borrower that ended (left after an unsubscribe, or was replaced) says
+        # nothing more of its streams.
+        for held in [h for h in self._by_key.values() if h.lease.borrower not in current]:
+            self._drop(held)
 
     def _start(self, lease: Lease, offset: int) -> None:
         conn = self.conn
         session = conn.session
         group = self.handler.group_of(lease)
-        if session is None or group is None or lease in self._by_lease:
+        if session is None or group is None:
             return
+        old = self._by_lease.get(lease)
+        if old is not None:
+            self._drop(old)  # granted again: a stream of its own, from the new offset
         stream_key = conn.broker.router.key_of(lease.stream)
         if stream_key is None:
             # A stream the router has not seen yet (created a moment ago).

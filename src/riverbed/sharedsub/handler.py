@@ -193,8 +193,10 @@ class SharedSubscriptionHandler:
                         del self._windows[lease]
                         work.extend(self.agent.drained(borrower, stream, window.progress, now))
                 case Forget(borrower, stream):
-                    if self._windows.pop(Lease(borrower, stream), None) is not None:
-                        out.append(effect)
+                    # Also when its window is gone (drained at the stop): the
+                    # session still has the stream until it hears this.
+                    self._windows.pop(Lease(borrower, stream), None)
+                    out.append(effect)
                 case Send():
                     out.append(effect)
                 case Invalidated() | Terminated():
