@@ -3,9 +3,9 @@
 A group `$share/bench/b/#` over the builtin log topic `mqtt` (16 partitions).
 Every message is a 100-byte QoS 1 MQTT 5 PUBLISH to `b/t` whose payload starts
 with a unique sequence number and whose user property `key` is one of 1,000
-keys, chosen so that each partition gets the same number of them and
-consecutive sequence numbers go to consecutive partitions (a key's partition is
-Riverbed's own router: `route(key_hash(key), 16, 1)`, generation 0). Publishers
+keys, 62 or 63 in each partition, used in an order that sends consecutive
+sequence numbers to consecutive partitions (a key's partition is Riverbed's
+own router: `route(key_hash(key), 16, 1)`, generation 0). Publishers
 and sharers are paho-mqtt 2.x clients, each in an OS process of its own (this
 script run with `--role pub|sharer`); a sharer writes a record per message it
 receives (sequence number, arrival time on the machine-wide monotonic clock,
@@ -33,14 +33,20 @@ parent reads those files as they grow.
    The time of a change is from its moment (SUBACK of a joining sharer, UNSUBACK
    of a leaving one, the DISCONNECT sent, the SIGKILL) until the group is even
    again and stays so for 1 s (evaluated every 10 ms; W is part of it: the
-   previous holder still "holds" for W after its last message). Per repeat
-   (`--repeats`): join 1->2, join 2->3, UNSUBSCRIBE (newest) 3->2, join 2->3,
-   DISCONNECT (oldest) 3->2, join 2->3, SIGKILL (second oldest) 3->2, and
-   before every repeat but the first a DISCONNECT 2->1. Targets: join and
-   graceful leave <= 1 s, killed <= ping_timeout + 1 s. Over the whole
-   experiment: every message acknowledged to the publisher must reach some
-   sharer (zero loss); duplicates (at-least-once redelivery) are counted.
-   A SIGKILL closes the sharer's socket, so the broker learns of it at once.
+   previous holder still "holds" for W after its last message, so W is the
+   floor). Printed beside it: *handover*, from the change to the first message
+   of the last partition that moved at its new holder (no W in it), how many
+   partitions moved, the duplicates delivered after the change, and the pauses
+   longer than W in which no sharer got anything (a machine hiccup that breaks
+   "stays even" and lengthens a figure). A joining sharer connects, waits 0.5 s,
+   then subscribes. Per repeat (`--repeats`): join 1->2, join 2->3, UNSUBSCRIBE
+   (newest) 3->2, join 2->3, DISCONNECT (oldest) 3->2, join 2->3, SIGKILL
+   (second oldest) 3->2, and before every repeat but the first a DISCONNECT
+   2->1. Targets: join and graceful leave <= 1 s, killed <= ping_timeout + 1 s.
+   Over the whole experiment: every message acknowledged to the publisher must
+   reach some sharer (zero loss); duplicates (at-least-once redelivery) are
+   counted. A SIGKILL closes the sharer's socket, so the broker learns of it at
+   once (a sharer that hangs without closing it is not measured here).
 
 Riverbed runs `riverbed serve --config FILE` with the shared subscription
 timers at their defaults (printed; `--shared KEY=VALUE` changes one), SQLite in
@@ -100,6 +106,7 @@ RECORD = struct.Struct("<qqbb")
 """A sharer's record of one message: sequence, arrival (monotonic ns), partition, DUP flag."""
 STEP_NS = 10_000_000  # evenness is evaluated every 10 ms
 STABLE_NS = 1_000_000_000  # ... and must hold this long
+SETTLE = 0.5  # s between a joining sharer's CONNACK and its SUBSCRIBE
 
 
 def partition_of(key: str) -> int:
@@ -713,7 +720,6 @@ class Change:
     """One membership change and how long the group took to be even again."""
 
     label: str
-    kind: str  # join, unsubscribe, disconnect, kill
     at: int  # ns
     members: list[str]  # after the change
     took: float | None = None  # s, even and stable; None: never within the limit
@@ -722,15 +728,15 @@ class Change:
     moved: int = 0  # partitions whose holder changed
     flips: int = 0  # holder changes beyond one per partition (back and forth)
     duplicates: int = 0  # deliveries of already delivered messages, until the next change
+    unsteady: str = ""  # when and why the group was last uneven after being even
     detail: str = ""
 
 
 class Rebalance:
     """Phase 2 on one Riverbed broker with a steady publisher."""
 
-    def __init__(self, args: argparse.Namespace, config: SharedSubConfig) -> None:
+    def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.config = config
         self.window = int(args.window * 1e9)
         self.workdir = Path(tempfile.mkdtemp(prefix="bench-shared-rebalance-"))
         self.broker = Riverbed(self.workdir)
@@ -741,6 +747,12 @@ class Rebalance:
         self.pub: Child | None = None
         self.pub_result: dict[str, Any] = {}
         self.failed = ""
+        # over the whole experiment (loss())
+        self.sent = self.acked = self.duplicates = self.dup_flags = 0
+        self.rate = float("nan")
+        self.missing: list[int] = []
+        self.pauses: list[tuple[int, int]] = []  # (ns without any delivery, from when)
+        self.redelivered: list[str] = []  # the first duplicates, where they came from
 
     # sharers
 
@@ -757,6 +769,7 @@ class Rebalance:
     def join(self) -> None:
         name = self.spawn()
         child = self.children[name]
+        time.sleep(SETTLE)  # its start-up and CONNECT out of the way of the measurement
         child.send("subscribe")
         sent, at, reasons = child.expect("suback")
         if any(int(r) >= 0x80 for r in reasons.split(",")):
@@ -764,9 +777,7 @@ class Rebalance:
         before = len(self.members)
         self.members.append(name)
         rtt = (int(at) - int(sent)) / 1e6
-        self.measure(
-            f"join {before}->{before + 1}", "join", int(at), f"{name} joins, SUBACK {rtt:.0f} ms"
-        )
+        self.measure(f"join {before}->{before + 1}", int(at), f"{name} joins, SUBACK {rtt:.0f} ms")
 
     def leave(self, name: str, how: str) -> None:
         child = self.children[name]
@@ -778,7 +789,7 @@ class Rebalance:
             child.send("unsubscribe")
             sent, at, _ = child.expect("unsuback")
             rtt = (int(at) - int(sent)) / 1e6
-            self.measure(title, how, int(at), f"{name} leaves, UNSUBACK {rtt:.0f} ms")
+            self.measure(title, int(at), f"{name} leaves, UNSUBACK {rtt:.0f} ms")
             child.send("disconnect")  # no member any more: its DISCONNECT changes nothing
             child.expect("disconnected")
             child.stop()
@@ -786,11 +797,11 @@ class Rebalance:
             child.send("disconnect")
             (sent,) = child.expect("disconnected")
             child.stop()
-            self.measure(title, how, int(sent), f"{name} sends DISCONNECT")
+            self.measure(title, int(sent), f"{name} sends DISCONNECT")
         else:
-            at = now_ns()
+            killed = now_ns()
             child.kill()
-            self.measure(title, how, at, f"{name} SIGKILLed")
+            self.measure(title, killed, f"{name} SIGKILLed")
 
     # evenness
 
@@ -798,25 +809,25 @@ class Rebalance:
         for r in self.receipts.values():
             r.poll()
 
-    def even(self, t: int, members: list[str]) -> bool:
+    def uneven(self, t: int, members: list[str]) -> str:
+        """Why the group is not even at `t` ("": it is)."""
         count = dict.fromkeys(members, 0)
         everyone = list(self.receipts.values())
         for part in range(PARTITIONS):
-            holder = None
-            for r in everyone:
-                if r.holds(part, t, self.window):
-                    if holder is not None:
-                        return False
-                    holder = r.name
-            if holder not in count:
-                return False
-            count[holder] += 1
+            holders = [r.name for r in everyone if r.holds(part, t, self.window)]
+            if len(holders) != 1:
+                return f"partition {part} held by {''.join(holders) or 'nobody'}"
+            if holders[0] not in count:
+                return f"partition {part} held by {holders[0]}, no member"
+            count[holders[0]] += 1
         low = PARTITIONS // len(members)
-        return all(low <= n <= low + 1 for n in count.values())
+        if all(low <= n <= low + 1 for n in count.values()):
+            return ""
+        return "holding " + "/".join(f"{name} {n}" for name, n in count.items())
 
-    def measure(self, label: str, kind: str, at: int, detail: str) -> None:
+    def measure(self, label: str, at: int, detail: str) -> None:
         """Follow the receipts from `at` until the group is even for STABLE_NS."""
-        change = Change(label, kind, at, list(self.members), detail=detail)
+        change = Change(label, at, list(self.members), detail=detail)
         self.changes.append(change)
         limit = self.args.limit
         t = at
@@ -825,7 +836,8 @@ class Rebalance:
             self.poll()
             horizon = now_ns() - 30_000_000  # every record before this is in its file
             while t <= horizon:
-                if self.even(t, change.members):
+                why = self.uneven(t, change.members)
+                if not why:
                     if since is None:
                         since = t
                         if change.first_even is None:
@@ -834,6 +846,8 @@ class Rebalance:
                         change.took = (since - at) / 1e9
                         break
                 else:
+                    if since is not None:  # even for a while, and not any more
+                        change.unsteady = f"{(t - at) / 1e9:+.2f} s {why}"
                     since = None
                 t += STEP_NS
             if change.took is not None:
@@ -846,7 +860,7 @@ class Rebalance:
                 raise RuntimeError(self.failed)
             time.sleep(0.05)
         end = at + int(change.took * 1e9) + STABLE_NS
-        change.moved, change.flips, last = self.moves(at - self.window, end)
+        change.moved, change.flips, last = self.moves(at - STABLE_NS, end)
         change.handover = (last - at) / 1e9 if last else float("nan")
         print(f"  {self.describe(change)}", flush=True)
         if self.args.timeline:
@@ -896,6 +910,7 @@ class Rebalance:
         return (
             f"{c.label:<24} {took} (first even {first};{hand} moved {c.moved}"
             + (f", back-and-forth {c.flips}" if c.flips else "")
+            + (f"; uneven again at {c.unsteady}" if c.unsteady else "")
             + f"); {c.detail}; members {''.join(c.members)}"
         )
 
@@ -930,7 +945,7 @@ class Rebalance:
             self.pub = Child(cmd, "publisher")
             self.pub.expect("ready")
             self.pub.send("go")
-            self.measure("first sharer (info)", "join", now_ns(), "A alone, publisher starts")
+            self.measure("first sharer (info)", now_ns(), "A alone, publisher starts")
             try:
                 for how, whom in self.schedule():
                     if how == "join":
@@ -966,15 +981,32 @@ class Rebalance:
         self.duplicates = sum(counts.values()) - len(counts)
         self.dup_flags = sum(r.dup_flags for r in everyone)
         # attribute each extra delivery to the change before it
-        seen: set[int] = set()
+        seen: dict[int, tuple[int, str]] = {}
         times = [c.at for c in self.changes]
-        for at, seq in sorted((at, s) for r in everyone for s, at in zip(r.seq, r.at, strict=True)):
+        deliveries = sorted(
+            (at, s, r.name) for r in everyone for s, at in zip(r.seq, r.at, strict=True)
+        )
+        for at, seq, name in deliveries:
             if seq in seen:
                 i = bisect.bisect_right(times, at) - 1
                 if i >= 0:
-                    self.changes[i].duplicates += 1
-            seen.add(seq)
+                    c = self.changes[i]
+                    c.duplicates += 1
+                    before, who = seen[seq]
+                    if len(self.redelivered) < 10:
+                        self.redelivered.append(
+                            f"seq {seq} (partition {partition_of(bench_keys()[seq % KEYS])}):"
+                            f" {who} at {(before - c.at) / 1e6:+.0f} ms, again to {name} at"
+                            f" {(at - c.at) / 1e6:+.0f} ms after {c.label}"
+                        )
+            else:
+                seen[seq] = (at, name)
         self.rate = sent / ((p["last_publish_ns"] - p["start_ns"]) / 1e9)
+        arrivals = sorted(at for r in everyone for at in r.at)
+        self.pauses = sorted(
+            ((b - a, a) for a, b in itertools.pairwise(arrivals) if b - a > self.window),
+            reverse=True,
+        )
         if self.missing:
             print(f"  ! {len(self.missing)} acknowledged messages never delivered", flush=True)
             interval = (p["last_publish_ns"] - p["start_ns"]) / max(1, sent)
@@ -1022,6 +1054,13 @@ def machine() -> str:
     )
 
 
+def src_changed() -> tuple[str, float]:
+    """The newest file under src/ and its modification time (edits during a run
+    reach every broker started after them)."""
+    newest = max((ROOT / "src").rglob("*.py"), key=lambda f: f.stat().st_mtime)
+    return str(newest.relative_to(ROOT)), newest.stat().st_mtime
+
+
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
@@ -1059,8 +1098,8 @@ def summary(
         return
     kill_target = config.ping_timeout + 1.0
     print(
-        f"\n  {'rebalance (s)':<26} {'each':<28} {'median':>7} {'target':>7}  {'verdict':<13}"
-        " handover median (each)"
+        f"\n  {'rebalance, s':<24} {'n':>2} {'median':>6} {'target':>6}  {'verdict':<13}"
+        f" {'handover':>8}  each (even and stable)"
     )
     kinds: dict[str, list[Change]] = {}
     for c in reb.changes:
@@ -1073,10 +1112,10 @@ def summary(
         never = len(took) < len(changes)
         ok = not never and all(t <= target for t in took)
         verdict = "PASS" if ok else f"FAIL ({sum(t > target for t in took) + never} over)"
-        hand = [c.handover for c in changes]
+        hand = [c.handover for c in changes if c.handover == c.handover]
         print(
-            f"  {label:<26} {each:<28} {median(took):>7.2f} {target:>7.1f}  {verdict:<13}"
-            f" {median(hand):.3f} ({', '.join(f'{h:.3f}' for h in hand)})"
+            f"  {label:<24} {len(changes):>2} {median(took):>6.2f} {target:>6.1f}  {verdict:<13}"
+            f" {median(hand):>8.3f}  {each}"
         )
     if reb.failed:
         print(f"  rebalance experiment stopped early: {reb.failed}")
@@ -1090,11 +1129,22 @@ def summary(
         per = ", ".join(f"{c.label} {c.duplicates}" for c in reb.changes if c.duplicates)
         if per:
             print(f"  duplicates by change: {per}")
+        for text in reb.redelivered:
+            print(f"    {text}")
+        times = [c.at for c in reb.changes]
+        where = []
+        for gap, at in reb.pauses[:5]:
+            c = reb.changes[max(0, bisect.bisect_right(times, at) - 1)]
+            where.append(f"{gap / 1e6:.0f} ms at {(at - c.at) / 1e9:+.2f} s after {c.label}")
+        print(
+            f"  pauses longer than W with no delivery to any sharer: {len(reb.pauses)}"
+            + (f"; largest {', '.join(where)}" if where else "")
+        )
     print(
         f"  W = {args.window * 1000:.0f} ms (holding window, included in the times),"
-        f" stable {STABLE_NS / 1e9:.0f} s, sampled every {STEP_NS / 1e6:.0f} ms; handover:"
-        " from the change to the first message of the last partition that moved, at its"
-        " new holder"
+        f" stable {STABLE_NS / 1e9:.0f} s, sampled every {STEP_NS / 1e6:.0f} ms; handover"
+        " (median): from the change to the first message of the last partition that moved,"
+        " at its new holder"
     )
 
 
@@ -1159,6 +1209,7 @@ def main() -> None:
     reb: Rebalance | None = None
     workdirs: list[Path] = []
     started = time.monotonic()
+    source = src_changed()
     mosquitto_shown = False
     try:
         if "throughput" in phases:
@@ -1182,7 +1233,7 @@ def main() -> None:
                         print(f"    mosquitto settings: {settings}")
         if "rebalance" in phases:
             print(f"\n== rebalance (Riverbed, SQLite; W = {args.window * 1000:.0f} ms)", flush=True)
-            reb = Rebalance(args, config)
+            reb = Rebalance(args)
             workdirs.append(reb.workdir)
             t = time.monotonic()
             try:
@@ -1193,6 +1244,10 @@ def main() -> None:
             print(f"    ({time.monotonic() - t:.0f} s)", flush=True)
         summary(flows, reb, config, args)
         print(f"\n(total {time.monotonic() - started:.0f} s)")
+        name, mtime = src_changed()
+        if (name, mtime) != source:
+            when = time.strftime("%H:%M:%S", time.localtime(mtime))
+            print(f"! src/ changed during this run ({name} at {when}): later brokers ran it")
     finally:
         cleanup()
         for d in workdirs:

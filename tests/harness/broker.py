@@ -146,6 +146,8 @@ class Received:
     """The Message Expiry Interval the broker sent (MQTT 5), if any."""
     at: float = 0.0
     """When it arrived (time.monotonic())."""
+    identifiers: tuple[int, ...] = ()
+    """Its Subscription Identifiers (MQTT 5)."""
 
 
 class Client:
@@ -245,6 +247,7 @@ class Client:
         retain_handling: int = 0,
         retain_as_published: bool = False,
         no_local: bool = False,
+        identifier: int | None = None,
     ) -> list[int]:
         assert self.paho is not None
         if self.protocol == paho.MQTTv5:
@@ -254,7 +257,13 @@ class Client:
                 retainAsPublished=retain_as_published,
                 retainHandling=retain_handling,
             )
-            result, mid = self.paho.subscribe([(f, options) for f in filters])
+            properties = None
+            if identifier is not None:
+                properties = Properties(PacketTypes.SUBSCRIBE)
+                properties.SubscriptionIdentifier = identifier
+            result, mid = self.paho.subscribe(
+                [(f, options) for f in filters], properties=properties
+            )
         else:
             result, mid = self.paho.subscribe([(f, qos) for f in filters])
         assert result == paho.MQTT_ERR_SUCCESS and mid is not None
@@ -360,6 +369,7 @@ class Client:
                     bool(message.retain),
                     getattr(message.properties, "MessageExpiryInterval", None),
                     time.monotonic(),
+                    tuple(getattr(message.properties, "SubscriptionIdentifier", ()) or ()),
                 )
             )
 

@@ -135,6 +135,10 @@ class Session:
 
     def ack(self, lease: Lease, offset: int) -> None:
         if offset in self.handler.in_flight(lease):
+            if offset > self.world.first_unacked(lease.stream):
+                # Above a hole: the group's progress cannot pass it yet, so a
+                # next holder may get it again (from this in-flight window).
+                self.world.above_hole.setdefault(lease.stream, set()).add(offset)
             self.world.acked.setdefault(lease.stream, set()).add(offset)
         self.apply(self.handler.acked(lease, offset, self.world.now))
 
@@ -171,6 +175,8 @@ class World:
         self.acked: dict[StreamId, set[int]] = {}
         self.grants: list[tuple[Lease, int, int]] = []
         """(lease, granted offset, first unacknowledged offset at that time)."""
+        self.above_hole: dict[StreamId, set[int]] = {}
+        """Offsets acknowledged while an offset below was not (see `Session.ack`)."""
         self.lineage_violations: list[StreamId] = []
         self._apply_leader(self.leader.handle(self.log.renewed(), self.now))
 

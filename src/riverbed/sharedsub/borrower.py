@@ -189,6 +189,9 @@ class BorrowedStream:
     in flight in the session any more."""
     deadline: float | None = None
     """Revoking: when to stop waiting for the session to drain it."""
+    pinged: int = 0
+    """The progress at the last ping (or the grant): one that moved since is sent again with
+    the next ping (a lost `update_progress` is not asked for again)."""
 
 
 @dataclass(slots=True)
@@ -295,6 +298,10 @@ class Borrower:
         if self._ping_at is not None and now >= self._ping_at and self.leader is not None:
             out.append(self._send(Ping(self.group, self.id, self.leader, self._request(now))))
             self._ping_at = now + self.config.ping_interval
+            for stream, held in self.streams.items():
+                if held.pinged != held.progress and not held.final:
+                    out.append(self._send(self._update(stream, held.progress, False)))
+                    held.pinged = held.progress
             if self._ping_timeout_at is None:
                 self._ping_timeout_at = now + self.config.ping_timeout
         for stream, held in list(self.streams.items()):
@@ -363,7 +370,9 @@ class Borrower:
             return self._stranger(msg.leader)
         held = self.streams.get(msg.stream)
         if held is None:
-            self.streams[msg.stream] = BorrowedStream(StreamStatus.GRANTED, msg.offset)
+            self.streams[msg.stream] = BorrowedStream(
+                StreamStatus.GRANTED, msg.offset, pinged=msg.offset
+            )
             return [
                 StartFetching(self.id, msg.stream, msg.offset),
                 self._send(self._update(msg.stream, msg.offset, False)),

@@ -16,8 +16,8 @@ effects:
   the Leader is dropped and nothing after the save is carried out;
 - `Stop` (no Borrower for `leader_idle_stop`): the claim is released.
 
-and renews each claim every `leader_periodic` seconds (a renewal refused: the
-Leader is dropped). Another node's claim is not taken over until it expires:
+and renews each claim every third of `leader_claim_lease` (a renewal refused:
+the Leader is dropped). Another node's claim is not taken over until it expires:
 with a bus between nodes (`remote_leaders`, `pgbus.py`) the lookup answers with
 that node's Leader; without one, a Borrower here gets no Leader and asks again
 after `find_leader_retry`.
@@ -35,7 +35,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from riverbed.errors import LeaseHeld, RiverbedError
@@ -75,7 +75,15 @@ class _Hosted:
     leader: Leader
     claim: Claim
     renew_at: float
+    """When the Leader's periodic actions are due."""
+    claim_renew_at: float
+    """When its claim is renewed (a third of its lease after the last time)."""
     saved_holdings: dict[str, list[StreamId]] | None = None
+    deadline: float | None = None
+    """The Leader's `next_deadline()` after the last event it handled."""
+    pending: SaveProgress | None = None
+    """Batching: the save to make at the next `flush`, and what waits for it."""
+    deferred: list[Send] = field(default_factory=list)
 
 
 class LeaderHost:
@@ -101,6 +109,11 @@ class LeaderHost:
         self.clock = clock
         self.wall_us = wall_us
         self.leaders: dict[GroupId, _Hosted] = {}
+        self.batching = False
+        """Make a Leader's saves at `flush()`, one per Leader however many it
+        asked for since, holding back what it sent after the first (the
+        runtime flushes after each burst of messages: one write per group per
+        burst instead of one per revoked stream)."""
         self.remote_leaders = False
         """Nodes share a bus (`pgbus`): another node's Leader is reachable, so
         a group led elsewhere answers with that Leader's id."""
@@ -126,11 +139,13 @@ class LeaderHost:
             return None
         now = self.clock()
         leader = Leader(leader_id, group, self.config, now, claim.record.progress)
-        hosted = _Hosted(leader, claim, now + self.config.leader_periodic)
+        hosted = _Hosted(
+            leader, claim, now + self.config.leader_periodic, now + self._renew_every()
+        )
         self.leaders[group] = hosted
         self.bus.register(leader_id, lambda message: self.receive(group, message))
         log.info("group %s: leading as %s", group, leader_id)
-        self._apply(hosted, leader.handle(self._renewed(claim), now))
+        self._handle(hosted, self._renewed(claim))
         return leader_id
 
     # ----------------------------------------------------------------- events
@@ -142,10 +157,15 @@ class LeaderHost:
             self._handle(hosted, message)
 
     def tick(self) -> None:
-        """Run what is due: claim renewals, then the Leaders' timers."""
+        """Run what is due: claim renewals (and a save of who holds what, for
+        `riverbed group describe`, if that changed), then the timers of the
+        Leaders that have one due."""
         now = self.clock()
         for hosted in list(self.leaders.values()):
-            if now >= hosted.renew_at:
+            periodic = now >= hosted.renew_at
+            if periodic:
+                hosted.renew_at = now + self.config.leader_periodic
+            if now >= hosted.claim_renew_at:
                 try:
                     hosted.claim = self.store.renew(
                         hosted.claim, ttl_us=self._ttl_us(), now_us=self.wall_us()
@@ -153,34 +173,38 @@ class LeaderHost:
                 except RiverbedError as exc:
                     self._drop(hosted, f"renewing the claim failed: {exc}")
                     continue
-                hosted.renew_at = now + self.config.leader_periodic
-            self._handle(hosted, Tick())
+                hosted.claim_renew_at = now + self._renew_every()
+            if periodic or (hosted.deadline is not None and hosted.deadline <= now):
+                self._handle(hosted, Tick())
             leader = hosted.leader
             if (
-                self.leaders.get(leader.group) is hosted
+                periodic
+                and self.leaders.get(leader.group) is hosted
                 and leader.holdings() != hosted.saved_holdings
             ):
-                # Who holds what changed: saved for `riverbed group describe`.
                 self._save(hosted, leader.progress, leader.consumed)
 
     def next_deadline(self) -> float | None:
         times: list[float] = []
         for hosted in self.leaders.values():
-            times.append(hosted.renew_at)
-            deadline = hosted.leader.next_deadline()
-            if deadline is not None:
-                times.append(deadline)
+            times.append(min(hosted.renew_at, hosted.claim_renew_at))
+            if hosted.deadline is not None:
+                times.append(hosted.deadline)
         return min(times) if times else None
 
     def close(self) -> None:
         """Save and release every claim (a node stopping cleanly)."""
+        self.flush()
         for hosted in list(self.leaders.values()):
             self._stop(hosted)
 
     # ----------------------------------------------------------------- effects
 
     def _handle(self, hosted: _Hosted, event: Event) -> None:
-        self._apply(hosted, hosted.leader.handle(event, self.clock()))
+        leader = hosted.leader
+        effects = leader.handle(event, self.clock())
+        hosted.deadline = leader.next_deadline()
+        self._apply(hosted, effects)
 
     def _apply(self, hosted: _Hosted, effects: Sequence[Effect]) -> None:
         for effect in effects:
@@ -188,15 +212,39 @@ class LeaderHost:
                 return  # dropped by an effect before this one
             match effect:
                 case Send(to, message):
-                    self.bus.send(to, message)
+                    if hosted.pending is not None:
+                        hosted.deferred.append(effect)
+                    else:
+                        self.bus.send(to, message)
                 case SaveProgress(progress, consumed):
-                    if not self._save(hosted, progress, consumed):
+                    if self.batching:
+                        hosted.pending = effect
+                    elif not self._save(hosted, progress, consumed):
                         return
                 case RenewStreams():
                     self._handle(hosted, self._renewed(hosted.claim))
                 case Stop():
+                    if not self._flush(hosted):
+                        return
                     log.info("group %s: no Borrower for a while; leader stops", hosted.leader.group)
                     self._stop(hosted)
+
+    def flush(self) -> None:
+        """Make the saves batching held back, then send what waited for them."""
+        for hosted in list(self.leaders.values()):
+            self._flush(hosted)
+
+    def _flush(self, hosted: _Hosted) -> bool:
+        save = hosted.pending
+        if save is None:
+            return True
+        hosted.pending = None
+        deferred, hosted.deferred = hosted.deferred, []
+        if not self._save(hosted, save.progress, save.consumed):
+            return False  # dropped: nothing that waited for the save goes out
+        for send in deferred:
+            self.bus.send(send.to, send.message)
+        return True
 
     def _stop(self, hosted: _Hosted) -> None:
         leader = hosted.leader
@@ -245,6 +293,12 @@ class LeaderHost:
             del self.leaders[group]
         self.registry.set_leader(group, None)
         self.bus.unregister(hosted.leader.id)
+
+    def _renew_every(self) -> float:
+        """Seconds between renewals of a claim: a third of its lease, so two
+        renewals may fail (or stall) before it lapses, but at most every
+        `leader_periodic` (each is a write)."""
+        return max(self.config.leader_periodic, self.config.leader_claim_lease / 3)
 
     def _ttl_us(self) -> int:
         return int(self.config.leader_claim_lease * 1_000_000)

@@ -236,15 +236,29 @@ class Leader:
             case Ping():
                 if not self._seen(event.borrower, now):
                     return [self._invalidate(event.borrower)]
-                out.append(
+                # Changes nothing the allocation depends on: no rebalance.
+                return [
                     Send(
                         event.borrower, PingResponse(self.group, event.borrower, self.id, event.seq)
                     )
-                )
+                ]
             case UpdateProgress():
                 if not self._seen(event.borrower, now):
                     return [self._invalidate(event.borrower)]
+                a = self.assignments.get(event.stream)
+                steady = (
+                    not event.final
+                    and a is not None
+                    and a.borrower == event.borrower
+                    and a.status is AssignmentStatus.GRANTED
+                )
+                lendable = self.lendable
                 out += self._on_progress(event, now)
+                if steady and self.lendable is lendable:
+                    # The most frequent message: a granted stream's progress.
+                    # Unless it emptied a sealed stream (lendable renewed),
+                    # the allocation is as it was.
+                    return out
             case RevokeFinished():
                 if not self._seen(event.borrower, now):
                     return [self._invalidate(event.borrower)]

@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -92,12 +93,21 @@ class SharedRuntime:
         self._side = _LeaderSide(self)
         self.registry = Registry(self._side, is_local=self._on_leader_side)
         self.host = LeaderHost(storage, self._side, self.registry, config, node)
+        self.host.batching = True
         self.registry.find_leader = self.host.find_leader
         self._side.bus.register(REGISTRY, self.registry.deliver)
         self.bus = InProcessBus()
         """The loop side: the sessions' Borrowers."""
         self._draining = False
         self._tick: asyncio.TimerHandle | None = None
+        self._inbox: deque[tuple[Callable[..., object], tuple[object, ...]]] = deque()
+        """Calls for the leader thread, and whether it was asked to take them."""
+        self._inbox_taken = False
+        self._outbox: deque[tuple[Address, Message]] = deque()
+        """Messages for the loop's Borrowers, and whether the loop was woken."""
+        self._outbox_taken = False
+        self._planned: float | None = None
+        """The leader side's deadline last handed to the loop (leader thread)."""
         self._closed = False
         self.remote: PostgresBus | None = None
         """The bus to other nodes (`remote_url`: their shared PostgreSQL)."""
@@ -143,12 +153,24 @@ class SharedRuntime:
             self._to_loop(to, message)
 
     def _to_loop(self, to: Address, message: Message) -> None:
-        """From the leader thread: a message for a Borrower."""
-        if not self._closed:
-            self.loop.call_soon_threadsafe(self._arrived, to, message)
+        """From the leader thread: a message for a Borrower (queued; the loop
+        is woken once for all that queue meanwhile)."""
+        if self._closed:
+            return
+        with self._lock:
+            self._outbox.append((to, message))
+            if self._outbox_taken:
+                return
+            self._outbox_taken = True
+        self.loop.call_soon_threadsafe(self._arrived)
 
-    def _arrived(self, to: Address, message: Message) -> None:
-        self.bus.send(to, message)
+    def _arrived(self) -> None:
+        with self._lock:
+            arrived = list(self._outbox)
+            self._outbox.clear()
+            self._outbox_taken = False
+        for to, message in arrived:
+            self.bus.send(to, message)
         self._drain_soon()
 
     def _drain_soon(self) -> None:
@@ -168,19 +190,38 @@ class SharedRuntime:
 
     def _on_leader(self, call: Callable[..., object], *args: object) -> None:
         """Run `call(*args)` on the leader thread, then drain its bus and plan
-        the next tick."""
+        the next tick. Calls queue up and the thread takes all that wait in one
+        go (one hand-over for a burst, not one per message)."""
         if self._closed:
             return
-        self._executor.submit(self._leader_step, call, args)
+        with self._lock:
+            self._inbox.append((call, args))
+            if self._inbox_taken:
+                return
+            self._inbox_taken = True
+        self._executor.submit(self._leader_steps)
 
-    def _leader_step(self, call: Callable[..., object], args: tuple[object, ...]) -> None:
+    def _leader_steps(self) -> None:
+        while True:
+            with self._lock:
+                if not self._inbox:
+                    self._inbox_taken = False
+                    break
+                call, args = self._inbox.popleft()
+            try:
+                call(*args)
+                self._side.bus.drain()
+            except Exception:
+                log.exception("shared subscriptions: the leader side failed")
         try:
-            call(*args)
+            self.host.flush()
             self._side.bus.drain()
         except Exception:
             log.exception("shared subscriptions: the leader side failed")
         deadline = self.host.next_deadline()
-        if deadline is not None and not self._closed:
+        if deadline is not None and deadline != self._planned and not self._closed:
+            # Only when it moved: waking the loop costs a write to its self-pipe.
+            self._planned = deadline
             self.loop.call_soon_threadsafe(self._plan_tick, deadline)
 
     def _plan_tick(self, deadline: float) -> None:
@@ -190,7 +231,13 @@ class SharedRuntime:
         if self._tick is not None:
             self._tick.cancel()
         delay = max(0.0, deadline - self.host.clock())
-        self._tick = self.loop.call_later(delay, self._on_leader, self.host.tick)
+        self._tick = self.loop.call_later(delay, self._on_leader, self._leader_tick)
+
+    def _leader_tick(self) -> None:
+        """On the leader thread: the planned tick is used up, plan the next
+        whatever it is (`_leader_steps` plans only deadlines that moved)."""
+        self._planned = None
+        self.host.tick()
 
     async def close(self) -> None:
         """Save and release every claim this node holds; stop the leader thread."""
