@@ -27,9 +27,9 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Generic, TypeVar
 
 from riverbed.sharedsub.bus import InProcessBus, Registry
 from riverbed.sharedsub.config import SharedSubConfig
@@ -41,6 +41,32 @@ from riverbed.storage.base import Storage
 log = logging.getLogger(__name__)
 
 Deliver = Callable[[Message], None]
+T = TypeVar("T")
+
+
+class _Mailbox(Generic[T]):
+    """Items handed from one thread to another in batches: `put` says whether
+    the taker must be woken (the first item since its last `take`), so a burst
+    costs one wake-up, not one per item."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._items: list[T] = []
+        self._woken = False
+
+    def put(self, item: T) -> bool:
+        with self._lock:
+            self._items.append(item)
+            if self._woken:
+                return False
+            self._woken = True
+            return True
+
+    def take(self) -> list[T]:
+        with self._lock:
+            items, self._items = self._items, []
+            self._woken = False
+            return items
 
 
 class _LeaderSide:
@@ -100,12 +126,10 @@ class SharedRuntime:
         """The loop side: the sessions' Borrowers."""
         self._draining = False
         self._tick: asyncio.TimerHandle | None = None
-        self._inbox: deque[tuple[Callable[..., object], tuple[object, ...]]] = deque()
-        """Calls for the leader thread, and whether it was asked to take them."""
-        self._inbox_taken = False
-        self._outbox: deque[tuple[Address, Message]] = deque()
-        """Messages for the loop's Borrowers, and whether the loop was woken."""
-        self._outbox_taken = False
+        self._inbox: _Mailbox[tuple[Callable[..., object], tuple[object, ...]]] = _Mailbox()
+        """Calls for the leader thread."""
+        self._outbox: _Mailbox[tuple[Address, Message]] = _Mailbox()
+        """Messages for the loop's Borrowers."""
         self._planned: float | None = None
         """The leader side's deadline last handed to the loop (leader thread)."""
         self._closed = False
@@ -153,23 +177,12 @@ class SharedRuntime:
             self._to_loop(to, message)
 
     def _to_loop(self, to: Address, message: Message) -> None:
-        """From the leader thread: a message for a Borrower (queued; the loop
-        is woken once for all that queue meanwhile)."""
-        if self._closed:
-            return
-        with self._lock:
-            self._outbox.append((to, message))
-            if self._outbox_taken:
-                return
-            self._outbox_taken = True
-        self.loop.call_soon_threadsafe(self._arrived)
+        """From the leader thread: a message for a Borrower."""
+        if not self._closed and self._outbox.put((to, message)):
+            self.loop.call_soon_threadsafe(self._arrived)
 
     def _arrived(self) -> None:
-        with self._lock:
-            arrived = list(self._outbox)
-            self._outbox.clear()
-            self._outbox_taken = False
-        for to, message in arrived:
+        for to, message in self._outbox.take():
             self.bus.send(to, message)
         self._drain_soon()
 
@@ -192,27 +205,17 @@ class SharedRuntime:
         """Run `call(*args)` on the leader thread, then drain its bus and plan
         the next tick. Calls queue up and the thread takes all that wait in one
         go (one hand-over for a burst, not one per message)."""
-        if self._closed:
-            return
-        with self._lock:
-            self._inbox.append((call, args))
-            if self._inbox_taken:
-                return
-            self._inbox_taken = True
-        self._executor.submit(self._leader_steps)
+        if not self._closed and self._inbox.put((call, args)):
+            self._executor.submit(self._leader_steps)
 
     def _leader_steps(self) -> None:
-        while True:
-            with self._lock:
-                if not self._inbox:
-                    self._inbox_taken = False
-                    break
-                call, args = self._inbox.popleft()
-            try:
-                call(*args)
-                self._side.bus.drain()
-            except Exception:
-                log.exception("shared subscriptions: the leader side failed")
+        while calls := self._inbox.take():
+            for call, args in calls:
+                try:
+                    call(*args)
+                    self._side.bus.drain()
+                except Exception:
+                    log.exception("shared subscriptions: the leader side failed")
         try:
             self.host.flush()
             self._side.bus.drain()
