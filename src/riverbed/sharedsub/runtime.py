@@ -95,7 +95,9 @@ class _LeaderSide:
         if runtime._on_leader_side(to):
             self.bus.send(to, message)
         elif runtime.remote is not None and not runtime.bus.has(to):
-            runtime.remote.send(to, message)  # another node's Borrower
+            # Another node's Borrower (or one gone): a server round trip, made
+            # by the sending thread, in order, not by the leader thread.
+            runtime._remote_sends.submit(runtime.remote.send, to, message)
         else:
             runtime._to_loop(to, message)
 
