@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import click
 from rich.table import Table
@@ -18,10 +19,19 @@ from riverbed.cli._app import (
     open_log,
     print_json,
 )
+from riverbed.errors import InvalidInput
 from riverbed.log.jsonlines import format_time
 from riverbed.model import StreamId
 from riverbed.storage.base import StartKind, SubscriptionRecord
 from riverbed.subscriptions.cursors import Start, StreamLag, Subscriptions
+from riverbed.subscriptions.definition import (
+    ConsumptionPolicy,
+    Definitions,
+    DeliveryDefinition,
+    RetryPolicy,
+    parse_endpoint,
+)
+from riverbed.subscriptions.delivering import create_delivering, delete_delivering, queue_topics
 
 # --------------------------------------------------------------------- subscriptions
 
@@ -42,13 +52,129 @@ def subscription() -> None:
     show_default=True,
     help="Where to start: earliest, latest, or an ISO 8601 time (a time without zone is UTC).",
 )
+@click.option(
+    "--endpoint",
+    metavar="URL|MODULE:FUNCTION",
+    help="Deliver every message to this HTTP(S) URL or Python callable (issue 7): the"
+    " subscription gets a retry and a dead-letter queue (NAME.rq, NAME.dlq).",
+)
+@click.option("--shards", type=int, help="Shards that deliver it (divides the topic's partitions).")
+@click.option(
+    "--grouped/--ungrouped",
+    default=None,
+    help="Keep order per group (key) through retries (default) or deliver in parallel.",
+)
+@click.option("--method", help="HTTP method: POST (default), PUT or PATCH.")
+@click.option("--header", "headers", multiple=True, metavar="NAME:VALUE", help="HTTP header.")
+@click.option("--connect-timeout", type=float, metavar="SECONDS")
+@click.option("--request-timeout", type=float, metavar="SECONDS")
+@click.option(
+    "--retry-on",
+    metavar="CODES/TYPES",
+    help="Comma-separated HTTP status codes and exception type names that are retried"
+    " (default 408,429,500,502,503,504,TimeoutError,ConnectionError).",
+)
+@click.option("--backoff", type=click.Choice(["linear", "exponential"]))
+@click.option("--min-delay", type=float, metavar="SECONDS")
+@click.option("--max-delay", type=float, metavar="SECONDS")
+@click.option("--multiplier", type=float)
+@click.option("--max-attempts", type=int, help="Attempts before a message is parked in the DLQ.")
+@click.option("--max-in-flight", type=int)
+@click.option("--max-parallel-groups", type=int)
+@click.option("--error-rate", type=float, help="Failure share above which delivery slows down.")
+@click.option("--rq-partitions", type=int)
+@click.option("--dlq-partitions", type=int)
 @db_option
-def subscription_create(name: str, topic: str, topic_filter: str | None, start: Start) -> None:
-    """Create subscription NAME on --topic."""
+def subscription_create(
+    name: str,
+    topic: str,
+    topic_filter: str | None,
+    start: Start,
+    endpoint: str | None,
+    **delivery: Any,
+) -> None:
+    """Create subscription NAME on --topic (with --endpoint: one that delivers)."""
+    given = sorted(k for k, v in delivery.items() if v not in (None, ()))
+    if endpoint is None and given:
+        names = ", ".join("--" + k.replace("_", "-") for k in given)
+        raise InvalidInput(f"{names} only apply with --endpoint (a subscription that delivers)")
     with open_log() as log:
-        Subscriptions(log.storage).create(name, topic, topic_filter, start)
+        if endpoint is None:
+            Subscriptions(log.storage).create(name, topic, topic_filter, start)
+        else:
+            definition = create_delivering(
+                log.storage,
+                delivery_definition(name, topic, endpoint, delivery),
+                topic_filter=topic_filter,
+                start=start,
+            )
     where = start.value if isinstance(start, StartKind) else format_time(start)
     click.echo(f"created subscription {name!r} on topic {topic!r} starting at {where}")
+    if endpoint is not None:
+        rq, dlq = queue_topics(name)
+        click.echo(
+            f"delivering to {endpoint} with {definition.shard_count} shard(s),"
+            f" {'grouped' if definition.grouped else 'ungrouped'};"
+            f" retry queue {rq!r} ({definition.rq_partitions} partitions),"
+            f" dead-letter queue {dlq!r} ({definition.dlq_partitions} partitions)"
+        )
+
+
+def delivery_definition(
+    name: str, topic: str, endpoint: str, options: dict[str, Any]
+) -> DeliveryDefinition:
+    """The definition `subscription create --endpoint` options describe."""
+    http: dict[str, Any] = {}
+    if options["method"] is not None:
+        http["method"] = options["method"].upper()
+    if options["headers"]:
+        headers: dict[str, str] = {}
+        for item in options["headers"]:
+            key, sep, value = item.partition(":")
+            if not sep:
+                raise InvalidInput(f"--header {item!r} is not NAME:VALUE")
+            headers[key.strip()] = value.strip()
+        http["headers"] = headers
+    for option in ("connect_timeout", "request_timeout"):
+        if options[option] is not None:
+            http[option] = options[option]
+    retry: dict[str, Any] = {}
+    if options["retry_on"] is not None:
+        items = [i.strip() for i in options["retry_on"].split(",") if i.strip()]
+        retry["retry_on_status"] = tuple(int(i) for i in items if i.isdigit())
+        retry["retry_on_exceptions"] = tuple(i for i in items if not i.isdigit())
+    for option, field_name in (
+        ("backoff", "backoff"),
+        ("min_delay", "min_delay"),
+        ("max_delay", "max_delay"),
+        ("multiplier", "multiplier"),
+        ("max_attempts", "max_attempts"),
+    ):
+        if options[option] is not None:
+            retry[field_name] = options[option]
+    consumption: dict[str, Any] = {}
+    for option, field_name in (
+        ("max_in_flight", "max_in_flight"),
+        ("max_parallel_groups", "max_parallel_groups"),
+        ("error_rate", "error_rate_threshold"),
+    ):
+        if options[option] is not None:
+            consumption[field_name] = options[option]
+    extra: dict[str, Any] = {}
+    if options["shards"] is not None:
+        extra["shard_count"] = options["shards"]
+    if options["grouped"] is not None:
+        extra["grouped"] = options["grouped"]
+    return DeliveryDefinition(
+        name,
+        topic,
+        parse_endpoint(endpoint, **http),
+        retry=RetryPolicy(**retry),
+        consumption=ConsumptionPolicy(**consumption),
+        rq_partitions=options["rq_partitions"],
+        dlq_partitions=options["dlq_partitions"],
+        **extra,
+    )
 
 
 def _subscription_row(record: SubscriptionRecord) -> dict[str, object]:
@@ -160,7 +286,11 @@ def subscription_reset(name: str, target: Start | dict[StreamId, int], as_json: 
 @click.argument("name")
 @db_option
 def subscription_delete(name: str) -> None:
-    """Delete subscription NAME and its offsets."""
+    """Delete subscription NAME and its offsets (and, for one that delivers, its
+    retry and dead-letter queues with their messages)."""
     with open_log() as log:
-        Subscriptions(log.storage).delete(name)
+        if Definitions(log.storage).get(name) is not None:
+            delete_delivering(log.storage, name)
+        else:
+            Subscriptions(log.storage).delete(name)
     click.echo(f"deleted subscription {name!r}")

@@ -118,8 +118,9 @@ Endpoint = HttpEndpoint | CallableEndpoint
 
 
 def parse_endpoint(text: str, **http: Any) -> Endpoint:
-    """`http(s)://...` → `HttpEndpoint(text, **http)`; `pkg.mod:fn` → `CallableEndpoint`."""
-    if text.startswith(("http://", "https://")):
+    """A URL (`http(s)://...`; any `SCHEME://` is taken for a URL, and refused
+    unless HTTP) → `HttpEndpoint(text, **http)`; `pkg.mod:fn` → `CallableEndpoint`."""
+    if "://" in text:
         return HttpEndpoint(text, **http)
     if http:
         raise InvalidDefinition(
