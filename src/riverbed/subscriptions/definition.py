@@ -38,7 +38,7 @@ from riverbed.storage.base import Storage
 NAMESPACE = "delivery"
 METHODS = ("POST", "PUT", "PATCH")
 """HTTP methods a delivery may use: the payload is the request body."""
-_TARGET = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
+_TARGET = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _HEADER = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 _EXCEPTION = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 
