@@ -120,6 +120,11 @@ def subscription_create(
         )
 
 
+def _given(options: dict[str, Any], **fields: str) -> dict[str, Any]:
+    """{field: value} for each option (keyword) given on the command line."""
+    return {f: options[o] for o, f in fields.items() if options[o] is not None}
+
+
 def delivery_definition(
     name: str, topic: str, endpoint: str, options: dict[str, Any]
 ) -> DeliveryDefinition:
@@ -135,36 +140,28 @@ def delivery_definition(
                 raise InvalidInput(f"--header {item!r} is not NAME:VALUE")
             headers[key.strip()] = value.strip()
         http["headers"] = headers
-    for option in ("connect_timeout", "request_timeout"):
-        if options[option] is not None:
-            http[option] = options[option]
-    retry: dict[str, Any] = {}
+    http.update(
+        _given(options, connect_timeout="connect_timeout", request_timeout="request_timeout")
+    )
+    retry = _given(
+        options,
+        backoff="backoff",
+        min_delay="min_delay",
+        max_delay="max_delay",
+        multiplier="multiplier",
+        max_attempts="max_attempts",
+    )
     if options["retry_on"] is not None:
         items = [i.strip() for i in options["retry_on"].split(",") if i.strip()]
         retry["retry_on_status"] = tuple(int(i) for i in items if i.isdigit())
         retry["retry_on_exceptions"] = tuple(i for i in items if not i.isdigit())
-    for option, field_name in (
-        ("backoff", "backoff"),
-        ("min_delay", "min_delay"),
-        ("max_delay", "max_delay"),
-        ("multiplier", "multiplier"),
-        ("max_attempts", "max_attempts"),
-    ):
-        if options[option] is not None:
-            retry[field_name] = options[option]
-    consumption: dict[str, Any] = {}
-    for option, field_name in (
-        ("max_in_flight", "max_in_flight"),
-        ("max_parallel_groups", "max_parallel_groups"),
-        ("error_rate", "error_rate_threshold"),
-    ):
-        if options[option] is not None:
-            consumption[field_name] = options[option]
-    extra: dict[str, Any] = {}
-    if options["shards"] is not None:
-        extra["shard_count"] = options["shards"]
-    if options["grouped"] is not None:
-        extra["grouped"] = options["grouped"]
+    consumption = _given(
+        options,
+        max_in_flight="max_in_flight",
+        max_parallel_groups="max_parallel_groups",
+        error_rate="error_rate_threshold",
+    )
+    extra = _given(options, shards="shard_count", grouped="grouped")
     return DeliveryDefinition(
         name,
         topic,
