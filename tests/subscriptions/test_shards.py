@@ -14,6 +14,7 @@ from riverbed.subscriptions.shards import (
     InvalidShardCount,
     ShardAssignment,
     assignments,
+    queue_partition,
     queue_partitions,
     shard_of,
     shard_partitions,
@@ -103,3 +104,23 @@ def test_requested_queue_partitions_are_checked() -> None:
         queue_partitions(4, 6)
     with pytest.raises(InvalidShardCount, match="queue partitions: partition count 10"):
         queue_partitions(5, 10)
+
+
+@given(st.integers(0, 2**32 - 1), st.sampled_from([1, 2, 4, 8]), st.data())
+def test_a_shard_writes_a_group_to_one_partition_of_its_own_range(
+    h: int, count: int, data: st.DataObject
+) -> None:
+    partitions = count * data.draw(st.sampled_from([1, 2, 3]))
+    shard = data.draw(st.integers(0, count - 1))
+    j = queue_partition(shard, count, h, partitions)
+    assert j in shard_partitions(shard, count, partitions)
+    assert shard_of(j, count, partitions) == shard
+    assert queue_partition(shard, count, h, partitions) == j
+
+
+def test_routing_by_key_alone_would_leave_the_shard() -> None:
+    """Why the queue write needs its own placement (docs/delivery.md)."""
+    h = 1
+    assert shard_of(route(h, 8, 1), 4, 8) == 0
+    assert shard_of(route(h, 4, 1), 4, 4) == 1
+    assert queue_partition(0, 4, h, 4) == 0

@@ -22,12 +22,12 @@ import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, overload
 
-from riverbed.errors import RiverbedError, StorageError
+from riverbed.errors import InvalidInput, RiverbedError, StorageError
 from riverbed.log.router import key_hash, route
 from riverbed.model import Message, MessageIdGenerator, StreamId, encode_properties
 from riverbed.storage import bulk
@@ -240,12 +240,24 @@ class Appender:
                 if self._queue:
                     self._wake_writer_locked()
 
-    def append_once(self, topic: str, rows: Sequence[Row], marker: str) -> dict[int, int] | None:
+    def append_once(
+        self,
+        topic: str,
+        rows: Sequence[Row],
+        marker: str,
+        place: Callable[[int, int, int], int] | None = None,
+    ) -> dict[int, int] | None:
         """Route `rows` to `topic`'s produce generation by their keys (seed 003
         Produce; a row without a key is spread) and append them in one transaction
         that also records `marker` (`Storage.append_once`): a second call with the
         same marker writes nothing and returns None. Returns each stream's first
         new offset (by stream key).
+
+        `place(hash, partitions, k)`, if given, picks the partition instead of the
+        router (a subscription shard writing into its own range of its retry
+        queue, `subscriptions.shards.queue_partition`); it is asked again if the
+        topic switched produce meanwhile. A partition outside the generation's
+        raises `InvalidInput`, writing nothing.
 
         Not group-committed: the transaction must hold exactly these rows. This is
         how a writer that may be retried (a Spark task) writes exactly once.
@@ -267,7 +279,16 @@ class Appender:
             partitions, k, keys = layout.partitions, layout.k, layout.keys
             batches: dict[int, list[Row]] = {}
             for h, row in zip(hashes, rows, strict=True):
-                stream = keys[route(h, partitions, k)]
+                if place is None:
+                    j = route(h, partitions, k)
+                else:
+                    j = place(h, partitions, k)
+                    if not 0 <= j < partitions:
+                        raise InvalidInput(
+                            f"partition {j} for topic {topic!r}: its produce generation has"
+                            f" partitions 0 to {partitions - 1}"
+                        )
+                stream = keys[j]
                 same = batches.get(stream)
                 if same is None:
                     same = batches[stream] = []

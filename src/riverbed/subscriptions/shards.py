@@ -84,6 +84,18 @@ def assignments(
     ]
 
 
+def queue_partition(shard_id: int, shard_count: int, group_hash: int, partitions: int) -> int:
+    """The partition of a retry or dead-letter queue with `partitions` that shard
+    `shard_id` writes a group's failures to: in the shard's own range, by the
+    group's hash, so a group's queued messages stay in one partition, in order.
+
+    (Routing by key would not do: with 8 main partitions, 4 queue partitions and
+    4 shards, hash 1 is main partition 1, shard 0, but queue partition 1, shard 1.)
+    `Appender.append_once(..., place=...)` takes it as `place`."""
+    owned = shard_partitions(shard_id, shard_count, partitions)
+    return owned.start + group_hash % len(owned)
+
+
 def queue_partitions(shard_count: int, requested: int | None = None) -> int:
     """The partition count of a retry or dead-letter queue for `shard_count`
     shards: `requested` if it is a multiple of it the log allows, else (None)
