@@ -13,7 +13,7 @@ The database is `--db URL` on the command, else `--db URL` on `riverbed`, else
 from __future__ import annotations
 
 # Each module adds its commands to `cli` when imported.
-from riverbed.cli import broker, demo, groups, messages, subscriptions, topics, worker
+from riverbed.cli import broker, demo, dlq, groups, messages, subscriptions, topics, worker
 from riverbed.cli._app import PRODUCE_BATCH, cli, main
 from riverbed.cli.demo import DEMO_MESSAGES
 
@@ -23,6 +23,7 @@ __all__ = [
     "broker",
     "cli",
     "demo",
+    "dlq",
     "groups",
     "main",
     "messages",

@@ -1,0 +1,120 @@
+"""`riverbed dlq ...`: a delivering subscription's dead-letter queue (issue 7)."""
+
+from __future__ import annotations
+
+import base64
+
+import click
+
+from riverbed.cli._app import (
+    cli,
+    db_option,
+    json_option,
+    make_console,
+    make_table,
+    open_log,
+    parse_time,
+    print_json,
+)
+from riverbed.errors import InvalidInput, NotFound
+from riverbed.log.jsonlines import format_time
+from riverbed.model import MessageId
+from riverbed.subscriptions.dlq import Parked, parked
+
+
+@cli.group()
+def dlq() -> None:
+    """Browse the dead-letter queue of a subscription that delivers."""
+
+
+def _message_id(text: str) -> MessageId:
+    try:
+        return MessageId.parse(text)
+    except (InvalidInput, ValueError):
+        raise InvalidInput(f"message id {text!r} is not a Riverbed message id") from None
+
+
+def _row(p: Parked) -> dict[str, object]:
+    m = p.message
+    return {
+        "stream": str(p.stream),
+        "offset": p.offset,
+        "message_id": str(m.message_id),
+        "group": m.key,
+        "mqtt_topic": m.mqtt_topic,
+        "failed": format_time(m.failed_us),
+        "attempts": m.attempt - 1,
+        "reason": m.reason,
+        "main": f"{m.main_topic_idx}:{m.main_partition}:{m.main_offset}",
+    }
+
+
+@dlq.command("list")
+@click.argument("name")
+@click.option("--since", metavar="ISO-TIME", help="Failed at or after this time.")
+@click.option("--until", metavar="ISO-TIME", help="Failed before this time.")
+@click.option("--group", "groups", multiple=True, help="Only this group id (repeatable).")
+@click.option("--message-id", "message_ids", multiple=True, help="Only this message (repeatable).")
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
+@click.option("--page", type=click.IntRange(min=1), default=1, show_default=True)
+@json_option
+@db_option
+def dlq_list(
+    name: str,
+    since: str | None,
+    until: str | None,
+    groups: tuple[str, ...],
+    message_ids: tuple[str, ...],
+    limit: int,
+    page: int,
+    as_json: bool,
+) -> None:
+    """The messages parked in subscription NAME's DLQ, oldest failure first."""
+    ids = [_message_id(t) for t in message_ids]
+    with open_log() as log:
+        found = parked(
+            log.storage,
+            name,
+            since_us=None if since is None else parse_time(since),
+            until_us=None if until is None else parse_time(until),
+            groups=groups,
+            message_ids=ids,
+            limit=limit,
+            page=page,
+        )
+    rows = [_row(p) for p in found]
+    if as_json:
+        print_json(rows)
+        return
+    columns = ["failed", "group", "message_id", "attempts", "reason", "stream", "offset"]
+    title = f"DLQ of {name!r}, page {page} ({len(rows)} messages)"
+    make_console().print(make_table(title, columns, [[r[c] for c in columns] for r in rows]))
+
+
+@dlq.command("show")
+@click.argument("name")
+@click.argument("message_id")
+@json_option
+@db_option
+def dlq_show(name: str, message_id: str, as_json: bool) -> None:
+    """One parked message of subscription NAME, with its payload."""
+    wanted = _message_id(message_id)
+    with open_log() as log:
+        found = parked(log.storage, name, message_ids=[wanted], limit=1)
+    if not found:
+        raise NotFound(f"message {message_id} is not parked in the DLQ of {name!r}")
+    row = _row(found[0])
+    payload = found[0].message.payload
+    try:
+        row["payload"] = payload.decode("utf-8")
+    except UnicodeDecodeError:
+        row["payload_b64"] = base64.b64encode(payload).decode()
+    row["properties"] = [
+        [k, v if not isinstance(v, bytes) else base64.b64encode(v).decode()]
+        for k, v in found[0].message.properties
+    ]
+    if as_json:
+        print_json(row)
+        return
+    for key, value in row.items():
+        click.echo(f"{key:>12}: {value}")
