@@ -141,3 +141,10 @@ def test_definitions_are_stored_once_per_subscription(storage: Storage) -> None:
     assert store.list() == []
     with pytest.raises(NotFound, match="'orders'"):
         store.delete("orders")
+
+
+@given(retries, st.integers(1, 200))
+def test_backoff_grows_and_stays_within_its_bounds(policy: RetryPolicy, attempt: int) -> None:
+    delay = policy.delay(attempt)
+    assert policy.min_delay <= delay <= policy.max_delay
+    assert policy.delay(attempt + 1) >= delay

@@ -5,6 +5,8 @@ exists) and changes nothing; `delete` removes all four."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from click.testing import CliRunner, Result
 
@@ -86,6 +88,14 @@ def test_create_a_delivering_subscription(orders: str) -> None:
         rq_partitions=4,
         dlq_partitions=4,
     )
+    listed = json.loads(rb(orders, "subscription", "list", "--json").stdout)
+    (row,) = [r for r in listed if r["name"] == "billing"]
+    assert (row["endpoint"], row["shards"], row["grouped"]) == (
+        "http://127.0.0.1:9000/hook",
+        4,
+        False,
+    )
+    assert "http://127.0.0.1:9000/hook" in rb(orders, "subscription", "list").stdout
     assert rb(orders, "subscription", "delete", "billing").exit_code == 0
     topics, subscriptions, definitions = state(orders)
     assert "billing.rq" not in topics and "billing" not in subscriptions and not definitions

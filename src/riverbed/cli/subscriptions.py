@@ -28,6 +28,7 @@ from riverbed.subscriptions.definition import (
     ConsumptionPolicy,
     Definitions,
     DeliveryDefinition,
+    HttpEndpoint,
     RetryPolicy,
     parse_endpoint,
 )
@@ -174,7 +175,13 @@ def delivery_definition(
     )
 
 
-def _subscription_row(record: SubscriptionRecord) -> dict[str, object]:
+def _subscription_row(
+    record: SubscriptionRecord, delivery: DeliveryDefinition | None
+) -> dict[str, object]:
+    endpoint = None
+    if delivery is not None:
+        e = delivery.endpoint
+        endpoint = e.url if isinstance(e, HttpEndpoint) else e.target
     return {
         "name": record.name,
         "topic": record.topic,
@@ -182,6 +189,9 @@ def _subscription_row(record: SubscriptionRecord) -> dict[str, object]:
         "start": record.start.value,
         "start_time": None if record.start_us is None else format_time(record.start_us),
         "created": format_time(record.created_us),
+        "endpoint": endpoint,
+        "shards": None if delivery is None else delivery.shard_count,
+        "grouped": None if delivery is None else delivery.grouped,
     }
 
 
@@ -192,15 +202,28 @@ def _subscription_row(record: SubscriptionRecord) -> dict[str, object]:
 def subscription_list(topic: str | None, as_json: bool) -> None:
     """List subscriptions."""
     with open_log() as log:
-        rows = [_subscription_row(r) for r in Subscriptions(log.storage).list(topic)]
+        deliveries = {d.name: d for d in Definitions(log.storage).list()}
+        rows = [
+            _subscription_row(r, deliveries.get(r.name))
+            for r in Subscriptions(log.storage).list(topic)
+        ]
     if as_json:
         print_json(rows)
         return
-    columns = ["name", "topic", "filter", "start", "start_time", "created"]
+    columns = ["name", "topic", "filter", "start", "start_time", "created", "endpoint", "shards"]
     make_console().print(
         make_table(
             "Subscriptions",
-            ["subscription", "topic", "filter", "start", "start time", "created"],
+            [
+                "subscription",
+                "topic",
+                "filter",
+                "start",
+                "start time",
+                "created",
+                "delivers to",
+                "shards",
+            ],
             [[row[c] for c in columns] for row in rows],
         )
     )
