@@ -124,6 +124,13 @@ def test_bad_input_is_refused_and_changes_nothing(
     assert state(orders) == before
 
 
+def test_an_unknown_topic_is_refused(orders: str) -> None:
+    before = state(orders)
+    result = rb(orders, "subscription", "create", "billing", "--topic", "nope", "--endpoint", "m:f")
+    assert result.exit_code == 1 and "nope" in result.output
+    assert state(orders) == before
+
+
 def test_a_clash_is_refused_before_anything_is_written(orders: str) -> None:
     with Log.open(orders) as log:
         log.topics.create("billing.dlq", 1)

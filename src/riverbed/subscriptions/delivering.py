@@ -30,6 +30,14 @@ from riverbed.subscriptions.definition import Definitions, DeliveryDefinition
 from riverbed.subscriptions.shards import queue_partitions, validate_shard_count
 
 
+def _exists(get: Callable[[str], object], name: str) -> bool:
+    try:
+        get(name)
+    except NotFound:
+        return False
+    return True
+
+
 def queue_topics(name: str) -> tuple[str, str]:
     """The retry and dead-letter queue topics of subscription `name`."""
     return f"{name}.rq", f"{name}.dlq"
@@ -47,8 +55,9 @@ def create_delivering(
     name = definition.name
     validate_subscription_name(name)
     topics = Topics(storage)
-    main = topics.describe(definition.topic)  # TopicNotFound
-    validate_shard_count(definition.shard_count, main.storage_topics)
+    validate_shard_count(
+        definition.shard_count, storage.list_storage_topics(definition.topic)
+    )  # TopicNotFound
     stored = replace(
         definition,
         rq_partitions=queue_partitions(definition.shard_count, definition.rq_partitions),
@@ -57,12 +66,11 @@ def create_delivering(
     rq, dlq = queue_topics(name)
     for topic in (rq, dlq):
         validate_topic_name(topic)
-    existing = {t.name for t in topics.list()}
     for topic in (rq, dlq):
-        if topic in existing:
+        if _exists(storage.get_topic, topic):
             raise AlreadyExists(f"topic {topic!r} exists already: subscription {name!r} needs it")
     subscriptions = Subscriptions(storage)
-    if any(s.name == name for s in subscriptions.list()):
+    if _exists(subscriptions.get, name):
         raise AlreadyExists(f"subscription {name!r} exists already")
     definitions = Definitions(storage)
     if definitions.get(name) is not None:
@@ -93,9 +101,8 @@ def delete_delivering(storage: Storage, name: str) -> None:
         raise NotFound(f"subscription {name!r} does not deliver to an endpoint")
     definitions.delete(name)
     topics = Topics(storage)
-    existing = {t.name for t in topics.list()}
     for topic in queue_topics(name):
-        if topic in existing:
+        with contextlib.suppress(NotFound):
             topics.delete(topic)
     with contextlib.suppress(NotFound):
         Subscriptions(storage).delete(name)

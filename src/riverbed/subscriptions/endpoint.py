@@ -27,7 +27,7 @@ import enum
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import quote
 
 import httpx
@@ -53,6 +53,14 @@ class Attempt:
     outcome: Outcome
     reason: str = ""
     """Why it failed (`HTTP 503`, `TimeoutError: ...`), for the queues' records."""
+
+
+class Deliverer(Protocol):
+    """Makes delivery attempts to one subscription's endpoint."""
+
+    async def deliver(self, message: StoredMessage, attempt: int) -> Attempt: ...
+
+    async def close(self) -> None: ...
 
 
 def _failure(retry: RetryPolicy, exc: BaseException, names: tuple[str, ...]) -> Attempt:
@@ -131,7 +139,7 @@ class CallableDeliverer:
         pass
 
 
-def deliverer(definition: DeliveryDefinition) -> HttpDeliverer | CallableDeliverer:
+def deliverer(definition: DeliveryDefinition) -> Deliverer:
     endpoint = definition.endpoint
     if isinstance(endpoint, HttpEndpoint):
         return HttpDeliverer(endpoint, definition.retry)

@@ -15,16 +15,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from riverbed.model import StoredMessage
 from riverbed.subscriptions.definition import DeliveryDefinition
-from riverbed.subscriptions.endpoint import Attempt, Outcome
+from riverbed.subscriptions.endpoint import Attempt, Deliverer, Outcome
 from riverbed.subscriptions.queues import QueuedMessage
-
-
-class Deliverer(Protocol):
-    async def deliver(self, message: StoredMessage, attempt: int) -> Attempt: ...
 
 
 @dataclass(frozen=True, slots=True)
