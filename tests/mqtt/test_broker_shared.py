@@ -369,6 +369,24 @@ def _fifty_groups(broker: BrokerProcess) -> None:
 # --------------------------------------------------------------------- the Leader
 
 
+def test_the_group_exists_when_the_suback_arrives(storage_url: str, broker: BrokerProcess) -> None:
+    """What is published right after the SUBACK belongs to a new group."""
+    a = member(broker.port, "a", "$share/fresh/w/#")
+    acked_us = time.time_ns() // 1000
+    storage = open_storage(storage_url)
+    try:
+        record = GroupStore(storage).get(GroupId("fresh", "w/#"))
+    finally:
+        storage.close()
+    assert record is not None and record.start_us is not None
+    assert record.start_us <= acked_us
+    pub = Client(broker.port, "pub")
+    pub.connect()
+    sent = publish(pub, 0, 20)  # no pause after the SUBACK
+    wait_union([a], sent)
+    close_all(a, pub)
+
+
 def test_retained_messages_are_not_sent_to_a_shared_subscription(broker: BrokerProcess) -> None:
     pub = Client(broker.port, "pub")
     pub.connect()

@@ -87,3 +87,19 @@ def test_start_offsets_from_the_group_start(storage: Storage) -> None:
     heads = storage.list_streams("t")
     assert start_offsets(storage, heads, None) == {heads[0].stream: 0}
     assert start_offsets(storage, heads, 25) == {heads[0].stream: 2}
+
+
+def test_ensure_creates_a_group_once_and_keeps_an_existing_start(storage: Storage) -> None:
+    store = GroupStore(storage)
+    fresh = GroupId("fresh", "w/#")
+    store.ensure(fresh, now_us=100)
+    record = store.get(fresh)
+    assert record is not None and record.start_us == 100
+    store.ensure(fresh, now_us=200)  # a second member: the group as it was
+    again = store.get(fresh)
+    assert again is not None and again.start_us == 100 and again.version == record.version
+    past = GroupId("past", "w/#")
+    store.create(past, start_us=None, now_us=50)  # `riverbed group create --start earliest`
+    store.ensure(past, now_us=300)
+    kept = store.get(past)
+    assert kept is not None and kept.start_us is None

@@ -38,6 +38,8 @@ from riverbed.mqtt.codec import (
 )
 from riverbed.mqtt.sharing import is_shared
 from riverbed.sessions.session import Event, Follow, Subscription
+from riverbed.sessions.store import now_us
+from riverbed.sharedsub.claims import GroupStore
 from riverbed.sharedsub.protocol import GroupId
 
 if TYPE_CHECKING:
@@ -223,7 +225,13 @@ class Following:
             codes.append(SubackReason(granted))
         if shared:
             # A group member: the group's Leader lends it streams. No retained
-            # messages for a shared subscription (MQTT 5.0 §4.8.2).
+            # messages for a shared subscription (MQTT 5.0 §4.8.2). The group
+            # exists before the SUBACK (its Leader, which would create it,
+            # starts later): what is published after the SUBACK is the group's.
+            groups = GroupStore(broker.log.storage)
+            at = now_us()
+            for sub in shared:
+                await asyncio.to_thread(groups.ensure, GroupId.parse(sub.topic_filter), at)
             sharing = conn.share()
             for sub in shared:
                 sharing.subscribe(sub)

@@ -88,6 +88,13 @@ class GroupStore:
             raise AlreadyExists(f"shared subscription group {group} exists already") from None
         return _decode(entry)
 
+    def ensure(self, group: GroupId, now_us: int) -> None:
+        """Create the group starting now unless it exists (a member's SUBSCRIBE:
+        whatever is published after its SUBACK belongs to the group)."""
+        if self.get(group) is None:
+            with contextlib.suppress(AlreadyExists):
+                self.create(group, start_us=now_us, now_us=now_us)
+
     def get(self, group: GroupId) -> GroupRecord | None:
         entry = self.storage.kv_get(self.namespace, group.key)
         return None if entry is None else _decode(entry)
