@@ -360,21 +360,30 @@ class SqlStorage(ConnectedStorage):
     def append_once(
         self, marker: str, batches: Mapping[int, Sequence[Row]]
     ) -> dict[int, int] | None:
-        counts = {k: len(batches[k]) for k in sorted(batches) if batches[k]}
         with self._write() as cur:
-            # First, so that a concurrent attempt with the same marker waits here
-            # for ours to end (PostgreSQL: the unique index; SQLite: the write lock).
-            recorded = self._x(cur, RECORD_MARKER, (marker, now_us())).fetchone()
-            if recorded is None:
-                return None
-            if not counts:
-                return {}
-            firsts = self._reserve(cur, counts)
-            missing = [k for k in counts if k not in firsts]
-            if missing:
-                raise StreamSealed(missing)  # rolls the marker back too
-            self._insert_messages(cur, {k: batches[k] for k in counts}, firsts)
-        self.wakeups.notify()
+            firsts = self._append_once_on(cur, marker, batches)
+        if firsts:
+            self.wakeups.notify()
+        return firsts
+
+    def _append_once_on(
+        self, cur: Cursor, marker: str, batches: Mapping[int, Sequence[Row]]
+    ) -> dict[int, int] | None:
+        """`append_once` inside the transaction of `cur` (the caller notifies
+        the wake-ups after it commits)."""
+        counts = {k: len(batches[k]) for k in sorted(batches) if batches[k]}
+        # First, so that a concurrent attempt with the same marker waits here
+        # for ours to end (PostgreSQL: the unique index; SQLite: the write lock).
+        recorded = self._x(cur, RECORD_MARKER, (marker, now_us())).fetchone()
+        if recorded is None:
+            return None
+        if not counts:
+            return {}
+        firsts = self._reserve(cur, counts)
+        missing = [k for k in counts if k not in firsts]
+        if missing:
+            raise StreamSealed(missing)  # rolls the marker back too
+        self._insert_messages(cur, {k: batches[k] for k in counts}, firsts)
         return firsts
 
     @operation

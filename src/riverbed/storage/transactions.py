@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from riverbed.errors import InvalidInput, StorageError, StorageUnavailable
-from riverbed.storage.base import Storage
+from riverbed.storage.base import Row, Storage
 from riverbed.storage.connections import ConnectionLost, Cursor, operation
 from riverbed.storage.sql import SqlStorage
 from riverbed.storage.urls import redact_url
@@ -30,12 +30,13 @@ from riverbed.storage.urls import redact_url
 class Transaction:
     """One write transaction; see the module docstring."""
 
-    __slots__ = ("_cursor", "_open", "_storage", "backend")
+    __slots__ = ("_appended", "_cursor", "_open", "_storage", "backend")
 
     def __init__(self, storage: SqlStorage, cursor: Cursor) -> None:
         self._storage = storage
         self._cursor = cursor
         self._open = True
+        self._appended = False
         self.backend = "postgresql" if storage.PARAMSTYLE == "%s" else "sqlite"
         """`"sqlite"` or `"postgresql"`: for a handler that must write dialect SQL."""
 
@@ -108,6 +109,8 @@ def transaction(storage: Storage, *, durable: bool = True) -> Iterator[Transacti
                 raise
             finally:
                 tx._open = False
+        if tx._appended:
+            sql.wakeups.notify()  # readers waiting for the streams it appended to
     except ConnectionLost as lost:
         raise StorageUnavailable(
             f"transaction on {redact_url(sql.url)!r} lost its connection to the database"
@@ -119,6 +122,64 @@ def transaction(storage: Storage, *, durable: bool = True) -> Iterator[Transacti
         raise StorageError(
             f"transaction on {redact_url(sql.url)!r} failed: {' '.join(str(exc).split())}"
         ) from exc
+
+
+# --------------------------------------------------------------------- log and KV in a transaction
+
+
+def append_once_in(
+    tx: Transaction, marker: str, batches: Mapping[int, Sequence[Row]]
+) -> dict[int, int] | None:
+    """`Storage.append_once` inside `tx`: the rows and `marker` commit (or roll
+    back) with everything else `tx` writes. None, writing nothing, if `marker`
+    was recorded before; raises `StreamSealed` if a stream is sealed or gone."""
+    tx._check_open()
+    firsts = tx._storage._append_once_on(tx._cursor, marker, batches)
+    if firsts:
+        tx._appended = True
+    return firsts
+
+
+def kv_get_in(tx: Transaction, namespace: str, key: str) -> tuple[bytes, int] | None:
+    """A KV value and its version, read inside `tx` (None: no such key)."""
+    row = tx.execute(
+        "SELECT value, version FROM kv WHERE namespace = ? AND key = ?", (namespace, key)
+    ).fetchone()
+    return None if row is None else (bytes(row[0]), int(row[1]))
+
+
+def kv_put_in(
+    tx: Transaction, namespace: str, key: str, value: bytes, expected_version: int | None
+) -> bool:
+    """Write a KV value inside `tx` if its version is still `expected_version`
+    (None: the key must not exist yet). False if another writer changed it
+    first (the caller rolls back)."""
+    if expected_version is None:
+        row = tx.execute(
+            "INSERT INTO kv (namespace, key, value, version) VALUES (?, ?, ?, 1)"
+            " ON CONFLICT (namespace, key) DO NOTHING RETURNING version",
+            (namespace, key, value),
+        ).fetchone()
+    else:
+        row = tx.execute(
+            "UPDATE kv SET value = ?, version = version + 1"
+            " WHERE namespace = ? AND key = ? AND version = ? RETURNING version",
+            (value, namespace, key, expected_version),
+        ).fetchone()
+    return row is not None
+
+
+def commit_cursors_in(tx: Transaction, subscription: str, offsets: Mapping[int, int]) -> None:
+    """`Storage.commit_cursors` inside `tx`: each stream's committed offset moves
+    forward to the given one (never back)."""
+    if offsets:
+        tx.executemany(
+            "INSERT INTO cursors (subscription, stream, committed) VALUES (?, ?, ?)"
+            " ON CONFLICT (subscription, stream) DO UPDATE SET committed ="
+            " CASE WHEN excluded.committed > cursors.committed"
+            " THEN excluded.committed ELSE cursors.committed END",
+            [(subscription, k, v) for k, v in offsets.items()],
+        )
 
 
 # --------------------------------------------------------------------- cursors in a transaction

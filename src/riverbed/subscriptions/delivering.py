@@ -81,7 +81,7 @@ def create_delivering(
         subscriptions.create(name, definition.topic, topic_filter, start)
         undo.append(lambda: subscriptions.delete(name))
         assert stored.rq_partitions is not None and stored.dlq_partitions is not None
-        topics.create(rq, stored.rq_partitions)
+        topics.create(rq, stored.rq_partitions, retention_us=None)
         undo.append(lambda: topics.delete(rq))
         topics.create(dlq, stored.dlq_partitions, retention_us=None)
         undo.append(lambda: topics.delete(dlq))

@@ -1,0 +1,340 @@
+"""A delivering subscription's pipeline on Spark Structured Streaming (issue 7):
+what `riverbed subscription run NAME` starts.
+
+The `riverbed-delivery` source reads the subscription the way the `riverbed`
+streaming source does (Spark offsets are the main topic's streams' next
+offsets, lineage order, admission control by `maxMessagesPerTrigger`), but
+plans **one Spark partition per shard** and hands each task its shard's work
+rather than the messages: one row `(shard, ranges, tick)` with the shard's
+ranges of the batch. `foreachBatch` runs every shard's task
+(`deliver_partition`), which reads its messages and its due retry-queue rows
+from the log, delivers them with httpx (`subscriptions/batch.py`), and
+commits queue rows, GroupState and progress in one transaction, marked with
+(run, batch id, shard).
+
+The offsets carry one more entry, `~retry`, a counter the driver moves on when
+some shard has a retry-queue row due: so a batch runs for due retries even
+when the main topic is quiet.
+
+Progress lives in Riverbed (the subscription's cursors and the shards'
+state), not in Spark's checkpoint: each run starts a query on a fresh
+checkpoint from the cursors, so a restarted job, an offset reset or a new
+shard count need nothing from an old checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows
+from pyspark.sql.types import StructType
+
+from riverbed.spark.options import StreamOptions, stream_options
+from riverbed.spark.planning import next_offsets, ranges
+
+logger = logging.getLogger(__name__)
+
+TICK = "~retry"
+WORK_SCHEMA = "shard INT, ranges STRING, tick LONG"
+STATS_SCHEMA = (
+    "shard INT, delivered LONG, retried LONG, parked LONG, followed LONG, skipped LONG,"
+    " committed BOOLEAN"
+)
+
+
+class ShardPartition(InputPartition):
+    """One shard's work in one batch."""
+
+    def __init__(self, shard: int, ranges_json: str, tick: int) -> None:
+        super().__init__((shard, ranges_json, tick))
+        self.shard = shard
+        self.ranges_json = ranges_json
+        self.tick = tick
+
+
+class DeliveryDataSource(DataSource):
+    """`spark.readStream.format("riverbed-delivery")`: see the module docstring."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "riverbed-delivery"
+
+    def schema(self) -> str:
+        return WORK_SCHEMA
+
+    def streamReader(self, schema: StructType) -> DeliveryStreamReader:
+        return DeliveryStreamReader(stream_options(self.options))
+
+
+class DeliveryStreamReader(DataSourceStreamReader):
+    def __init__(self, options: StreamOptions) -> None:
+        self.options = options
+        self._storage: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"options": self.options}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["options"])  # type: ignore[misc]
+
+    def _open(self) -> Any:
+        if self._storage is None:
+            from riverbed.storage import open_storage
+
+            self._storage = open_storage(self.options.db)
+        return self._storage
+
+    def _context(self) -> tuple[Any, Any, Any]:
+        from riverbed.subscriptions.cursors import Subscriptions
+        from riverbed.subscriptions.definition import Definitions
+
+        storage = self._open()
+        subscriptions = Subscriptions(storage)
+        record = subscriptions.get(self.options.subscription)
+        definition = Definitions(storage).get(record.name)
+        if definition is None:
+            from riverbed.errors import NotFound
+
+            raise NotFound(f"subscription {record.name!r} does not deliver to an endpoint")
+        return subscriptions, record, definition
+
+    def initialOffset(self) -> dict[str, int]:
+        subscriptions, record, _ = self._context()
+        heads = self._open().list_streams(record.topic)
+        positions = subscriptions.positions(record, heads)
+        return {**{str(h.stream): positions[h.key] for h in heads}, TICK: 0}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+        if self.options.max_per_trigger is None:
+            return ReadAllAvailable()
+        return ReadMaxRows(self.options.max_per_trigger)
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        from riverbed.subscriptions.pipeline import retry_due
+
+        storage = self._open()
+        subscriptions, record, definition = self._context()
+        heads = storage.list_streams(record.topic)
+        main = {k: v for k, v in start.items() if k != TICK}
+        new = [h for h in heads if str(h.stream) not in main]
+        initial = subscriptions.positions(record, new) if new else {}
+        max_messages = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        end = next_offsets(
+            main,
+            heads,
+            storage.list_storage_topics(record.topic),
+            initial,
+            self.options.ordering,
+            max_messages,
+        )
+        tick = start.get(TICK, 0)
+        if retry_due(storage, definition):
+            tick += 1
+        return {**end, TICK: tick}
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[ShardPartition]:
+        from riverbed.subscriptions.shards import shard_of
+
+        storage = self._open()
+        _, record, definition = self._context()
+        heads = storage.list_streams(record.topic)
+        sizes = {st.generation: st.partitions for st in storage.list_storage_topics(record.topic)}
+        main_start = {k: v for k, v in start.items() if k != TICK}
+        main_end = {k: v for k, v in end.items() if k != TICK}
+        count = definition.shard_count
+        work: list[list[dict[str, int]]] = [[] for _ in range(count)]
+        for r in ranges(main_start, main_end, heads):
+            shard = shard_of(r.partition, count, sizes[r.generation])
+            work[shard].append(
+                {
+                    "stream_key": r.stream_key,
+                    "generation": r.generation,
+                    "partition": r.partition,
+                    "start": r.start,
+                    "end": r.end,
+                }
+            )
+        tick = end.get(TICK, 0)
+        return [
+            ShardPartition(shard, json.dumps(items, separators=(",", ":")), tick)
+            for shard, items in enumerate(work)
+        ]
+
+    def commit(self, end: dict[str, int]) -> None:
+        """Nothing: each shard committed its progress with its batch."""
+
+    def stop(self) -> None:
+        if self._storage is not None:
+            self._storage.close()
+            self._storage = None
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[int, str, int]]:
+        if isinstance(partition, ShardPartition):
+            yield (partition.shard, partition.ranges_json, partition.tick)
+
+
+@dataclass(slots=True)
+class Totals:
+    batches: int = 0
+    delivered: int = 0
+    retried: int = 0
+    parked: int = 0
+    followed: int = 0
+    skipped: int = 0
+
+
+def deliver_partition(
+    url: str, name: str, run_id: str, batch_id: int
+) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """The `mapInArrow` function of one batch: runs each shard row it gets."""
+
+    def run(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        from riverbed.subscriptions.pipeline import run_shard
+
+        for batch in batches:
+            rows = batch.to_pylist()
+            out: dict[str, list[Any]] = {
+                name: []
+                for name in (
+                    "shard",
+                    "delivered",
+                    "retried",
+                    "parked",
+                    "followed",
+                    "skipped",
+                    "committed",
+                )
+            }
+            for row in rows:
+                stats = run_shard(url, name, run_id, batch_id, row["shard"], row["ranges"])
+                out["shard"].append(row["shard"])
+                for field in ("delivered", "retried", "parked", "followed", "skipped"):
+                    out[field].append(0 if stats is None else getattr(stats, field))
+                out["committed"].append(stats is not None)
+            yield pa.RecordBatch.from_pydict(
+                out,
+                schema=pa.schema(
+                    [
+                        ("shard", pa.int32()),
+                        ("delivered", pa.int64()),
+                        ("retried", pa.int64()),
+                        ("parked", pa.int64()),
+                        ("followed", pa.int64()),
+                        ("skipped", pa.int64()),
+                        ("committed", pa.bool_()),
+                    ]
+                ),
+            )
+
+    return run
+
+
+class DeliveryJob:
+    """A running `riverbed subscription run`: the streaming query and its totals."""
+
+    def __init__(
+        self,
+        spark: Any,
+        url: str,
+        name: str,
+        *,
+        trigger_seconds: float = 0.5,
+        max_per_trigger: int | None = 20_000,
+        on_batch: Callable[[int, Totals], None] | None = None,
+    ) -> None:
+        self.spark = spark
+        self.url = url
+        self.name = name
+        self.run_id = uuid.uuid4().hex[:12]
+        self.totals = Totals()
+        self._lock = threading.Lock()
+        self._on_batch = on_batch
+        self._checkpoint = tempfile.mkdtemp(prefix=f"riverbed-delivery-{name}-")
+        spark.dataSource.register(DeliveryDataSource)
+        reader = (
+            spark.readStream.format("riverbed-delivery")
+            .option("db", url)
+            .option("subscription", name)
+        )
+        if max_per_trigger is not None:
+            reader = reader.option("maxMessagesPerTrigger", str(max_per_trigger))
+        frame = reader.load()
+        self.query = (
+            frame.writeStream.foreachBatch(self._batch)
+            .trigger(processingTime=f"{int(trigger_seconds * 1000)} milliseconds")
+            .option("checkpointLocation", self._checkpoint)
+            .queryName(f"riverbed-delivery-{name}-{self.run_id}")
+            .start()
+        )
+
+    def _batch(self, frame: Any, batch_id: int) -> None:
+        function = deliver_partition(self.url, self.name, self.run_id, batch_id)
+        rows = frame.mapInArrow(function, STATS_SCHEMA).collect()
+        with self._lock:
+            t = self.totals
+            t.batches += 1
+            for row in rows:
+                t.delivered += row["delivered"]
+                t.retried += row["retried"]
+                t.parked += row["parked"]
+                t.followed += row["followed"]
+                t.skipped += row["skipped"]
+            snapshot = Totals(**asdict(t))
+        if self._on_batch is not None:
+            self._on_batch(batch_id, snapshot)
+
+    def idle(self) -> bool:
+        """Nothing left: no main-topic lag, no unread retry-queue row."""
+        from riverbed.storage import open_storage
+        from riverbed.subscriptions.pipeline import is_idle
+
+        storage = open_storage(self.url)
+        try:
+            return is_idle(storage, self.name)
+        finally:
+            storage.close()
+
+    def run(self, until_idle: bool = False, stop: threading.Event | None = None) -> Totals:
+        """Wait until the query ends, `stop` is set, or (`until_idle`) the
+        subscription has nothing left; then stop the query."""
+        try:
+            while self.query.isActive:
+                if stop is not None and stop.is_set():
+                    break
+                if until_idle and self.idle():
+                    break
+                self.query.awaitTermination(0.2)
+            exception = self.query.exception()
+            if exception is not None:
+                raise RuntimeError(f"the delivery query failed: {exception}")
+        finally:
+            self.close()
+        return self.totals
+
+    def close(self) -> None:
+        if self.query.isActive:
+            self.query.stop()
+        shutil.rmtree(self._checkpoint, ignore_errors=True)
+
+
+def wait_idle(job: DeliveryJob, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if job.idle():
+            return True
+        time.sleep(0.1)
+    return False

@@ -1,0 +1,302 @@
+"""Running one batch of one shard against the log (issue 7): read, deliver,
+commit.
+
+`ShardRunner.run_batch(shard_id, ranges, marker)`:
+
+1. loads the shard's state (`shardstate.py`) and the subscription's cursors;
+2. reads its main-topic messages of `ranges` (from the cursor on, if a
+   replayed batch finds them committed already; filtered by the
+   subscription's MQTT filter) and the due prefix of its retry queue range
+   (up to `rq_batch` rows: a row not due yet holds back the rows behind it in
+   its partition);
+3. runs the step (`step.py`), which delivers and collects queue rows;
+4. commits, in one transaction (`commit`): the queue rows with the marker
+   (`append_once`), the checks that they got the offsets the step gave them,
+   the shard's state (compare-and-set on its version) and the cursors (to the
+   ranges' ends).
+
+A batch whose commit finds the state changed by another run of the same
+batch (`Superseded`) writes nothing: its deliveries were repeats (endpoint
+delivery is at least once). A batch that dies before its commit leaves
+nothing behind and is run again from the same positions.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from riverbed.errors import StorageError
+from riverbed.log.router import key_hash
+from riverbed.model import MessageIdGenerator
+from riverbed.storage.base import Storage, StreamHead, SubscriptionRecord
+from riverbed.storage.transactions import (
+    append_once_in,
+    commit_cursors_in,
+    kv_put_in,
+    transaction,
+)
+from riverbed.subscriptions.definition import DeliveryDefinition
+from riverbed.subscriptions.delivering import queue_topics
+from riverbed.subscriptions.groups import MessageState
+from riverbed.subscriptions.queues import QueuedMessage
+from riverbed.subscriptions.shards import queue_partition, shard_partitions
+from riverbed.subscriptions.shardstate import NAMESPACE, ShardState, load_state, state_key
+from riverbed.subscriptions.step import (
+    Attempts,
+    MainRow,
+    QueueRow,
+    QueueWriter,
+    ShardStep,
+    StepResult,
+    StepStats,
+)
+from riverbed.topics.filters import matches
+
+READ_CHUNK = 1000
+RQ_BATCH = 10_000
+"""At most this many retry-queue rows per shard and batch."""
+
+
+class Superseded(StorageError):
+    """Another run of the same shard committed first; this one wrote nothing."""
+
+
+@dataclass(frozen=True, slots=True)
+class MainRange:
+    """Offsets `[start, end)` of one main-topic stream, for one shard."""
+
+    stream_key: int
+    generation: int
+    partition: int
+    start: int
+    end: int
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+class QueueLayout:
+    """A queue topic's streams as one shard sees them."""
+
+    def __init__(self, storage: Storage, topic: str, shard_id: int, shard_count: int) -> None:
+        self.topic = topic
+        self.shard_id = shard_id
+        self.shard_count = shard_count
+        record = storage.get_topic(topic)
+        generations = storage.list_storage_topics(topic)
+        self.produce = generations[record.produce_pointer]
+        heads = storage.list_streams(topic)
+        self.by_generation: dict[int, list[StreamHead]] = {}
+        for head in heads:
+            self.by_generation.setdefault(head.stream.generation, []).append(head)
+        for streams in self.by_generation.values():
+            streams.sort(key=lambda h: h.stream.partition)
+        self.partitions = {g.generation: g.partitions for g in generations}
+
+    def owned(self) -> list[StreamHead]:
+        """The shard's streams of every generation whose partition count the
+        shard count divides, in generation then partition order."""
+        out: list[StreamHead] = []
+        for generation in sorted(self.by_generation):
+            streams = self.by_generation[generation]
+            if len(streams) % self.shard_count:
+                continue
+            owned = shard_partitions(self.shard_id, self.shard_count, len(streams))
+            out.extend(streams[p] for p in owned)
+        return out
+
+    def group_stream(self, generation: int, group: str) -> StreamHead:
+        streams = self.by_generation[generation]
+        p = queue_partition(self.shard_id, self.shard_count, key_hash(group), len(streams))
+        return streams[p]
+
+    def writer(self, ids: MessageIdGenerator, now: int) -> QueueWriter:
+        streams = self.by_generation[self.produce.generation]
+        return QueueWriter(
+            self.produce.generation,
+            [h.key for h in streams],
+            {h.key: h.next_offset for h in streams},
+            self.shard_id,
+            self.shard_count,
+            ids,
+            now,
+        )
+
+
+def _queue_rows(storage: Storage, head: StreamHead, first: int, last: int) -> Iterable[QueueRow]:
+    """Rows `[first, last]` of a queue stream."""
+    offset = max(first, head.start_offset)
+    while offset <= last:
+        chunk = storage.read(head.key, offset, min(READ_CHUNK, last - offset + 1))
+        if not chunk:
+            return
+        for m in chunk:
+            yield QueueRow(head.key, head.stream.generation, QueuedMessage.from_stored(m), m.offset)
+        offset = chunk[-1].offset + 1
+
+
+def read_due(
+    storage: Storage,
+    streams: Sequence[StreamHead],
+    positions: dict[int, int],
+    now: int,
+    limit: int = RQ_BATCH,
+) -> list[QueueRow]:
+    """The due prefix of each stream from `positions` (moved past what is read)."""
+    out: list[QueueRow] = []
+    for head in streams:
+        position = max(positions.get(head.key, head.start_offset), head.start_offset)
+        done = False
+        while not done and position < head.next_offset and len(out) < limit:
+            chunk = storage.read(head.key, position, min(READ_CHUNK, limit - len(out)))
+            if not chunk:
+                break
+            for m in chunk:
+                queued = QueuedMessage.from_stored(m)
+                if queued.due_us > now:
+                    done = True
+                    break
+                out.append(QueueRow(head.key, head.stream.generation, queued, m.offset))
+                position = m.offset + 1
+        positions[head.key] = position
+    return out
+
+
+def read_main(
+    storage: Storage, ranges: Sequence[MainRange], cursors: dict[int, int], topic_filter: str | None
+) -> list[MainRow]:
+    """The messages of `ranges` from the cursors on (a replayed batch skips what
+    it committed), in range order, filtered by the subscription's filter."""
+    out: list[MainRow] = []
+    for r in ranges:
+        offset = max(r.start, cursors.get(r.stream_key, r.start))
+        while offset < r.end:
+            chunk = storage.read(r.stream_key, offset, min(READ_CHUNK, r.end - offset))
+            if not chunk:
+                break  # retention took them: nothing left to deliver
+            for m in chunk:
+                if m.offset >= r.end:
+                    break
+                if topic_filter is None or matches(topic_filter, m.mqtt_topic):
+                    out.append(MainRow(r.generation, r.partition, m))
+            offset = chunk[-1].offset + 1
+    return out
+
+
+def commit(
+    storage: Storage,
+    name: str,
+    shard_id: int,
+    marker: str,
+    result: StepResult,
+    state: ShardState,
+    version: int | None,
+    cursors: dict[int, int],
+) -> bool:
+    """Commit a step (see the module docstring). False: the marker was recorded
+    before (this batch committed already), nothing written. Raises
+    `Superseded` when the state moved meanwhile."""
+    batches = {**result.rq.batches, **result.dlq.batches}
+    expected = {**result.rq.expected_firsts(), **result.dlq.expected_firsts()}
+    with transaction(storage) as tx:
+        firsts = append_once_in(tx, marker, batches)
+        if firsts is None:
+            return False
+        if firsts != expected:
+            raise Superseded(
+                f"shard {shard_id} of subscription {name!r}: its queue streams moved"
+                f" (expected {expected}, got {firsts}): another run wrote to them"
+            )
+        if not kv_put_in(tx, NAMESPACE, state_key(name, shard_id), state.to_json(), version):
+            raise Superseded(
+                f"shard {shard_id} of subscription {name!r}: its state changed meanwhile"
+                " (another run of this batch committed first)"
+            )
+        commit_cursors_in(tx, name, cursors)
+        # One marker per shard is enough: Spark replays only its last batch.
+        tx.execute(
+            "DELETE FROM markers WHERE substr(marker, 1, ?) = ? AND marker <> ?",
+            (len(_marker_prefix(name, shard_id)), _marker_prefix(name, shard_id), marker),
+        )
+    return True
+
+
+def _marker_prefix(name: str, shard_id: int) -> str:
+    return f"delivery/{name}/{shard_id}/"
+
+
+def batch_marker(name: str, shard_id: int, run_id: str, batch_id: int) -> str:
+    """The idempotence marker of one batch of one shard in one run."""
+    return f"{_marker_prefix(name, shard_id)}{run_id}/{batch_id}"
+
+
+class ShardRunner:
+    """Runs batches of one subscription's shards in this process; see the module docstring."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        definition: DeliveryDefinition,
+        record: SubscriptionRecord,
+        attempts: Attempts,
+        clock: Callable[[], int] = now_us,
+        ids: MessageIdGenerator | None = None,
+        rq_batch: int = RQ_BATCH,
+    ) -> None:
+        self.storage = storage
+        self.definition = definition
+        self.record = record
+        self.attempts = attempts
+        self.clock = clock
+        self.ids = ids or MessageIdGenerator()
+        self.rq_batch = rq_batch
+
+    async def run_batch(
+        self, shard_id: int, ranges: Sequence[MainRange], marker: str
+    ) -> StepStats | None:
+        """One batch of shard `shard_id`; its stats, or None if it had been
+        committed before (nothing done)."""
+        storage, definition, name = self.storage, self.definition, self.definition.name
+        state, version = load_state(storage, name, shard_id)
+        cursors = storage.get_cursors(name)
+        rq_topic, dlq_topic = queue_topics(name)
+        rq = QueueLayout(storage, rq_topic, shard_id, definition.shard_count)
+        dlq = QueueLayout(storage, dlq_topic, shard_id, definition.shard_count)
+        now = self.clock()
+        queued = read_due(storage, rq.owned(), state.rq_read, now, self.rq_batch)
+        main = read_main(storage, ranges, cursors, self.record.filter)
+
+        def followers(head: QueueRow, p: MessageState, group: str) -> list[QueueRow]:
+            out: list[QueueRow] = []
+            for generation in range(head.generation, p.internal_topic_idx + 1):
+                stream = rq.group_stream(generation, group)
+                first = head.offset + 1 if generation == head.generation else 0
+                last = (
+                    p.internal_topic_offset
+                    if generation == p.internal_topic_idx
+                    else stream.next_offset - 1
+                )
+                out.extend(
+                    row
+                    for row in _queue_rows(storage, stream, first, last)
+                    if row.queued.key == group
+                )
+            return out
+
+        step = ShardStep(
+            definition,
+            state.groups,
+            rq.writer(self.ids, now),
+            dlq.writer(self.ids, now),
+            self.attempts,
+            followers,
+            now,
+        )
+        result = await step.run(main, queued)
+        ends = {r.stream_key: r.end for r in ranges}
+        if not commit(storage, name, shard_id, marker, result, state, version, ends):
+            return None
+        return result.stats

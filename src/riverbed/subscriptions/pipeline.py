@@ -1,0 +1,140 @@
+"""The pieces of a delivering subscription's pipeline that Spark's driver and
+tasks call (issue 7; the Spark side is `riverbed.spark.delivery`).
+
+- `run_shard` (in a task): one batch of one shard (`batch.ShardRunner`). A
+  Python worker process keeps its storage connection, its event loop and
+  each subscription's `Attempts` (httpx client, error-rate window) across
+  batches.
+- `retry_due` (driver): whether some shard has a retry-queue row due now.
+- `is_idle` (driver): no main-topic lag and no unread retry-queue row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+from riverbed.storage.base import Storage, StreamHead
+from riverbed.subscriptions.batch import (
+    MainRange,
+    QueueLayout,
+    ShardRunner,
+    Superseded,
+    batch_marker,
+    now_us,
+)
+from riverbed.subscriptions.cursors import Subscriptions
+from riverbed.subscriptions.definition import Definitions, DeliveryDefinition
+from riverbed.subscriptions.delivering import queue_topics
+from riverbed.subscriptions.endpoint import deliverer
+from riverbed.subscriptions.queues import QueuedMessage
+from riverbed.subscriptions.shardstate import load_states
+from riverbed.subscriptions.step import Attempts, StepStats
+
+logger = logging.getLogger(__name__)
+
+
+class _Worker:
+    """What one Python worker process keeps between batches."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.storages: dict[str, Storage] = {}
+        self.attempts: dict[tuple[str, str], tuple[bytes, Attempts]] = {}
+
+    def storage(self, url: str) -> Storage:
+        storage = self.storages.get(url)
+        if storage is None or getattr(storage, "closed", False):
+            from riverbed.storage import open_storage
+
+            storage = self.storages[url] = open_storage(url)
+        return storage
+
+    def attempts_for(self, url: str, definition: DeliveryDefinition) -> Attempts:
+        key = (url, definition.name)
+        wanted = definition.to_json()
+        kept = self.attempts.get(key)
+        if kept is not None and kept[0] == wanted:
+            return kept[1]
+        if kept is not None:
+            self.loop.run_until_complete(kept[1].deliverer.close())
+
+        async def make() -> Attempts:  # the semaphore and the client bind to the loop
+            return Attempts(deliverer(definition), definition.consumption)
+
+        made = self.loop.run_until_complete(make())
+        self.attempts[key] = (wanted, made)
+        return made
+
+
+_worker: _Worker | None = None
+
+
+def _this_worker() -> _Worker:
+    global _worker
+    if _worker is None:
+        _worker = _Worker()
+    return _worker
+
+
+def definition_of(storage: Storage, name: str) -> DeliveryDefinition:
+    from riverbed.errors import NotFound
+
+    definition = Definitions(storage).get(name)
+    if definition is None:
+        raise NotFound(f"subscription {name!r} does not deliver to an endpoint")
+    return definition
+
+
+def run_shard(
+    url: str, name: str, run_id: str, batch_id: int, shard_id: int, ranges_json: str
+) -> StepStats | None:
+    """One batch of one shard; its stats, or None when it had been committed
+    before or another run of it committed first."""
+    worker = _this_worker()
+    storage = worker.storage(url)
+    definition = definition_of(storage, name)
+    record = Subscriptions(storage).get(name)
+    runner = ShardRunner(storage, definition, record, worker.attempts_for(url, definition))
+    ranges = [MainRange(**item) for item in json.loads(ranges_json)]
+    marker = batch_marker(name, shard_id, run_id, batch_id)
+    try:
+        return worker.loop.run_until_complete(runner.run_batch(shard_id, ranges, marker))
+    except Superseded as exc:
+        logger.warning("%s", exc)
+        return None
+
+
+def _unread(storage: Storage, definition: DeliveryDefinition) -> list[tuple[StreamHead, int]]:
+    """Each retry-queue stream with rows its shard has not read, and where it is."""
+    rq_topic, _ = queue_topics(definition.name)
+    states = load_states(storage, definition.name)
+    out: list[tuple[StreamHead, int]] = []
+    for shard in range(definition.shard_count):
+        layout = QueueLayout(storage, rq_topic, shard, definition.shard_count)
+        state = states.get(shard)
+        for head in layout.owned():
+            position = head.start_offset if state is None else state.rq_read.get(head.key, 0)
+            position = max(position, head.start_offset)
+            if position < head.next_offset:
+                out.append((head, position))
+    return out
+
+
+def retry_due(storage: Storage, definition: DeliveryDefinition, now: int | None = None) -> bool:
+    """Whether a shard's next retry-queue row is due (a batch should run)."""
+    now = now_us() if now is None else now
+    for head, position in _unread(storage, definition):
+        rows = storage.read(head.key, position, 1)
+        if rows and QueuedMessage.from_stored(rows[0]).due_us <= now:
+            return True
+    return False
+
+
+def is_idle(storage: Storage, name: str) -> bool:
+    """No main-topic lag and no unread retry-queue row."""
+    definition = definition_of(storage, name)
+    if any(lag.lag > 0 for lag in Subscriptions(storage).lag(name)):
+        return False
+    return not _unread(storage, definition)

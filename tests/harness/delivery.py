@@ -1,0 +1,119 @@
+"""Driving a delivering subscription's shards batch by batch without Spark
+(what each Spark task does, `subscriptions/batch.py`), with a clock the test
+moves: for tests of the pipeline's rules on both backends."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from riverbed.storage.base import Storage
+from riverbed.subscriptions.batch import MainRange, ShardRunner, batch_marker
+from riverbed.subscriptions.cursors import Subscriptions
+from riverbed.subscriptions.definition import Definitions, DeliveryDefinition
+from riverbed.subscriptions.endpoint import Deliverer, deliverer
+from riverbed.subscriptions.pipeline import is_idle
+from riverbed.subscriptions.shards import shard_of
+from riverbed.subscriptions.step import Attempts, StepStats
+
+T0 = 1_700_000_000_000_000
+
+
+class Driver:
+    def __init__(self, storage: Storage, name: str, target: Deliverer | None = None) -> None:
+        self.storage = storage
+        self.name = name
+        self.now = T0
+        self.loop = asyncio.new_event_loop()
+        self.batch_id = 0
+        self._target = target
+        self._attempts: Attempts | None = None
+        self.totals = StepStats()
+
+    @property
+    def definition(self) -> DeliveryDefinition:
+        definition = Definitions(self.storage).get(self.name)
+        assert definition is not None
+        return definition
+
+    def _runner(self) -> ShardRunner:
+        definition = self.definition
+
+        async def make() -> Attempts:
+            return Attempts(self._target or deliverer(definition), definition.consumption)
+
+        if self._attempts is None:
+            self._attempts = self.loop.run_until_complete(make())
+        return ShardRunner(
+            self.storage,
+            definition,
+            Subscriptions(self.storage).get(self.name),
+            self._attempts,
+            clock=lambda: self.now,
+        )
+
+    def ranges(self, shard: int, limit: int | None = None) -> list[MainRange]:
+        definition = self.definition
+        storage = self.storage
+        sizes = {
+            st.generation: st.partitions for st in storage.list_storage_topics(definition.topic)
+        }
+        cursors = Subscriptions(storage).positions(
+            Subscriptions(storage).get(self.name), storage.list_streams(definition.topic)
+        )
+        out = []
+        for head in storage.list_streams(definition.topic):
+            s = head.stream
+            if shard_of(s.partition, definition.shard_count, sizes[s.generation]) != shard:
+                continue
+            start = cursors[head.key]
+            end = head.next_offset if limit is None else min(head.next_offset, start + limit)
+            if end > start:
+                out.append(MainRange(head.key, s.generation, s.partition, start, end))
+        return out
+
+    def batch(self, limit: int | None = None) -> list[StepStats | None]:
+        """One batch of every shard (main topic up to its heads, or `limit`
+        messages per stream)."""
+        runner = self._runner()
+        out = []
+        for shard in range(self.definition.shard_count):
+            marker = batch_marker(self.name, shard, "test", self.batch_id)
+            stats = self.loop.run_until_complete(
+                runner.run_batch(shard, self.ranges(shard, limit), marker)
+            )
+            if stats is not None:
+                self.totals.add(stats)
+            out.append(stats)
+        self.batch_id += 1
+        return out
+
+    def idle(self) -> bool:
+        return is_idle(self.storage, self.name)
+
+    def until_idle(
+        self, step_us: int = 1_000_000, rounds: int = 200, limit: int | None = None
+    ) -> int:
+        """Batches (the clock moving `step_us` after each) until nothing is
+        left; returns how many ran."""
+        for n in range(rounds):
+            if self.idle():
+                return n
+            self.batch(limit)
+            self.now += step_us
+        raise AssertionError(f"not idle after {rounds} batches")
+
+    def close(self) -> None:
+        if self._attempts is not None:
+            self.loop.run_until_complete(self._attempts.deliverer.close())
+        self.loop.close()
+
+
+@contextmanager
+def driver(storage: Storage, name: str, target: Deliverer | None = None) -> Iterator[Driver]:
+    d = Driver(storage, name, target)
+    try:
+        yield d
+    finally:
+        d.close()

@@ -1,0 +1,138 @@
+"""A real local HTTP endpoint for delivery tests: records every request and
+fails on command.
+
+    with Endpoint() as endpoint:
+        endpoint.fail(b"m3", 503, times=2)   # m3's first two attempts get 503
+        endpoint.fail(b"m4", 400)            # m4 always gets 400
+        ... deliver to endpoint.url ...
+        endpoint.delivered()                 # payloads answered 2xx, in order
+
+A rule matches a request whose body starts with its prefix. Requests run on
+threads (`ThreadingHTTPServer`); `most` is the most that ran at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from urllib.parse import unquote
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    key: str
+    message_id: str
+    topic: str
+    attempt: int
+    payload: bytes
+    status: int
+    at: float
+
+
+class Endpoint:
+    def __init__(self, delay: float = 0.0) -> None:
+        self.delay = delay
+        self.requests: list[Request] = []
+        self.running = 0
+        self.most = 0
+        self.lock = threading.Lock()
+        self._rules: list[tuple[bytes, int, int | None]] = []
+        self._failed: dict[tuple[bytes, str], int] = {}
+        endpoint = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                with endpoint.lock:
+                    endpoint.running += 1
+                    endpoint.most = max(endpoint.most, endpoint.running)
+                if endpoint.delay:
+                    time.sleep(endpoint.delay)
+                status = endpoint._answer(body, self.headers.get("X-Riverbed-Message-Id", ""))
+                with endpoint.lock:
+                    endpoint.running -= 1
+                    endpoint.requests.append(
+                        Request(
+                            unquote(self.headers.get("X-Riverbed-Key", "")),
+                            self.headers.get("X-Riverbed-Message-Id", ""),
+                            unquote(self.headers.get("X-Riverbed-Topic", "")),
+                            int(self.headers.get("X-Riverbed-Attempt", "0")),
+                            body,
+                            status,
+                            time.monotonic(),
+                        )
+                    )
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            do_PUT = do_POST
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_port}/hook"
+        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self._thread.start()
+
+    def fail(self, prefix: bytes, status: int, times: int | None = None) -> None:
+        """Answer `status` to requests whose body starts with `prefix`: the
+        first `times` attempts of each message (None: always)."""
+        with self.lock:
+            self._rules.append((prefix, status, times))
+
+    def heal(self) -> None:
+        """Forget every rule: everything gets 200 from now on."""
+        with self.lock:
+            self._rules.clear()
+
+    def _answer(self, body: bytes, message_id: str) -> int:
+        with self.lock:
+            for prefix, status, times in self._rules:
+                if not body.startswith(prefix):
+                    continue
+                if times is None:
+                    return status
+                seen = self._failed.get((prefix, message_id), 0)
+                if seen < times:
+                    self._failed[(prefix, message_id)] = seen + 1
+                    return status
+        return 200
+
+    def delivered(self) -> list[Request]:
+        """The requests answered 2xx, in the order they arrived."""
+        with self.lock:
+            return [r for r in self.requests if 200 <= r.status < 300]
+
+    def wait_for(self, count: int, timeout: float = 30.0) -> list[Request]:
+        """Wait until `count` requests were answered 2xx; return them."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            done = self.delivered()
+            if len(done) >= count:
+                return done
+            time.sleep(0.02)
+        done = self.delivered()
+        raise AssertionError(f"{len(done)} of {count} deliveries after {timeout} s")
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def __enter__(self) -> Endpoint:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
