@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import hashlib
 import http.client
@@ -277,10 +278,8 @@ async def serve(host: str, port: int, fail_percent: float) -> None:
             # An orphan would hold its port forever: leave with the parent.
             if os.getppid() != parent:
                 break
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 1.0)
-            except TimeoutError:
-                pass
 
 
 # --------------------------------------------------------------------- client side

@@ -343,9 +343,7 @@ def riverbed_run(
                 ) from None
             exited = time.monotonic() - start
             if returncode != 0:
-                raise SystemExit(
-                    f"`{' '.join(command)}` exited {returncode}:\n{_tail(log_path)}"
-                )
+                raise SystemExit(f"`{' '.join(command)}` exited {returncode}:\n{_tail(log_path)}")
         finally:
             _stop(process)
     stats = endpoint.stats()  # after the exit: late duplicates counted too
@@ -392,7 +390,7 @@ def report(best: dict[tuple[str, int], Run], rounds: int) -> None:
     print()
     print(f"best of {rounds} round(s) each:" if rounds > 1 else "results:")
     print(HEADER)
-    for run in sorted(best.values(), key=lambda r: (r.fail_percent, r.side)):
+    for run in sorted(best.values(), key=lambda r: (r.fail_percent, r.side != "plain loop")):
         print(_row(run))
     print(
         "(503s: injected failures answered; ooo: delivered out of order within the group;"

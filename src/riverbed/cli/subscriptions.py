@@ -28,7 +28,6 @@ from riverbed.subscriptions.definition import (
     ConsumptionPolicy,
     Definitions,
     DeliveryDefinition,
-    HttpEndpoint,
     RetryPolicy,
     parse_endpoint,
 )
@@ -178,10 +177,7 @@ def delivery_definition(
 def _subscription_row(
     record: SubscriptionRecord, delivery: DeliveryDefinition | None
 ) -> dict[str, object]:
-    endpoint = None
-    if delivery is not None:
-        e = delivery.endpoint
-        endpoint = e.url if isinstance(e, HttpEndpoint) else e.target
+    endpoint = None if delivery is None else delivery.target
     return {
         "name": record.name,
         "topic": record.topic,
@@ -314,3 +310,40 @@ def subscription_delete(name: str) -> None:
         else:
             Subscriptions(log.storage).delete(name)
     click.echo(f"deleted subscription {name!r}")
+
+
+@subscription.command("run")
+@click.argument("name")
+@click.option(
+    "--master",
+    metavar="URL",
+    help="Spark master (spark://HOST:7077, local[N]). Default: Spark in this process, every core.",
+)
+@click.option(
+    "--trigger-interval",
+    type=click.FloatRange(min=0.01),
+    default=0.5,
+    show_default=True,
+    help="Seconds between micro-batches.",
+)
+@click.option(
+    "--max-per-trigger",
+    type=click.IntRange(min=1),
+    default=20_000,
+    show_default=True,
+    help="At most this many main-topic messages per micro-batch.",
+)
+@click.option(
+    "--until-idle",
+    is_flag=True,
+    help="Exit once the main topic has no lag and the retry queue is empty.",
+)
+@db_option
+def subscription_run(
+    name: str, master: str | None, trigger_interval: float, max_per_trigger: int, until_idle: bool
+) -> None:
+    """Deliver NAME to its endpoint: a Spark Structured Streaming job, one task
+    per shard, until SIGINT/SIGTERM (or --until-idle)."""
+    from riverbed.cli.delivery import run_delivery
+
+    run_delivery(name, master, trigger_interval, max_per_trigger, until_idle)

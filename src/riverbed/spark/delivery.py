@@ -46,10 +46,6 @@ logger = logging.getLogger(__name__)
 
 TICK = "~retry"
 WORK_SCHEMA = "shard INT, ranges STRING, tick LONG"
-STATS_SCHEMA = (
-    "shard INT, delivered LONG, retried LONG, parked LONG, followed LONG, skipped LONG,"
-    " committed BOOLEAN"
-)
 
 
 class ShardPartition(InputPartition):
@@ -195,50 +191,23 @@ class Totals:
     skipped: int = 0
 
 
+STAT_FIELDS = ("delivered", "retried", "parked", "followed", "skipped")
+
+
 def deliver_partition(
     url: str, name: str, run_id: str, batch_id: int
-) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """The `mapInArrow` function of one batch: runs each shard row it gets."""
+) -> Callable[[Iterator[Any]], Iterator[dict[str, int]]]:
+    """The function each task of a batch runs on its rows (one per shard)."""
 
-    def run(batches: Iterator[Any]) -> Iterator[Any]:
-        import pyarrow as pa
-
+    def run(rows: Iterator[Any]) -> Iterator[dict[str, int]]:
         from riverbed.subscriptions.pipeline import run_shard
 
-        for batch in batches:
-            rows = batch.to_pylist()
-            out: dict[str, list[Any]] = {
-                name: []
-                for name in (
-                    "shard",
-                    "delivered",
-                    "retried",
-                    "parked",
-                    "followed",
-                    "skipped",
-                    "committed",
-                )
-            }
-            for row in rows:
-                stats = run_shard(url, name, run_id, batch_id, row["shard"], row["ranges"])
-                out["shard"].append(row["shard"])
-                for field in ("delivered", "retried", "parked", "followed", "skipped"):
-                    out[field].append(0 if stats is None else getattr(stats, field))
-                out["committed"].append(stats is not None)
-            yield pa.RecordBatch.from_pydict(
-                out,
-                schema=pa.schema(
-                    [
-                        ("shard", pa.int32()),
-                        ("delivered", pa.int64()),
-                        ("retried", pa.int64()),
-                        ("parked", pa.int64()),
-                        ("followed", pa.int64()),
-                        ("skipped", pa.int64()),
-                        ("committed", pa.bool_()),
-                    ]
-                ),
-            )
+        for row in rows:
+            stats = run_shard(url, name, run_id, batch_id, row["shard"], row["ranges"])
+            out = {"shard": row["shard"], "committed": int(stats is not None)}
+            for field in STAT_FIELDS:
+                out[field] = 0 if stats is None else getattr(stats, field)
+            yield out
 
     return run
 
@@ -283,16 +252,13 @@ class DeliveryJob:
 
     def _batch(self, frame: Any, batch_id: int) -> None:
         function = deliver_partition(self.url, self.name, self.run_id, batch_id)
-        rows = frame.mapInArrow(function, STATS_SCHEMA).collect()
+        rows = frame.rdd.mapPartitions(function).collect()
         with self._lock:
             t = self.totals
             t.batches += 1
             for row in rows:
-                t.delivered += row["delivered"]
-                t.retried += row["retried"]
-                t.parked += row["parked"]
-                t.followed += row["followed"]
-                t.skipped += row["skipped"]
+                for field in STAT_FIELDS:
+                    setattr(t, field, getattr(t, field) + row[field])
             snapshot = Totals(**asdict(t))
         if self._on_batch is not None:
             self._on_batch(batch_id, snapshot)
@@ -326,9 +292,13 @@ class DeliveryJob:
         return self.totals
 
     def close(self) -> None:
-        if self.query.isActive:
-            self.query.stop()
-        shutil.rmtree(self._checkpoint, ignore_errors=True)
+        try:
+            if self.query.isActive:
+                self.query.stop()
+        except Exception as exc:  # the JVM went first (a signal reached it too)
+            logger.warning("stopping the delivery query: %s", str(exc).splitlines()[0])
+        finally:
+            shutil.rmtree(self._checkpoint, ignore_errors=True)
 
 
 def wait_idle(job: DeliveryJob, timeout: float) -> bool:

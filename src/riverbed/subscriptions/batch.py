@@ -6,9 +6,9 @@ commit.
 1. loads the shard's state (`shardstate.py`) and the subscription's cursors;
 2. reads its main-topic messages of `ranges` (from the cursor on, if a
    replayed batch finds them committed already; filtered by the
-   subscription's MQTT filter) and the due prefix of its retry queue range
-   (up to `rq_batch` rows: a row not due yet holds back the rows behind it in
-   its partition);
+   subscription's MQTT filter) and a window of its retry queue range (up to
+   `rq_batch` rows not done yet, from each stream's first row not done: the
+   step passes over rows not due yet and does the rest);
 3. runs the step (`step.py`), which delivers and collects queue rows;
 4. commits, in one transaction (`commit`): the queue rows with the marker
    (`append_once`), the checks that they got the offsets the step gave them,
@@ -42,7 +42,13 @@ from riverbed.subscriptions.delivering import queue_topics
 from riverbed.subscriptions.groups import MessageState
 from riverbed.subscriptions.queues import QueuedMessage
 from riverbed.subscriptions.shards import queue_partition, shard_partitions
-from riverbed.subscriptions.shardstate import NAMESPACE, ShardState, load_state, state_key
+from riverbed.subscriptions.shardstate import (
+    NAMESPACE,
+    ShardState,
+    add_done,
+    load_state,
+    state_key,
+)
 from riverbed.subscriptions.step import (
     Attempts,
     MainRow,
@@ -138,31 +144,35 @@ def _queue_rows(storage: Storage, head: StreamHead, first: int, last: int) -> It
         offset = chunk[-1].offset + 1
 
 
-def read_due(
-    storage: Storage,
-    streams: Sequence[StreamHead],
-    positions: dict[int, int],
-    now: int,
-    limit: int = RQ_BATCH,
-) -> list[QueueRow]:
-    """The due prefix of each stream from `positions` (moved past what is read)."""
+def read_window(
+    storage: Storage, streams: Sequence[StreamHead], state: ShardState, limit: int = RQ_BATCH
+) -> tuple[list[QueueRow], bool]:
+    """The rows not done yet from each stream's first row not done on, at most
+    `limit` in all (shared among the streams), in stream then offset order;
+    and whether some stream has rows past what was read."""
     out: list[QueueRow] = []
+    more = False
+    share = max(1, limit // max(1, len(streams)))
     for head in streams:
-        position = max(positions.get(head.key, head.start_offset), head.start_offset)
-        done = False
-        while not done and position < head.next_offset and len(out) < limit:
-            chunk = storage.read(head.key, position, min(READ_CHUNK, limit - len(out)))
+        position = max(state.rq_read.get(head.key, head.start_offset), head.start_offset)
+        done = state.rq_done.get(head.key, [])
+        taken = 0
+        while position < head.next_offset and taken < share:
+            chunk = storage.read(head.key, position, min(READ_CHUNK, share - taken))
             if not chunk:
                 break
             for m in chunk:
-                queued = QueuedMessage.from_stored(m)
-                if queued.due_us > now:
-                    done = True
-                    break
-                out.append(QueueRow(head.key, head.stream.generation, queued, m.offset))
-                position = m.offset + 1
-        positions[head.key] = position
-    return out
+                if not any(start <= m.offset < end for start, end in done):
+                    out.append(
+                        QueueRow(
+                            head.key, head.stream.generation, QueuedMessage.from_stored(m), m.offset
+                        )
+                    )
+                    taken += 1
+            position = chunk[-1].offset + 1
+        if position < head.next_offset:
+            more = True
+    return out, more
 
 
 def read_main(
@@ -266,7 +276,8 @@ class ShardRunner:
         rq = QueueLayout(storage, rq_topic, shard_id, definition.shard_count)
         dlq = QueueLayout(storage, dlq_topic, shard_id, definition.shard_count)
         now = self.clock()
-        queued = read_due(storage, rq.owned(), state.rq_read, now, self.rq_batch)
+        owned = rq.owned()
+        queued, more = read_window(storage, owned, state, self.rq_batch)
         main = read_main(storage, ranges, cursors, self.record.filter)
 
         def followers(head: QueueRow, p: MessageState, group: str) -> list[QueueRow]:
@@ -294,8 +305,17 @@ class ShardRunner:
             self.attempts,
             followers,
             now,
+            state.retries,
         )
         result = await step.run(main, queued)
+        for head in owned:
+            done = result.done.get(head.key, set())
+            start = max(state.rq_read.get(head.key, head.start_offset), head.start_offset)
+            state.rq_read[head.key], state.rq_done[head.key] = add_done(
+                start, state.rq_done.get(head.key, []), done
+            )
+        state.retries = result.retries
+        state.next_due_us = now if more else result.next_due_us
         ends = {r.stream_key: r.end for r in ranges}
         if not commit(storage, name, shard_id, marker, result, state, version, ends):
             return None

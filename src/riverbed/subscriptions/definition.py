@@ -239,6 +239,12 @@ class DeliveryDefinition:
             if value is not None:
                 _count(name, value)
 
+    @property
+    def target(self) -> str:
+        """Where it delivers: the URL or `module:function`."""
+        e = self.endpoint
+        return e.url if isinstance(e, HttpEndpoint) else e.target
+
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True, separators=(",", ":")).encode()
 

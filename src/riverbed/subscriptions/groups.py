@@ -20,13 +20,12 @@ state with its progress in one transaction):
   was superseded (copied further on, below) and is skipped; of a group
   pending in the DLQ, it moves there; otherwise it is the group's next
   message: delivered, then `finished` makes `c` its position.
-- When a group's head read from the RQ fails again, it cannot simply be
-  written at the tail: the group's later messages already in the RQ
-  (`followers`: up to `p`) would come before it, and later main-topic
-  messages would be written before those. So the head and its followers are
-  written again together, in order, at the RQ's tail (`requeued`), or parked
-  together in the DLQ when its attempts ran out (`parked`); `c`'s queue
-  position moves to the last original they supersede, which are then skipped.
+- When a group's head read from the RQ fails again with attempts left, it
+  stays where it is: the shard's RQ reader reads ahead past it (other groups
+  go on) and the group's `HeadRetry` says when its next attempt is due; its
+  followers wait behind it. When its attempts run out, the head and its
+  followers (the group's RQ messages up to `p`) are parked together in the
+  DLQ (`parked`); `c` moves to `p`, so the originals are skipped when read.
 
 So a group's messages are delivered in main-topic order, however often its
 head fails, and nothing of a group passes a message parked in the DLQ
@@ -62,6 +61,18 @@ class MessageState:
     @property
     def internal(self) -> tuple[int, int]:
         return (self.internal_topic_idx, self.internal_topic_offset)
+
+
+@dataclass(frozen=True, slots=True)
+class HeadRetry:
+    """A group's RQ head that failed again and stays in place: its next attempt."""
+
+    internal: tuple[int, int]
+    """The head's RQ position (storage topic index, offset)."""
+    attempt: int
+    due_us: int
+    failed_us: int
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,24 +143,6 @@ class GroupStates:
             del states[group]  # released
         else:
             states[group] = GroupState(state.p, at)
-
-    def followers(self, group: str, head: MessageState) -> tuple[int, int] | None:
-        """The RQ positions (after `head`'s, up to and including this one) of
-        the group's messages behind its head: written again with it."""
-        state = self.rq.get(group)
-        if state is None or state.p.internal <= head.internal:
-            return None
-        return (head.internal_topic_offset, state.p.internal_topic_offset)
-
-    def requeued(self, group: str, written: list[MessageState]) -> None:
-        """The head that failed again and its followers were written at the
-        RQ's tail at `written` (head first)."""
-        state = self.rq.get(group)
-        done = NO_POSITION if state is None or state.c is None else state.c.main
-        last = state.p if state is not None else written[0]
-        for at in written:
-            self.queued(Queue.RQ, group, at)
-        self.rq[group] = GroupState(written[-1], MessageState(*done, *last.internal))
 
     def parked(self, group: str, head: MessageState, written: list[MessageState]) -> None:
         """The head read at `head` whose attempts ran out and its followers

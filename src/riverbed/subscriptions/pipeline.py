@@ -28,7 +28,6 @@ from riverbed.subscriptions.cursors import Subscriptions
 from riverbed.subscriptions.definition import Definitions, DeliveryDefinition
 from riverbed.subscriptions.delivering import queue_topics
 from riverbed.subscriptions.endpoint import deliverer
-from riverbed.subscriptions.queues import QueuedMessage
 from riverbed.subscriptions.shardstate import load_states
 from riverbed.subscriptions.step import Attempts, StepStats
 
@@ -123,13 +122,17 @@ def _unread(storage: Storage, definition: DeliveryDefinition) -> list[tuple[Stre
 
 
 def retry_due(storage: Storage, definition: DeliveryDefinition, now: int | None = None) -> bool:
-    """Whether a shard's next retry-queue row is due (a batch should run)."""
+    """Whether some shard has retry work due (a batch should run for it)."""
     now = now_us() if now is None else now
-    for head, position in _unread(storage, definition):
-        rows = storage.read(head.key, position, 1)
-        if rows and QueuedMessage.from_stored(rows[0]).due_us <= now:
-            return True
-    return False
+    states = load_states(storage, definition.name)
+    if not any(state.next_due_us is not None for state in states.values()):
+        return False
+    unread = _unread(storage, definition)
+    if not unread:
+        return False
+    return any(
+        state.next_due_us is not None and state.next_due_us <= now for state in states.values()
+    )
 
 
 def is_idle(storage: Storage, name: str) -> bool:

@@ -2,8 +2,13 @@
 
 One KV record per shard (namespace `delivery.shard`, key `NAME/SHARD_ID`):
 seed 003's GroupState of the shard's groups in the retry and dead-letter
-queues, and how far the shard has read each stream of its queue ranges. Its
-main-topic progress is the subscription's cursors. `batch.commit` writes the
+queues, the next attempt of group heads that failed again in place
+(`HeadRetry`), and how far the shard has read each stream of its queue
+ranges: the retry queue is read ahead (a row not due yet does not hold back
+the rows behind it), so a stream's progress is its first row not done plus
+the rows done above it (offset intervals). `next_due_us` is when the shard
+next has retry work (the driver runs a batch for it). Its main-topic
+progress is the subscription's cursors. `batch.commit` writes the
 record, the cursors and the queue rows in one transaction, with a compare-and-
 set on the record's version: two runs of the same batch cannot both commit.
 """
@@ -16,7 +21,7 @@ from typing import Any
 
 from riverbed.errors import InvalidInput
 from riverbed.storage.base import Storage
-from riverbed.subscriptions.groups import GroupState, GroupStates, MessageState
+from riverbed.subscriptions.groups import GroupState, GroupStates, HeadRetry, MessageState
 
 NAMESPACE = "delivery.shard"
 
@@ -47,9 +52,14 @@ def _message_state(value: Any) -> MessageState | None:
 class ShardState:
     groups: GroupStates = field(default_factory=GroupStates)
     rq_read: dict[int, int] = field(default_factory=dict)
-    """RQ stream key -> the next offset the shard reads."""
+    """RQ stream key -> its first row not done."""
+    rq_done: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    """RQ stream key -> rows done above `rq_read`, as sorted `[start, end)` intervals."""
+    retries: dict[str, HeadRetry] = field(default_factory=dict)
     dlq_read: dict[int, int] = field(default_factory=dict)
     """DLQ stream key -> the first offset not yet replayed or purged."""
+    next_due_us: int | None = None
+    """When retry work is due next (None: none known)."""
 
     def to_json(self) -> bytes:
         def states(table: dict[str, GroupState]) -> dict[str, Any]:
@@ -60,7 +70,15 @@ class ShardState:
                 "rq": states(self.groups.rq),
                 "dlq": states(self.groups.dlq),
                 "rq_read": {str(k): v for k, v in sorted(self.rq_read.items())},
+                "rq_done": {
+                    str(k): [list(i) for i in v] for k, v in sorted(self.rq_done.items()) if v
+                },
+                "retries": {
+                    g: [list(r.internal), r.attempt, r.due_us, r.failed_us, r.reason]
+                    for g, r in sorted(self.retries.items())
+                },
                 "dlq_read": {str(k): v for k, v in sorted(self.dlq_read.items())},
+                "next_due": self.next_due_us,
             },
             separators=(",", ":"),
         ).encode()
@@ -78,13 +96,43 @@ class ShardState:
                     out[str(group)] = GroupState(at, _message_state(c))
                 return out
 
+            retries = {}
+            for group, (internal, attempt, due, failed, reason) in raw["retries"].items():
+                idx, offset = (int(x) for x in internal)
+                retries[str(group)] = HeadRetry(
+                    (idx, offset), int(attempt), int(due), int(failed), str(reason)
+                )
+            next_due = raw["next_due"]
             return cls(
                 GroupStates(states(raw["rq"]), states(raw["dlq"])),
                 {int(k): int(v) for k, v in raw["rq_read"].items()},
+                {int(k): [(int(a), int(b)) for a, b in v] for k, v in raw["rq_done"].items()},
+                retries,
                 {int(k): int(v) for k, v in raw["dlq_read"].items()},
+                None if next_due is None else int(next_due),
             )
         except (ValueError, KeyError, TypeError, AssertionError) as exc:
             raise InvalidInput(f"shard state {data[:80]!r} is malformed: {exc!r}") from None
+
+
+def add_done(
+    position: int, done: list[tuple[int, int]], offsets: set[int]
+) -> tuple[int, list[tuple[int, int]]]:
+    """A stream's progress after `offsets` were done too: the first row not
+    done and the done intervals above it."""
+    marks = {o for o in offsets if o >= position}
+    for start, end in done:
+        marks.update(range(max(start, position), end))
+    while position in marks:
+        marks.discard(position)
+        position += 1
+    intervals: list[tuple[int, int]] = []
+    for offset in sorted(marks):
+        if intervals and intervals[-1][1] == offset:
+            intervals[-1] = (intervals[-1][0], offset + 1)
+        else:
+            intervals.append((offset, offset + 1))
+    return position, intervals
 
 
 def load_state(storage: Storage, name: str, shard_id: int) -> tuple[ShardState, int | None]:

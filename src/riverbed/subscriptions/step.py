@@ -36,7 +36,7 @@ from riverbed.model import MessageIdGenerator, StoredMessage, encode_properties
 from riverbed.storage.base import Row
 from riverbed.subscriptions.definition import ConsumptionPolicy, DeliveryDefinition
 from riverbed.subscriptions.endpoint import Attempt, Deliverer, Outcome
-from riverbed.subscriptions.groups import Action, GroupStates, MessageState, Queue
+from riverbed.subscriptions.groups import Action, GroupStates, HeadRetry, MessageState, Queue
 from riverbed.subscriptions.queues import QueuedMessage
 from riverbed.subscriptions.shards import queue_partition
 
@@ -209,6 +209,10 @@ class StepResult:
     rq: QueueWriter
     dlq: QueueWriter
     groups: GroupStates
+    retries: dict[str, HeadRetry]
+    done: dict[int, set[int]]
+    """RQ rows done, by stream key."""
+    next_due_us: int | None
 
 
 FollowerReader = Callable[[QueueRow, MessageState, str], list[QueueRow]]
@@ -243,9 +247,14 @@ class ShardStep:
         attempts: Attempts,
         followers: FollowerReader,
         now_us: int,
+        retries: dict[str, HeadRetry] | None = None,
     ) -> None:
         self.definition = definition
         self.groups = groups
+        self.retries = {} if retries is None else retries
+        self.done: dict[int, set[int]] = {}
+        """RQ rows done in this step, by stream key."""
+        self.next_due_us: int | None = None
         self.rq = rq
         self.dlq = dlq
         self.attempts = attempts
@@ -293,6 +302,8 @@ class ShardStep:
 
     def _write(self, queue: Queue, queued: QueuedMessage) -> MessageState:
         writer = self.rq if queue is Queue.RQ else self.dlq
+        if queue is Queue.RQ and queued.reason != FOLLOWS:
+            self._due(queued.due_us)
         generation, offset = writer.write(queued)
         return MessageState(queued.main_topic_idx, queued.main_offset, generation, offset)
 
@@ -302,6 +313,13 @@ class ShardStep:
         if result.outcome is Outcome.RETRY and attempt < retry.max_attempts:
             return Queue.RQ, self.now_us + int(retry.delay(attempt) * 1_000_000)
         return Queue.DLQ, self.now_us
+
+    def _finish(self, row: QueueRow) -> None:
+        self.done.setdefault(row.stream_key, set()).add(row.offset)
+
+    def _due(self, due_us: int) -> None:
+        if self.next_due_us is None or due_us < self.next_due_us:
+            self.next_due_us = due_us
 
     def _count_failure(self, queue: Queue) -> None:
         if queue is Queue.RQ:
@@ -321,6 +339,10 @@ class ShardStep:
 
     async def _alone_queued(self, row: QueueRow) -> None:
         q = row.queued
+        if q.due_us > self.now_us:
+            self._due(q.due_us)  # read ahead past it; it stays
+            return
+        self._finish(row)
         result = await self.attempts(_stored(q), q.attempt)
         if result.outcome is Outcome.DELIVERED:
             self.stats.delivered += 1
@@ -337,6 +359,7 @@ class ShardStep:
             action = states.read(group, at)
             if action is Action.SKIP:
                 states.skipped(group, at)
+                self._finish(row)
                 self.stats.skipped += 1
                 continue
             q = row.queued
@@ -344,31 +367,55 @@ class ShardStep:
                 moved = self._write(Queue.DLQ, self._again(q, q.attempt, q.due_us, FOLLOWS))
                 states.queued(Queue.DLQ, group, moved)
                 states.finished(Queue.RQ, group, at)
+                self._finish(row)
                 self.stats.followed += 1
                 continue
-            result = await self.attempts(_stored(q), q.attempt)
+            retry = self.retries.get(group)
+            if retry is not None and retry.internal == at.internal:
+                attempt, due = retry.attempt, retry.due_us
+            else:
+                attempt, due = q.attempt, q.due_us
+            if due > self.now_us:
+                self._due(due)
+                await self._follow(group, main)  # pending: they go behind it
+                return
+            result = await self.attempts(_stored(q), attempt)
             if result.outcome is Outcome.DELIVERED:
                 states.finished(Queue.RQ, group, at)
+                self.retries.pop(group, None)
+                self._finish(row)
                 self.stats.delivered += 1
                 continue
-            queue, due = self._after_failure(q.attempt, result)
+            queue, next_due = self._after_failure(attempt, result)
+            self._count_failure(queue)
+            if queue is Queue.RQ:
+                # It stays the group's head; its next attempt is due later.
+                self.retries[group] = HeadRetry(
+                    at.internal, attempt + 1, next_due, self.now_us, result.reason
+                )
+                self._due(next_due)
+                await self._follow(group, main)
+                return
+            # Parked: the head and the group's messages behind it in the RQ.
             state = states.rq.get(group)
             behind = (
                 self.read_followers(row, state.p, group)
-                if state is not None and states.followers(group, at) is not None
+                if state is not None and state.p.internal > at.internal
                 else []
             )
-            head = self._again(q, q.attempt + 1, due, result.reason)
-            again = [self._write(queue, head)]
+            again = [self._write(Queue.DLQ, self._again(q, attempt + 1, next_due, result.reason))]
             for follower in behind:
                 f = follower.queued
-                again.append(self._write(queue, self._again(f, f.attempt, due, f.reason)))
-            if queue is Queue.RQ:
-                states.requeued(group, again)
-            else:
-                states.parked(group, at, again)
-            self._count_failure(queue)
+                again.append(self._write(Queue.DLQ, self._again(f, f.attempt, f.due_us, f.reason)))
+            states.parked(group, at, again)
+            self.retries.pop(group, None)
+            self._finish(row)
             self.stats.followed += len(behind)
+        await self._follow(group, main)
+
+    async def _follow(self, group: str, main: list[MainRow]) -> None:
+        """The group's main-topic rows of the batch, in order."""
+        states = self.groups
         for main_row in main:
             route = states.route_main(group)
             if route is not None:
@@ -411,4 +458,6 @@ class ShardStep:
 
         work.extend(lane(group, rows) for group, rows in by_group.items())
         await asyncio.gather(*work)
-        return StepResult(self.stats, self.rq, self.dlq, self.groups)
+        return StepResult(
+            self.stats, self.rq, self.dlq, self.groups, self.retries, self.done, self.next_due_us
+        )

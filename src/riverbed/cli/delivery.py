@@ -1,0 +1,86 @@
+"""`riverbed subscription run NAME`: the delivery pipeline on Spark (issue 7).
+
+Checks the subscription before Spark starts (a name that does not deliver to
+an endpoint fails at once), prints one line per micro-batch that did
+something and the totals at the end. SIGINT or SIGTERM stops the query after
+the batch in hand (a batch cut short commits nothing and runs again next
+time: delivery is at least once).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from types import FrameType
+
+import click
+
+from riverbed.cli._app import DB_KEY
+from riverbed.spark.delivery import Totals
+from riverbed.storage import default_url, open_storage
+from riverbed.subscriptions.pipeline import definition_of
+
+
+def run_delivery(
+    name: str, master: str | None, trigger_interval: float, max_per_trigger: int, until_idle: bool
+) -> None:
+    url = click.get_current_context().meta.get(DB_KEY) or default_url()
+    storage = open_storage(url)
+    try:
+        definition = definition_of(storage, name)  # NotFound: exit 1 before Spark starts
+    finally:
+        storage.close()
+    from riverbed.spark import session
+    from riverbed.spark.delivery import DeliveryJob
+
+    started = time.monotonic()
+    click.echo(
+        f"subscription {name}: {definition.shard_count} shard(s), delivering to"
+        f" {definition.target}; starting Spark",
+        err=True,
+    )
+    spark = session(master, app_name=f"riverbed-delivery-{name}")
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    seen = Totals()
+
+    def on_batch(batch_id: int, totals: Totals) -> None:
+        moved = (
+            totals.delivered - seen.delivered,
+            totals.retried - seen.retried,
+            totals.parked - seen.parked,
+        )
+        if any(moved):
+            click.echo(
+                f"batch {batch_id}: delivered {moved[0]}, to retry {moved[1]}, parked {moved[2]}",
+                err=True,
+            )
+        seen.delivered, seen.retried, seen.parked = (
+            totals.delivered,
+            totals.retried,
+            totals.parked,
+        )
+
+    try:
+        job = DeliveryJob(
+            spark,
+            url,
+            name,
+            trigger_seconds=trigger_interval,
+            max_per_trigger=max_per_trigger,
+            on_batch=on_batch,
+        )
+        totals = job.run(until_idle=until_idle, stop=stop)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    click.echo(
+        f"subscription {name}: {totals.batches} batches, delivered {totals.delivered},"
+        f" retried {totals.retried}, parked {totals.parked}"
+        f" in {time.monotonic() - started:.1f} s"
+    )
