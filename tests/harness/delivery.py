@@ -5,6 +5,7 @@ moves: for tests of the pipeline's rules on both backends."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -17,7 +18,9 @@ from riverbed.subscriptions.pipeline import is_idle
 from riverbed.subscriptions.shards import shard_of
 from riverbed.subscriptions.step import Attempts, StepStats
 
-T0 = 1_700_000_000_000_000
+T0 = time.time_ns() // 1_000_000_000 * 1_000_000
+"""The driver's clock starts at the wall clock (whole seconds): what the
+command line writes (a replay, due now) is due for it too."""
 
 
 class Driver:

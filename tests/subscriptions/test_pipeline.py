@@ -277,3 +277,31 @@ def test_attempts_in_flight_are_bounded_by_the_policy(storage: Storage, grouped:
             d.batch()
         assert len(slow.delivered()) == 36
         assert 1 < slow.most <= (4 if grouped else 8)
+
+
+def test_a_batch_after_one_that_did_not_commit_reads_what_that_one_left(
+    storage: Storage, endpoint: Endpoint, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spark moves on after a batch whose shard was superseded (nothing
+    committed): the next batch starts at the cursor, not at Spark's offsets."""
+    subscribe(storage, endpoint, shards=1)
+    produce(storage, groups=4, per_group=3)
+    real_commit = batch_module.commit
+
+    def superseded(*args: object, **kwargs: object) -> bool:
+        raise batch_module.Superseded("another run committed first")
+
+    with driver(storage, "billing") as d:
+        first = d.ranges(0)
+        monkeypatch.setattr(batch_module, "commit", superseded)
+        with pytest.raises(batch_module.Superseded):
+            d.batch()
+        monkeypatch.setattr(batch_module, "commit", real_commit)
+        later = [
+            batch_module.MainRange(r.stream_key, r.generation, r.partition, r.end, r.end)
+            for r in first
+        ]
+        runner = d._runner()
+        stats = d.loop.run_until_complete(runner.run_batch(0, later, "m"))
+        assert stats is not None and stats.delivered == 12
+    assert len({r.payload for r in endpoint.delivered()}) == 12

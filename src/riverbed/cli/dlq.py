@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from typing import Any
 
 import click
 
@@ -19,12 +20,12 @@ from riverbed.cli._app import (
 from riverbed.errors import InvalidInput, NotFound
 from riverbed.log.jsonlines import format_time
 from riverbed.model import MessageId
-from riverbed.subscriptions.dlq import Parked, parked
+from riverbed.subscriptions.dlq import DlqChange, Parked, Selection, parked, purge, replay
 
 
 @cli.group()
 def dlq() -> None:
-    """Browse the dead-letter queue of a subscription that delivers."""
+    """Browse, replay and purge the dead-letter queue of a subscription that delivers."""
 
 
 def _message_id(text: str) -> MessageId:
@@ -118,3 +119,102 @@ def dlq_show(name: str, message_id: str, as_json: bool) -> None:
         return
     for key, value in row.items():
         click.echo(f"{key:>12}: {value}")
+
+
+def _selection(
+    everything: bool,
+    since: str | None,
+    until: str | None,
+    groups: tuple[str, ...],
+    message_ids: tuple[str, ...],
+) -> Selection:
+    return Selection(
+        everything,
+        None if since is None else parse_time(since),
+        None if until is None else parse_time(until),
+        frozenset(groups),
+        frozenset(_message_id(t) for t in message_ids),
+    )
+
+
+def _selectors(command: Any) -> Any:
+    for option in reversed(
+        [
+            click.option("--all", "everything", is_flag=True, help="Every parked message."),
+            click.option("--since", metavar="ISO-TIME", help="Failed at or after this time."),
+            click.option("--until", metavar="ISO-TIME", help="Failed before this time."),
+            click.option("--group", "groups", multiple=True, help="Of this group (repeatable)."),
+            click.option(
+                "--message-id", "message_ids", multiple=True, help="This message (repeatable)."
+            ),
+        ]
+    ):
+        command = option(command)
+    return command
+
+
+def _report(verb: str, name: str, change: DlqChange, as_json: bool) -> None:
+    if as_json:
+        print_json(
+            {
+                "subscription": name,
+                verb: change.selected + change.along,
+                "selected": change.selected,
+                "earlier_of_their_groups": change.along,
+                "message_ids": [str(m) for m in change.message_ids],
+            }
+        )
+        return
+    along = (
+        f" ({change.along} earlier message(s) of their groups with them, to keep group order)"
+        if change.along
+        else ""
+    )
+    click.echo(f"{verb} {change.selected} message(s) of {name!r}{along}")
+
+
+@dlq.command("replay")
+@click.argument("name")
+@_selectors
+@json_option
+@db_option
+def dlq_replay(
+    name: str,
+    everything: bool,
+    since: str | None,
+    until: str | None,
+    groups: tuple[str, ...],
+    message_ids: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """Unsideline parked messages of NAME: back into the flow (retry queue, due
+    now, first attempt), in group order."""
+    selection = _selection(everything, since, until, groups, message_ids)
+    with open_log() as log:
+        change = replay(log.storage, name, selection)
+    _report("replayed", name, change, as_json)
+
+
+@dlq.command("purge")
+@click.argument("name")
+@_selectors
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@json_option
+@db_option
+def dlq_purge(
+    name: str,
+    everything: bool,
+    since: str | None,
+    until: str | None,
+    groups: tuple[str, ...],
+    message_ids: tuple[str, ...],
+    yes: bool,
+    as_json: bool,
+) -> None:
+    """Drop parked messages of NAME for good."""
+    selection = _selection(everything, since, until, groups, message_ids)
+    if not yes:
+        click.confirm(f"Drop the selected parked messages of {name!r} for good?", abort=True)
+    with open_log() as log:
+        change = purge(log.storage, name, selection)
+    _report("purged", name, change, as_json)

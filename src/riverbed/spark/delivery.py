@@ -40,7 +40,7 @@ from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows
 from pyspark.sql.types import StructType
 
 from riverbed.spark.options import StreamOptions, stream_options
-from riverbed.spark.planning import next_offsets, ranges
+from riverbed.spark.planning import next_offsets
 
 logger = logging.getLogger(__name__)
 
@@ -151,15 +151,22 @@ class DeliveryStreamReader(DataSourceStreamReader):
         main_end = {k: v for k, v in end.items() if k != TICK}
         count = definition.shard_count
         work: list[list[dict[str, int]]] = [[] for _ in range(count)]
-        for r in ranges(main_start, main_end, heads):
-            shard = shard_of(r.partition, count, sizes[r.generation])
+        # Every stream the batch knows, even without new messages: a shard reads
+        # from its cursor on, so what a batch that did not commit left behind is
+        # read again by the next one.
+        for head in sorted(heads, key=lambda h: (h.stream.generation, h.stream.partition)):
+            s = head.stream
+            name = str(s)
+            if name not in main_end or name not in main_start:
+                continue
+            shard = shard_of(s.partition, count, sizes[s.generation])
             work[shard].append(
                 {
-                    "stream_key": r.stream_key,
-                    "generation": r.generation,
-                    "partition": r.partition,
-                    "start": r.start,
-                    "end": r.end,
+                    "stream_key": head.key,
+                    "generation": s.generation,
+                    "partition": s.partition,
+                    "start": main_start[name],
+                    "end": main_end[name],
                 }
             )
         tick = end.get(TICK, 0)

@@ -178,11 +178,13 @@ def read_window(
 def read_main(
     storage: Storage, ranges: Sequence[MainRange], cursors: dict[int, int], topic_filter: str | None
 ) -> list[MainRow]:
-    """The messages of `ranges` from the cursors on (a replayed batch skips what
-    it committed), in range order, filtered by the subscription's filter."""
+    """The messages of `ranges` from the cursors on, up to the ranges' ends, in
+    range order, filtered by the subscription's filter. The cursors are the
+    authority: a replayed batch skips what it committed, and a batch after one
+    that did not commit (superseded) reads what that one left."""
     out: list[MainRow] = []
     for r in ranges:
-        offset = max(r.start, cursors.get(r.stream_key, r.start))
+        offset = cursors.get(r.stream_key, r.start)
         while offset < r.end:
             chunk = storage.read(r.stream_key, offset, min(READ_CHUNK, r.end - offset))
             if not chunk:

@@ -4,21 +4,46 @@
 generations) and returns the parked messages that match the selectors — failed
 at or after `since_us` (and before `until_us`), of the given group ids, with the
 given message ids — oldest failure first (then by stream and offset), a page
-at a time. Each comes with where it is parked (stream, offset), which is what
-replay and purge act on.
+at a time. Each comes with where it is parked (stream, offset). Messages
+replayed or purged are not parked any more: the shards' state says which.
+
+`replay` writes selected parked messages back into the flow: into the retry
+queue of their shard, due now, as a first attempt; `purge` drops them. Both
+act shard by shard, each in one transaction with the shard's state
+(compare-and-set: a batch of a running job that commits first makes it read
+again; the batch that loses runs again). In a grouped subscription a group's
+parked messages leave the DLQ in order: selecting one takes the group's
+earlier parked messages with it (`DlqChange.along`); the group's later ones
+stay parked, and its new messages keep joining them, while the replayed ones
+are delivered (they come first in the group's order).
 """
 
 from __future__ import annotations
 
+import time
+import uuid
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from riverbed.errors import InvalidInput, NotFound
-from riverbed.model import MessageId, StreamId
+from riverbed.model import MessageId, MessageIdGenerator, StreamId
 from riverbed.storage.base import Storage
+from riverbed.storage.transactions import append_once_in, kv_put_in, transaction
+from riverbed.subscriptions.batch import QueueLayout, Superseded
 from riverbed.subscriptions.definition import Definitions
 from riverbed.subscriptions.delivering import queue_topics
+from riverbed.subscriptions.groups import MessageState, Queue
 from riverbed.subscriptions.queues import QueuedMessage
+from riverbed.subscriptions.shardstate import (
+    NAMESPACE,
+    ShardState,
+    add_done,
+    is_done,
+    load_state,
+    load_states,
+    state_key,
+)
+from riverbed.subscriptions.step import QueueRow
 
 READ_PAGE = 1000
 """Rows per storage read."""
@@ -52,13 +77,22 @@ def parked(
     found: list[Parked] = []
     wanted_groups = set(groups)
     wanted_ids = set(message_ids)
+    positions: dict[int, int] = {}
+    done: dict[int, list[tuple[int, int]]] = {}
+    for state in load_states(storage, name).values():
+        positions.update(state.dlq_read)
+        done.update(state.dlq_done)
     for head in storage.list_streams(dlq):
-        offset = head.start_offset
+        position = max(positions.get(head.key, head.start_offset), head.start_offset)
+        above = done.get(head.key, [])
+        offset = position
         while offset < head.next_offset:
             rows = storage.read(head.key, offset, READ_PAGE)
             if not rows:
                 break
             for row in rows:
+                if is_done(row.offset, position, above):
+                    continue  # replayed or purged
                 message = QueuedMessage.from_stored(row)
                 if since_us is not None and message.failed_us < since_us:
                     continue
@@ -79,3 +113,202 @@ def parked(
 
 def _failure_order(p: Parked) -> tuple[int, int, int, int]:
     return (p.message.failed_us, p.stream.generation, p.stream.partition, p.offset)
+
+
+# --------------------------------------------------------------------- replay and purge
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """Which parked messages: everything, or those matching every criterion given."""
+
+    everything: bool = False
+    since_us: int | None = None
+    until_us: int | None = None
+    groups: frozenset[str] = frozenset()
+    message_ids: frozenset[MessageId] = frozenset()
+
+    def __post_init__(self) -> None:
+        criteria = (self.since_us, self.until_us, self.groups or None, self.message_ids or None)
+        given = any(c is not None for c in criteria)
+        if self.everything == given:
+            raise InvalidInput(
+                "select the parked messages either with everything (--all) or with"
+                " --since/--until/--group/--message-id, not both and not neither"
+            )
+
+    def matches(self, message: QueuedMessage) -> bool:
+        if self.everything:
+            return True
+        if self.since_us is not None and message.failed_us < self.since_us:
+            return False
+        if self.until_us is not None and message.failed_us >= self.until_us:
+            return False
+        if self.groups and message.key not in self.groups:
+            return False
+        return not self.message_ids or message.message_id in self.message_ids
+
+
+@dataclass(slots=True)
+class DlqChange:
+    """What a replay or a purge did."""
+
+    selected: int = 0
+    along: int = 0
+    """Earlier parked messages of the selected ones' groups taken with them
+    (grouped order: a group's parked messages leave the DLQ in order)."""
+    message_ids: list[MessageId] = field(default_factory=list)
+
+
+MAX_CONFLICTS = 10
+
+
+def replay(
+    storage: Storage, name: str, selection: Selection, now_us: int | None = None
+) -> DlqChange:
+    """Write the selected parked messages back into the flow (the retry queue,
+    first attempt, due now), in group order; see `DlqChange.along`."""
+    return _change(storage, name, selection, replaying=True, now_us=now_us)
+
+
+def purge(storage: Storage, name: str, selection: Selection) -> DlqChange:
+    """Drop the selected parked messages (with `DlqChange.along`)."""
+    return _change(storage, name, selection, replaying=False, now_us=None)
+
+
+def _open_rows(storage: Storage, layout: QueueLayout, state: ShardState) -> list[QueueRow]:
+    """The shard's parked rows not replayed or purged yet, in stream then offset order."""
+    rows: list[QueueRow] = []
+    for head in layout.owned():
+        position = max(state.dlq_read.get(head.key, head.start_offset), head.start_offset)
+        done = state.dlq_done.get(head.key, [])
+        offset = position
+        while offset < head.next_offset:
+            chunk = storage.read(head.key, offset, READ_PAGE)
+            if not chunk:
+                break
+            for m in chunk:
+                if not is_done(m.offset, position, done):
+                    rows.append(
+                        QueueRow(
+                            head.key, head.stream.generation, QueuedMessage.from_stored(m), m.offset
+                        )
+                    )
+            offset = chunk[-1].offset + 1
+    return rows
+
+
+def _chosen(
+    rows: list[QueueRow], selection: Selection, grouped: bool
+) -> tuple[list[QueueRow], int]:
+    """The selected rows and, grouped, each group's earlier rows (in DLQ order)."""
+    selected = [r for r in rows if selection.matches(r.queued)]
+    if not grouped:
+        return selected, 0
+    last: dict[str, tuple[int, int]] = {}
+    for r in selected:
+        if r.queued.key is not None:
+            last[r.queued.key] = (r.generation, r.offset)
+    picked = {id(r) for r in selected}
+    chosen = [
+        r
+        for r in rows
+        if id(r) in picked
+        or (r.queued.key in last and (r.generation, r.offset) <= last[r.queued.key])
+    ]
+    return chosen, len(chosen) - len(selected)
+
+
+def _change(
+    storage: Storage, name: str, selection: Selection, *, replaying: bool, now_us: int | None
+) -> DlqChange:
+    definition = Definitions(storage).get(name)
+    if definition is None:
+        raise NotFound(f"subscription {name!r} does not deliver to an endpoint: no DLQ")
+    rq_topic, dlq_topic = queue_topics(name)
+    count = definition.shard_count
+    if selection.message_ids:
+        # Every named message must be parked: check before changing anything.
+        found = {
+            r.queued.message_id
+            for shard in range(count)
+            for r in _open_rows(
+                storage,
+                QueueLayout(storage, dlq_topic, shard, count),
+                load_state(storage, name, shard)[0],
+            )
+        }
+        missing = sorted(str(m) for m in selection.message_ids - found)
+        if missing:
+            raise NotFound(f"message(s) {', '.join(missing)} are not parked in the DLQ of {name!r}")
+    out = DlqChange()
+    ids = MessageIdGenerator()
+    for shard in range(count):
+        for _attempt in range(MAX_CONFLICTS):
+            now = time.time_ns() // 1000 if now_us is None else now_us
+            state, version = load_state(storage, name, shard)
+            dlq_layout = QueueLayout(storage, dlq_topic, shard, count)
+            rows = _open_rows(storage, dlq_layout, state)
+            chosen, along = _chosen(rows, selection, definition.grouped)
+            if not chosen:
+                break
+            writer = QueueLayout(storage, rq_topic, shard, count).writer(ids, now)
+            states = state.groups
+            for r in chosen:
+                q = r.queued
+                if replaying:
+                    again = QueuedMessage(
+                        q.message_id,
+                        q.main_topic_idx,
+                        q.main_partition,
+                        q.main_offset,
+                        1,
+                        now,
+                        q.failed_us,
+                        f"replayed ({q.reason})",
+                        q.key,
+                        q.payload,
+                        q.mqtt_topic,
+                        q.properties,
+                        q.qos,
+                        q.retain,
+                    )
+                    generation, offset = writer.write(again)
+                    if definition.grouped and q.key is not None:
+                        at = MessageState(q.main_topic_idx, q.main_offset, generation, offset)
+                        states.queued(Queue.RQ, q.key, at)
+                if definition.grouped and q.key is not None:
+                    states.finished(Queue.DLQ, q.key, r.at)
+            done: dict[int, set[int]] = {}
+            for r in chosen:
+                done.setdefault(r.stream_key, set()).add(r.offset)
+            for head in dlq_layout.owned():
+                if head.key in done:
+                    start = max(state.dlq_read.get(head.key, head.start_offset), head.start_offset)
+                    state.dlq_read[head.key], state.dlq_done[head.key] = add_done(
+                        start, state.dlq_done.get(head.key, []), done[head.key]
+                    )
+            if replaying:
+                state.next_due_us = now
+            try:
+                with transaction(storage) as tx:
+                    marker = f"dlq/{name}/{shard}/{uuid.uuid4().hex}"
+                    firsts = append_once_in(tx, marker, writer.batches)
+                    if firsts != writer.expected_firsts():
+                        raise Superseded("the retry queue moved")
+                    if not kv_put_in(
+                        tx, NAMESPACE, state_key(name, shard), state.to_json(), version
+                    ):
+                        raise Superseded("the shard's state moved")
+                    tx.execute("DELETE FROM markers WHERE marker = ?", (marker,))
+            except Superseded:
+                continue  # a running batch committed meanwhile: read again
+            out.selected += len(chosen) - along
+            out.along += along
+            out.message_ids.extend(r.queued.message_id for r in chosen)
+            break
+        else:
+            raise Superseded(
+                f"shard {shard} of {name!r} kept changing: {MAX_CONFLICTS} attempts failed"
+            )
+    return out

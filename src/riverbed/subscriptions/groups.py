@@ -18,8 +18,11 @@ state with its progress in one transaction):
   policy says so or its attempts ran out, to the DLQ (`queued`).
 - A message read from the RQ (`read`): below or at `c`'s queue position it
   was superseded (copied further on, below) and is skipped; of a group
-  pending in the DLQ, it moves there; otherwise it is the group's next
-  message: delivered, then `finished` makes `c` its position.
+  pending in the DLQ, it moves there, unless it was replayed from there
+  (main position at or before the DLQ's `c`: a replay takes a prefix of the
+  group's parked messages, so what is still parked comes after it);
+  otherwise it is the group's next message: delivered, then `finished` makes
+  `c` its position.
 - When a group's head read from the RQ fails again with attempts left, it
   stays where it is: the shard's RQ reader reads ahead past it (other groups
   go on) and the group's `HeadRetry` says when its next attempt is due; its
@@ -129,6 +132,9 @@ class GroupStates:
         if state is not None and state.c is not None and at.internal <= state.c.internal:
             return Action.SKIP
         if self.pending(Queue.DLQ, group):
+            parked = self.dlq[group].c
+            if parked is not None and at.main <= parked.main:
+                return Action.DELIVER  # replayed from the DLQ: ahead of what is still there
             return Action.TO_DLQ
         return Action.DELIVER
 

@@ -58,6 +58,8 @@ class ShardState:
     retries: dict[str, HeadRetry] = field(default_factory=dict)
     dlq_read: dict[int, int] = field(default_factory=dict)
     """DLQ stream key -> the first offset not yet replayed or purged."""
+    dlq_done: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    """DLQ stream key -> rows replayed or purged above `dlq_read` (intervals)."""
     next_due_us: int | None = None
     """When retry work is due next (None: none known)."""
 
@@ -78,6 +80,9 @@ class ShardState:
                     for g, r in sorted(self.retries.items())
                 },
                 "dlq_read": {str(k): v for k, v in sorted(self.dlq_read.items())},
+                "dlq_done": {
+                    str(k): [list(i) for i in v] for k, v in sorted(self.dlq_done.items()) if v
+                },
                 "next_due": self.next_due_us,
             },
             separators=(",", ":"),
@@ -109,6 +114,10 @@ class ShardState:
                 {int(k): [(int(a), int(b)) for a, b in v] for k, v in raw["rq_done"].items()},
                 retries,
                 {int(k): int(v) for k, v in raw["dlq_read"].items()},
+                {
+                    int(k): [(int(a), int(b)) for a, b in v]
+                    for k, v in raw.get("dlq_done", {}).items()
+                },
                 None if next_due is None else int(next_due),
             )
         except (ValueError, KeyError, TypeError, AssertionError) as exc:
@@ -133,6 +142,12 @@ def add_done(
         else:
             intervals.append((offset, offset + 1))
     return position, intervals
+
+
+def is_done(offset: int, position: int, done: list[tuple[int, int]]) -> bool:
+    """Whether the row at `offset` of a stream read up to `position` with rows
+    `done` above it is done."""
+    return offset < position or any(start <= offset < end for start, end in done)
 
 
 def load_state(storage: Storage, name: str, shard_id: int) -> tuple[ShardState, int | None]:
