@@ -347,3 +347,52 @@ def subscription_run(
     from riverbed.cli.delivery import run_delivery
 
     run_delivery(name, master, trigger_interval, max_per_trigger, until_idle)
+
+
+@subscription.command("reshard")
+@click.argument("name")
+@click.option(
+    "--shards",
+    "shard_count",
+    type=int,
+    required=True,
+    help="The new shard count: it must divide the partition count of every generation"
+    " of the topic NAME still reads.",
+)
+@json_option
+@db_option
+def subscription_reshard(name: str, shard_count: int, as_json: bool) -> None:
+    """Change how many shards deliver NAME (seed 003 ChangeShardCount): what the
+    old shards hold in their retry and dead-letter queues is fed to the new ones."""
+    from rich.progress import Progress
+
+    from riverbed.subscriptions.reshard import change_shard_count
+
+    with open_log() as log, Progress(transient=True, disable=as_json) as bar:
+        task = bar.add_task("re-sharding", total=None)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        result = change_shard_count(log.storage, name, shard_count, progress)
+    if as_json:
+        print_json(
+            {
+                "subscription": name,
+                "shards_before": result.old_count,
+                "shards": result.new_count,
+                "fed_rq": result.fed_rq,
+                "fed_dlq": result.fed_dlq,
+                "new_storage_topics": list(result.new_storage_topics),
+            }
+        )
+        return
+    grew = (
+        f"; new storage topics for {', '.join(result.new_storage_topics)}"
+        if result.new_storage_topics
+        else ""
+    )
+    click.echo(
+        f"{name}: {result.old_count} -> {result.new_count} shards; fed {result.fed_rq}"
+        f" retry and {result.fed_dlq} parked message(s) to the new shards{grew}"
+    )

@@ -132,7 +132,7 @@ class QueueLayout:
         )
 
 
-def _queue_rows(storage: Storage, head: StreamHead, first: int, last: int) -> Iterable[QueueRow]:
+def queue_rows(storage: Storage, head: StreamHead, first: int, last: int) -> Iterable[QueueRow]:
     """Rows `[first, last]` of a queue stream."""
     offset = max(first, head.start_offset)
     while offset <= last:
@@ -294,7 +294,7 @@ class ShardRunner:
                 )
                 out.extend(
                     row
-                    for row in _queue_rows(storage, stream, first, last)
+                    for row in queue_rows(storage, stream, first, last)
                     if row.queued.key == group
                 )
             return out

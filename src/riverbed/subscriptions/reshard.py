@@ -1,0 +1,292 @@
+"""ChangeShardCount of a delivering subscription (issue 7, seed 003).
+
+`change_shard_count(storage, name, new_count)`:
+
+1. checks the new count: it must divide every generation of the main topic
+   the subscription still reads (not fully consumed) and the one producers
+   write to; fully consumed generations do not matter (seed 003's second
+   case: the main topic grew to a partition count the old count cannot
+   split);
+2. gives the retry and dead-letter queues a new storage topic with a
+   partition count the new count divides when their produce generation's is
+   not (AddStorageTopic, then SwitchProduce: failures go there from now on);
+3. feeds what the old shards still hold — every retry-queue row not done yet
+   (superseded copies left out; a head that failed again in place written
+   with its next attempt) and every parked row not replayed or purged — to
+   the new shards through the producers' router (a group goes to the shard
+   owning its main-topic partition, into its partition of that shard's queue
+   range), in order per group;
+4. re-shards GroupState: each group's state is rebuilt from where its rows
+   were fed (a partial replay's position in the DLQ kept);
+5. commits the fed rows, the new shards' state (the old ones deleted by
+   compare-and-set: a batch of a running job that commits meanwhile makes the
+   change start again) and the new definition in one transaction.
+
+A running `subscription run` picks the new shards up at its next batch (its
+batch in flight, if any, loses its commit and runs again: at least once).
+Main-topic progress (the cursors, per stream) does not change.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from riverbed.errors import NotFound, StorageError
+from riverbed.log.router import key_hash, route
+from riverbed.log.topics import Topics
+from riverbed.model import MessageIdGenerator
+from riverbed.storage.base import Row, Storage
+from riverbed.storage.transactions import (
+    append_once_in,
+    kv_put_in,
+    transaction,
+)
+from riverbed.subscriptions.batch import QueueLayout, Superseded, queue_rows
+from riverbed.subscriptions.definition import NAMESPACE as DEFINITIONS
+from riverbed.subscriptions.definition import DeliveryDefinition
+from riverbed.subscriptions.delivering import queue_topics
+from riverbed.subscriptions.groups import GroupState, MessageState, Queue
+from riverbed.subscriptions.queues import QueuedMessage
+from riverbed.subscriptions.shards import InvalidShardCount, queue_partitions, shard_of
+from riverbed.subscriptions.shardstate import NAMESPACE, ShardState, is_done, state_key
+from riverbed.subscriptions.step import QueueRow, QueueWriter
+
+MAX_CONFLICTS = 10
+Progress = Callable[[int, int], None]
+"""`(done, total)` rows fed so far."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reshard:
+    old_count: int
+    new_count: int
+    fed_rq: int
+    fed_dlq: int
+    new_storage_topics: tuple[str, ...]
+    """Queues that got a new storage topic."""
+
+
+def live_generations(storage: Storage, name: str, topic: str) -> list[int]:
+    """The main topic's generations the subscription still reads or producers
+    write to."""
+    record = storage.get_topic(topic)
+    generations = storage.list_storage_topics(topic)
+    cursors = storage.get_cursors(name)
+    live = {generations[record.produce_pointer].generation}
+    for head in storage.list_streams(topic):
+        if cursors.get(head.key, head.start_offset) < head.next_offset:
+            live.add(head.stream.generation)
+    return sorted(live)
+
+
+def check_shard_count(storage: Storage, definition: DeliveryDefinition, count: object) -> int:
+    """`count` if it divides every live generation's partition count."""
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise InvalidShardCount(f"shard count {count!r} must be a positive integer")
+    sizes = {st.generation: st.partitions for st in storage.list_storage_topics(definition.topic)}
+    for generation in live_generations(storage, definition.name, definition.topic):
+        if sizes[generation] % count:
+            fits = [n for n in range(1, sizes[generation] + 1) if sizes[generation] % n == 0]
+            raise InvalidShardCount(
+                f"shard count {count} does not divide the {sizes[generation]} partitions of"
+                f" topic {definition.topic!r} generation {generation}, which subscription"
+                f" {definition.name!r} still reads: choose one of {fits}"
+            )
+    return count
+
+
+def _queue_generation(storage: Storage, topic: str, count: int) -> str | None:
+    """Give queue `topic` a produce generation `count` divides; its name if it
+    needed one."""
+    record = storage.get_topic(topic)
+    produce = storage.list_storage_topics(topic)[record.produce_pointer]
+    if produce.partitions % count == 0:
+        return None
+    topics = Topics(storage)
+    topics.add_storage_topic(topic, queue_partitions(count))
+    topics.switch_produce(topic)
+    return topic
+
+
+def _open_rows(
+    storage: Storage, topic: str, positions: dict[int, int], done: dict[int, list[tuple[int, int]]]
+) -> tuple[list[QueueRow], dict[int, int]]:
+    """Every row of every stream of `topic` not done, in generation, partition,
+    offset order; and each stream's next offset (where the new shards start)."""
+    heads = sorted(
+        storage.list_streams(topic), key=lambda h: (h.stream.generation, h.stream.partition)
+    )
+    rows: list[QueueRow] = []
+    ends: dict[int, int] = {}
+    for head in heads:
+        position = max(positions.get(head.key, head.start_offset), head.start_offset)
+        above = done.get(head.key, [])
+        rows.extend(
+            r
+            for r in queue_rows(storage, head, position, head.next_offset - 1)
+            if not is_done(r.offset, position, above)
+        )
+        ends[head.key] = head.next_offset
+    return rows, ends
+
+
+def change_shard_count(
+    storage: Storage,
+    name: str,
+    new_count: int,
+    progress: Progress | None = None,
+) -> Reshard:
+    """See the module docstring. Raises `NotFound`, `InvalidShardCount`
+    (nothing changed)."""
+    for _attempt in range(MAX_CONFLICTS):
+        try:
+            return _change(storage, name, new_count, progress)
+        except Superseded:
+            continue
+    raise StorageError(
+        f"subscription {name!r} kept changing while its shards were changed:"
+        f" {MAX_CONFLICTS} attempts failed; stop its job and try again"
+    )
+
+
+def _change(storage: Storage, name: str, new_count: int, progress: Progress | None) -> Reshard:
+    entry = storage.kv_get(DEFINITIONS, name)
+    if entry is None:
+        raise NotFound(f"subscription {name!r} does not deliver to an endpoint")
+    definition = DeliveryDefinition.from_json(entry.value)
+    check_shard_count(storage, definition, new_count)
+    rq_topic, dlq_topic = queue_topics(name)
+    grew = tuple(
+        t for t in (_queue_generation(storage, q, new_count) for q in (rq_topic, dlq_topic)) if t
+    )
+
+    # The old shards' state, and what they still hold.
+    old: dict[str, int] = {}
+    states: list[ShardState] = []
+    for item in storage.kv_list(NAMESPACE, f"{name}/"):
+        old[item.key] = item.version
+        states.append(ShardState.from_json(item.value))
+    rq_read: dict[int, int] = {}
+    rq_done: dict[int, list[tuple[int, int]]] = {}
+    dlq_read: dict[int, int] = {}
+    dlq_done: dict[int, list[tuple[int, int]]] = {}
+    for s in states:
+        rq_read.update(s.rq_read)
+        rq_done.update(s.rq_done)
+        dlq_read.update(s.dlq_read)
+        dlq_done.update(s.dlq_done)
+    rq_rows, rq_ends = _open_rows(storage, rq_topic, rq_read, rq_done)
+    dlq_rows, dlq_ends = _open_rows(storage, dlq_topic, dlq_read, dlq_done)
+    total = len(rq_rows) + len(dlq_rows)
+    if progress is not None:
+        progress(0, total)
+
+    rq_groups = {g: st for s in states for g, st in s.groups.rq.items()}
+    dlq_groups = {g: st for s in states for g, st in s.groups.dlq.items()}
+    retries = {g: r for s in states for g, r in s.retries.items()}
+
+    # Where a group goes: the shard owning its main-topic partition.
+    record = storage.get_topic(definition.topic)
+    produce = storage.list_storage_topics(definition.topic)[record.produce_pointer]
+
+    def shard_for(queued: QueuedMessage) -> int:
+        h = key_hash(queued.key if queued.key is not None else str(queued.message_id))
+        partition = route(h, produce.partitions, produce.k)
+        return shard_of(partition, new_count, produce.partitions)
+
+    now = time.time_ns() // 1000
+    ids = MessageIdGenerator()
+    new_states = [ShardState() for _ in range(new_count)]
+    writers: dict[tuple[Queue, int], QueueWriter] = {}
+    for queue, topic in ((Queue.RQ, rq_topic), (Queue.DLQ, dlq_topic)):
+        for shard in range(new_count):
+            writers[(queue, shard)] = QueueLayout(storage, topic, shard, new_count).writer(ids, now)
+    fed = 0
+    for queue, rows in ((Queue.RQ, rq_rows), (Queue.DLQ, dlq_rows)):
+        for row in rows:
+            q = row.queued
+            group = q.key
+            if queue is Queue.RQ and group is not None:
+                state = rq_groups.get(group)
+                if (
+                    state is not None
+                    and state.c is not None
+                    and row.at.internal <= state.c.internal
+                ):
+                    fed += 1
+                    continue  # superseded: a later copy counts
+                retry = retries.get(group)
+                if retry is not None and retry.internal == row.at.internal:
+                    q = replace(
+                        q,
+                        attempt=retry.attempt,
+                        due_us=retry.due_us,
+                        failed_us=retry.failed_us,
+                        reason=retry.reason,
+                    )
+            shard = shard_for(q)
+            generation, offset = writers[(queue, shard)].write(q)
+            if definition.grouped and group is not None:
+                at = MessageState(q.main_topic_idx, q.main_offset, generation, offset)
+                new_states[shard].groups.queued(queue, group, at)
+            fed += 1
+            if progress is not None and fed % 500 == 0:
+                progress(fed, total)
+    # A partial replay's place in the DLQ: replayed messages go before what is left.
+    for new in new_states:
+        for group, state in list(new.groups.dlq.items()):
+            before = dlq_groups.get(group)
+            if before is not None and before.c is not None:
+                c = before.c
+                new.groups.dlq[group] = GroupState(
+                    state.p, MessageState(c.main_topic_idx, c.main_topic_offset, -1, -1)
+                )
+        new.rq_read = dict(rq_ends)
+        new.dlq_read = dict(dlq_ends)
+        new.next_due_us = now
+    new_definition = replace(
+        definition,
+        shard_count=new_count,
+        rq_partitions=_produce_partitions(storage, rq_topic),
+        dlq_partitions=_produce_partitions(storage, dlq_topic),
+    )
+    batches: dict[int, list[Row]] = {}
+    expected: dict[int, int] = {}
+    for writer in writers.values():
+        batches.update(writer.batches)
+        expected.update(writer.expected_firsts())
+    with transaction(storage) as tx:
+        marker = f"reshard/{name}/{uuid.uuid4().hex}"
+        firsts = append_once_in(tx, marker, batches)
+        if firsts != expected:
+            raise Superseded("the queues moved")
+        for key, version in old.items():
+            deleted = tx.execute(
+                "DELETE FROM kv WHERE namespace = ? AND key = ? AND version = ?",
+                (NAMESPACE, key, version),
+            ).rowcount
+            if deleted != 1:
+                raise Superseded(f"shard state {key} moved")
+        for shard, fresh in enumerate(new_states):
+            if not kv_put_in(tx, NAMESPACE, state_key(name, shard), fresh.to_json(), None):
+                raise Superseded(f"shard state {shard} appeared")
+        if not kv_put_in(tx, DEFINITIONS, name, new_definition.to_json(), entry.version):
+            raise Superseded("the definition moved")
+        tx.execute("DELETE FROM markers WHERE marker = ?", (marker,))
+    if progress is not None:
+        progress(total, total)
+    return Reshard(
+        definition.shard_count,
+        new_count,
+        sum(len(writers[(Queue.RQ, shard)]) for shard in range(new_count)),
+        len(dlq_rows),
+        grew,
+    )
+
+
+def _produce_partitions(storage: Storage, topic: str) -> int:
+    record = storage.get_topic(topic)
+    return storage.list_storage_topics(topic)[record.produce_pointer].partitions

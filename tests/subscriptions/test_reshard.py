@@ -1,0 +1,162 @@
+"""`riverbed subscription reshard` (issue 7, seed 003 ChangeShardCount) on
+both backends, against a real local HTTP server: shard count 2 -> 4 -> 1 with
+traffic and failures in flight (retries pending, messages parked): every
+message delivered or parked, none lost, none twice, order per group kept;
+the main topic grown to a partition count the old count cannot split; bad
+counts refused with nothing changed."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+from click.testing import CliRunner, Result
+
+from harness.delivery import driver
+from harness.endpoint import Endpoint, Request
+from riverbed.cli import cli
+from riverbed.log.log import Log
+from riverbed.log.topics import Topics
+from riverbed.model import Message
+from riverbed.storage.base import Storage
+from riverbed.subscriptions.definition import (
+    ConsumptionPolicy,
+    Definitions,
+    DeliveryDefinition,
+    HttpEndpoint,
+    RetryPolicy,
+)
+from riverbed.subscriptions.delivering import create_delivering
+from riverbed.subscriptions.dlq import parked
+from riverbed.subscriptions.shardstate import load_states
+
+GROUPS = 12
+
+
+def rb(url: str, *args: str) -> Result:
+    return CliRunner().invoke(cli, [*args, "--db", url], catch_exceptions=False)
+
+
+@pytest.fixture
+def endpoint() -> Iterator[Endpoint]:
+    with Endpoint() as running:
+        yield running
+
+
+def setup(storage: Storage, endpoint: Endpoint, shards: int, partitions: int = 4) -> None:
+    Topics(storage).create("orders", partitions)
+    create_delivering(
+        storage,
+        DeliveryDefinition(
+            "billing",
+            "orders",
+            HttpEndpoint(endpoint.url),
+            shard_count=shards,
+            retry=RetryPolicy(retry_on_status=(503,), min_delay=1, max_attempts=4),
+            consumption=ConsumptionPolicy(max_in_flight=8, max_parallel_groups=8),
+        ),
+    )
+
+
+def produce(storage: Storage, first: int, count: int) -> None:
+    log = Log(storage)
+    try:
+        log.produce(
+            "orders",
+            [
+                Message(f"g{g}:{n}:".encode(), key=f"g{g}", mqtt_topic="orders/new")
+                for n in range(first, first + count)
+                for g in range(GROUPS)
+            ],
+        )
+    finally:
+        log.appender.close()
+
+
+def by_group(requests: list[Request]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for r in requests:
+        group, seq, _ = r.payload.split(b":")
+        out.setdefault(group.decode(), []).append(int(seq))
+    return out
+
+
+def reshard(url: str, shards: int) -> dict[str, object]:
+    result = rb(url, "subscription", "reshard", "billing", "--shards", str(shards), "--json")
+    assert result.exit_code == 0, result.output
+    out: dict[str, object] = json.loads(result.output)
+    return out
+
+
+def test_two_to_four_to_one_shards_with_failures_in_flight(
+    storage: Storage, storage_url: str, endpoint: Endpoint
+) -> None:
+    setup(storage, endpoint, shards=2)
+    produce(storage, 0, 10)
+    endpoint.fail(b"g1:3:", 503, times=2)  # pending in the RQ across the change
+    endpoint.fail(b"g7:0:", 503, times=3)
+    endpoint.fail(b"g5:2:", 400)  # parked, its group behind it
+    with driver(storage, "billing") as d:
+        d.batch()
+        assert not d.idle()
+        out = reshard(storage_url, 4)
+        assert (out["shards_before"], out["shards"]) == (2, 4)
+        assert out["fed_rq"] == 7 + 10 and out["fed_dlq"] == 8
+        assert out["new_storage_topics"] == ["billing.rq", "billing.dlq"]  # 2 partitions
+        assert len(load_states(storage, "billing")) == 4
+        produce(storage, 10, 5)
+        endpoint.fail(b"g2:12:", 503, times=1)
+        d.batch()
+        d.now += 1_500_000
+        d.batch()
+        out = reshard(storage_url, 1)
+        assert out["new_storage_topics"] == []  # 4 partitions: 1 divides them
+        produce(storage, 15, 5)
+        d.until_idle()
+        endpoint.heal()
+        assert rb(storage_url, "dlq", "replay", "billing", "--all").exit_code == 0
+        d.until_idle()
+    delivered = endpoint.delivered()
+    assert by_group(delivered) == {f"g{g}": list(range(20)) for g in range(GROUPS)}
+    assert len(delivered) == 20 * GROUPS  # none twice
+    assert parked(storage, "billing") == []
+    definition = Definitions(storage).get("billing")
+    assert definition is not None and definition.shard_count == 1
+
+
+def test_a_main_topic_grown_past_the_old_count_takes_a_new_one(
+    storage: Storage, storage_url: str, endpoint: Endpoint
+) -> None:
+    setup(storage, endpoint, shards=4)
+    produce(storage, 0, 3)
+    with driver(storage, "billing") as d:
+        d.until_idle()
+        topics = Topics(storage)
+        topics.add_storage_topic("orders", 6)  # 4 does not divide 6
+        topics.switch_produce("orders")
+        produce(storage, 3, 3)
+        refused = rb(storage_url, "subscription", "reshard", "billing", "--shards", "4")
+        assert refused.exit_code == 2 and "choose one of [1, 2, 3, 6]" in refused.output
+        reshard(storage_url, 3)  # generation 0 is consumed: only 6 partitions count
+        d.until_idle()
+    assert by_group(endpoint.delivered()) == {f"g{g}": list(range(6)) for g in range(GROUPS)}
+
+
+@pytest.mark.parametrize("shards", ["3", "0", "-1", "two"])
+def test_bad_shard_counts_are_refused_and_change_nothing(
+    storage: Storage, storage_url: str, endpoint: Endpoint, shards: str
+) -> None:
+    setup(storage, endpoint, shards=2)
+    produce(storage, 0, 2)
+    endpoint.fail(b"g0:0:", 503, times=1)
+    with driver(storage, "billing") as d:
+        d.batch()
+        before = (Definitions(storage).get("billing"), load_states(storage, "billing"))
+        result = rb(storage_url, "subscription", "reshard", "billing", "--shards", shards)
+        assert result.exit_code == 2, result.output
+        assert (Definitions(storage).get("billing"), load_states(storage, "billing")) == before
+        assert rb(storage_url, "subscription", "reshard", "nope", "--shards", "1").exit_code == 1
+        d.now += 2_000_000
+        d.until_idle()
+    assert len(endpoint.delivered()) == 2 * GROUPS
