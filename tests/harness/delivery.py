@@ -33,6 +33,7 @@ class Driver:
         self._target = target
         self._attempts: Attempts | None = None
         self.totals = StepStats()
+        self.main_batch = 50_000
 
     @property
     def definition(self) -> DeliveryDefinition:
@@ -54,6 +55,7 @@ class Driver:
             Subscriptions(self.storage).get(self.name),
             self._attempts,
             clock=lambda: self.now,
+            main_batch=self.main_batch,
         )
 
     def ranges(self, shard: int, limit: int | None = None) -> list[MainRange]:

@@ -278,14 +278,59 @@ def subscription_lag(name: str, as_json: bool) -> None:
     help="earliest, latest, an ISO 8601 time (a time without zone is UTC), or offsets"
     " STREAM=OFFSET,... such as orders/0/1=42,orders/0/2=7 (other streams keep theirs).",
 )
+@click.option(
+    "--queue",
+    type=click.Choice(["main", "rq", "dlq"]),
+    default="main",
+    show_default=True,
+    help="For a subscription that delivers: which to move. The retry (rq) and"
+    " dead-letter (dlq) queues only move forward (--to latest or a time); what they"
+    " pass over is dropped.",
+)
+@click.option(
+    "--shards",
+    type=int,
+    help="For a subscription that delivers, a rewind into generations its shard count"
+    " cannot split: change to this shard count as well.",
+)
 @json_option
 @db_option
-def subscription_reset(name: str, target: Start | dict[StreamId, int], as_json: bool) -> None:
-    """Move NAME's committed offsets."""
+def subscription_reset(
+    name: str,
+    target: Start | dict[StreamId, int],
+    queue: str,
+    shards: int | None,
+    as_json: bool,
+) -> None:
+    """Move NAME's committed offsets (or its retry or dead-letter queue's)."""
+    from riverbed.subscriptions.groups import Queue
+    from riverbed.subscriptions.reset import fast_forward_queue, reset_main
+
     with open_log() as log:
+        delivering = Definitions(log.storage).get(name) is not None
+        if not delivering and (queue != "main" or shards is not None):
+            raise InvalidInput(
+                f"--queue and --shards are for a subscription that delivers; {name!r} does not"
+            )
+        if queue != "main":
+            if isinstance(target, dict):
+                raise InvalidInput(
+                    f"the {queue} of {name!r} only moves forward: --to latest or a time"
+                )
+            passed = fast_forward_queue(
+                log.storage, name, Queue.RQ if queue == "rq" else Queue.DLQ, target
+            )
+            if as_json:
+                print_json({"subscription": name, "queue": queue, "passed_over": passed})
+            else:
+                click.echo(f"{name}: {queue} moved forward past {passed} message(s)")
+            return
         subscriptions = Subscriptions(log.storage)
         before = {s.stream: s.committed for s in subscriptions.lag(name)}
-        after = subscriptions.reset(name, target)
+        if delivering:
+            after = reset_main(log.storage, name, target, shards)
+        else:
+            after = subscriptions.reset(name, target)
     if as_json:
         print_json({"subscription": name, "offsets": {str(k): v for k, v in after.items()}})
         return

@@ -13,8 +13,9 @@ commits queue rows, GroupState and progress in one transaction, marked with
 (run, batch id, shard).
 
 The offsets carry one more entry, `~retry`, a counter the driver moves on when
-some shard has a retry-queue row due: so a batch runs for due retries even
-when the main topic is quiet.
+some shard has a retry-queue row due, or when the cursors are behind Spark's
+offsets (a rewind, a batch that did not commit): so a batch runs for them
+even when the main topic is quiet.
 
 Progress lives in Riverbed (the subscription's cursors and the shards'
 state), not in Spark's checkpoint: each run starts a query on a fresh
@@ -136,7 +137,12 @@ class DeliveryStreamReader(DataSourceStreamReader):
             max_messages,
         )
         tick = start.get(TICK, 0)
-        if retry_due(storage, definition):
+        cursors = storage.get_cursors(record.name)
+        behind = any(
+            cursors.get(h.key, main.get(str(h.stream), 0)) < main.get(str(h.stream), 0)
+            for h in heads
+        )  # a rewind, or a batch that did not commit: the shards read from the cursors
+        if behind or retry_due(storage, definition):
             tick += 1
         return {**end, TICK: tick}
 

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from riverbed.errors import StorageError
+from riverbed.log.reader import readable_streams
 from riverbed.log.router import key_hash
 from riverbed.model import MessageIdGenerator
 from riverbed.storage.base import Storage, StreamHead, SubscriptionRecord
@@ -37,6 +38,7 @@ from riverbed.storage.transactions import (
     kv_put_in,
     transaction,
 )
+from riverbed.subscriptions.cursors import Subscriptions
 from riverbed.subscriptions.definition import DeliveryDefinition
 from riverbed.subscriptions.delivering import queue_topics
 from riverbed.subscriptions.groups import MessageState
@@ -63,6 +65,9 @@ from riverbed.topics.filters import matches
 READ_CHUNK = 1000
 RQ_BATCH = 10_000
 """At most this many retry-queue rows per shard and batch."""
+MAIN_BATCH = 50_000
+"""At most this many main-topic rows per shard and batch (a rewind's backlog
+is taken in steps)."""
 
 
 class Superseded(StorageError):
@@ -176,26 +181,37 @@ def read_window(
 
 
 def read_main(
-    storage: Storage, ranges: Sequence[MainRange], cursors: dict[int, int], topic_filter: str | None
-) -> list[MainRow]:
+    storage: Storage,
+    ranges: Sequence[MainRange],
+    cursors: dict[int, int],
+    topic_filter: str | None,
+    limit: int = MAIN_BATCH,
+) -> tuple[list[MainRow], dict[int, int]]:
     """The messages of `ranges` from the cursors on, up to the ranges' ends, in
-    range order, filtered by the subscription's filter. The cursors are the
-    authority: a replayed batch skips what it committed, and a batch after one
-    that did not commit (superseded) reads what that one left."""
+    range order, filtered by the subscription's filter; at most `limit` read.
+    The cursors are the authority: a replayed batch skips what it committed,
+    and a batch after one that did not commit (superseded), or after a rewind,
+    reads from where they are. Also returns where each stream's reading
+    stopped (its range's end unless the limit cut it short)."""
     out: list[MainRow] = []
+    reached: dict[int, int] = {}
+    budget = limit
     for r in ranges:
         offset = cursors.get(r.stream_key, r.start)
-        while offset < r.end:
-            chunk = storage.read(r.stream_key, offset, min(READ_CHUNK, r.end - offset))
+        while offset < r.end and budget > 0:
+            chunk = storage.read(r.stream_key, offset, min(READ_CHUNK, r.end - offset, budget))
             if not chunk:
-                break  # retention took them: nothing left to deliver
+                offset = r.end  # retention took them: nothing left to deliver
+                break
             for m in chunk:
                 if m.offset >= r.end:
                     break
                 if topic_filter is None or matches(topic_filter, m.mqtt_topic):
                     out.append(MainRow(r.generation, r.partition, m))
-            offset = chunk[-1].offset + 1
-    return out
+                budget -= 1
+                offset = m.offset + 1
+        reached[r.stream_key] = min(offset, r.end)
+    return out, reached
 
 
 def commit(
@@ -257,6 +273,7 @@ class ShardRunner:
         clock: Callable[[], int] = now_us,
         ids: MessageIdGenerator | None = None,
         rq_batch: int = RQ_BATCH,
+        main_batch: int = MAIN_BATCH,
     ) -> None:
         self.storage = storage
         self.definition = definition
@@ -265,6 +282,7 @@ class ShardRunner:
         self.clock = clock
         self.ids = ids or MessageIdGenerator()
         self.rq_batch = rq_batch
+        self.main_batch = main_batch
 
     async def run_batch(
         self, shard_id: int, ranges: Sequence[MainRange], marker: str
@@ -273,14 +291,23 @@ class ShardRunner:
         committed before (nothing done)."""
         storage, definition, name = self.storage, self.definition, self.definition.name
         state, version = load_state(storage, name, shard_id)
-        cursors = storage.get_cursors(name)
+        # Lineage order from the cursors: a generation's stream is read once what
+        # it continues is consumed (by whichever shard owns that), whatever
+        # Spark's offsets say (a rewind, a batch that did not commit).
+        heads = storage.list_streams(self.record.topic)
+        cursors = Subscriptions(storage).positions(self.record, heads)
+        readable, _ = readable_streams(
+            storage.list_storage_topics(self.record.topic), heads, cursors
+        )
+        keys = {h.key for h in readable}
+        ranges = [r for r in ranges if r.stream_key in keys]
         rq_topic, dlq_topic = queue_topics(name)
         rq = QueueLayout(storage, rq_topic, shard_id, definition.shard_count)
         dlq = QueueLayout(storage, dlq_topic, shard_id, definition.shard_count)
         now = self.clock()
         owned = rq.owned()
         queued, more = read_window(storage, owned, state, self.rq_batch)
-        main = read_main(storage, ranges, cursors, self.record.filter)
+        main, reached = read_main(storage, ranges, cursors, self.record.filter, self.main_batch)
 
         def followers(head: QueueRow, p: MessageState, group: str) -> list[QueueRow]:
             out: list[QueueRow] = []
@@ -318,7 +345,6 @@ class ShardRunner:
             )
         state.retries = result.retries
         state.next_due_us = now if more else result.next_due_us
-        ends = {r.stream_key: r.end for r in ranges}
-        if not commit(storage, name, shard_id, marker, result, state, version, ends):
+        if not commit(storage, name, shard_id, marker, result, state, version, reached):
             return None
         return result.stats

@@ -149,6 +149,14 @@ class Subscriptions:
         """Move a subscription's cursors: to the earliest retained message, to the
         heads, to a time (µs), or to explicit offsets (other streams keep theirs).
         Returns the new committed offsets. Out-of-range offsets are refused."""
+        offsets = self.plan_reset(name, to)
+        self.storage.reset_cursors(name, offsets)
+        heads = self.storage.list_streams(self.get(name).topic)
+        return {h.stream: offsets[h.key] for h in heads if h.key in offsets}
+
+    def plan_reset(self, name: str, to: Start | Mapping[StreamId, int]) -> dict[int, int]:
+        """The cursors (by stream key) `reset` would write, checked, without
+        writing them."""
         record = self.get(name)
         heads = self.storage.list_streams(record.topic)
         if isinstance(to, Mapping):
@@ -170,8 +178,7 @@ class Subscriptions:
             if isinstance(to, int) and to < 0:
                 raise InvalidInput(f"reset time {to}us is before the epoch")
             offsets = _initial(self.storage, to, heads)
-        self.storage.reset_cursors(name, offsets)
-        return {h.stream: offsets[h.key] for h in heads}
+        return offsets
 
     def consumer(self, name: str) -> Consumer:
         return Consumer(self, self.get(name))

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from riverbed.errors import NotFound, StorageError
@@ -69,12 +69,15 @@ class Reshard:
     """Queues that got a new storage topic."""
 
 
-def live_generations(storage: Storage, name: str, topic: str) -> list[int]:
-    """The main topic's generations the subscription still reads or producers
-    write to."""
+def live_generations(
+    storage: Storage, name: str, topic: str, cursors: Mapping[int, int] | None = None
+) -> list[int]:
+    """The main topic's generations the subscription still reads (from its
+    cursors, or from `cursors`) or producers write to."""
     record = storage.get_topic(topic)
     generations = storage.list_storage_topics(topic)
-    cursors = storage.get_cursors(name)
+    if cursors is None:
+        cursors = storage.get_cursors(name)
     live = {generations[record.produce_pointer].generation}
     for head in storage.list_streams(topic):
         if cursors.get(head.key, head.start_offset) < head.next_offset:
@@ -82,12 +85,18 @@ def live_generations(storage: Storage, name: str, topic: str) -> list[int]:
     return sorted(live)
 
 
-def check_shard_count(storage: Storage, definition: DeliveryDefinition, count: object) -> int:
-    """`count` if it divides every live generation's partition count."""
+def check_shard_count(
+    storage: Storage,
+    definition: DeliveryDefinition,
+    count: object,
+    cursors: Mapping[int, int] | None = None,
+) -> int:
+    """`count` if it divides every live generation's partition count (live
+    from the subscription's cursors, or from `cursors`)."""
     if not isinstance(count, int) or isinstance(count, bool) or count < 1:
         raise InvalidShardCount(f"shard count {count!r} must be a positive integer")
     sizes = {st.generation: st.partitions for st in storage.list_storage_topics(definition.topic)}
-    for generation in live_generations(storage, definition.name, definition.topic):
+    for generation in live_generations(storage, definition.name, definition.topic, cursors):
         if sizes[generation] % count:
             fits = [n for n in range(1, sizes[generation] + 1) if sizes[generation] % n == 0]
             raise InvalidShardCount(

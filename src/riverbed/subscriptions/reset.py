@@ -1,0 +1,135 @@
+"""Offset reset of a delivering subscription (issue 7, seed 003 "Subscription's
+Offset Reset").
+
+- The main topic can be rewound or fast-forwarded (`reset_main`: to the
+  earliest message, the heads, a time, or offsets, across storage topics).
+  A rewind may bring back generations the shard count does not divide: that
+  is a shard-count change (`shards=`: the cursors move, then
+  `reshard.change_shard_count`); without one it is refused, naming the
+  counts that fit. A running job's shards read from the cursors, so they
+  follow at their next batch.
+- The retry and dead-letter queues are only fast-forwarded
+  (`fast_forward_queue`: to their heads or to a time): the rows passed over
+  count as consumed without delivery, as a purge does — each group's
+  GroupState moves over them (released when nothing of it is left), a head
+  waiting to be retried that is passed over is forgotten.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from riverbed.errors import InvalidInput, NotFound
+from riverbed.model import StreamId
+from riverbed.storage.base import StartKind, Storage
+from riverbed.storage.transactions import kv_put_in, transaction
+from riverbed.subscriptions.batch import QueueLayout, Superseded, queue_rows
+from riverbed.subscriptions.cursors import Start, Subscriptions
+from riverbed.subscriptions.definition import Definitions, DeliveryDefinition
+from riverbed.subscriptions.delivering import queue_topics
+from riverbed.subscriptions.groups import Action, Queue
+from riverbed.subscriptions.reshard import change_shard_count, check_shard_count
+from riverbed.subscriptions.shardstate import NAMESPACE, add_done, is_done, load_state, state_key
+
+MAX_CONFLICTS = 10
+
+
+def _definition(storage: Storage, name: str) -> DeliveryDefinition:
+    definition = Definitions(storage).get(name)
+    if definition is None:
+        raise NotFound(f"subscription {name!r} does not deliver to an endpoint")
+    return definition
+
+
+def reset_main(
+    storage: Storage,
+    name: str,
+    to: Start | Mapping[StreamId, int],
+    shards: int | None = None,
+) -> dict[StreamId, int]:
+    """Move the main-topic cursors (see the module docstring); returns them."""
+    definition = _definition(storage, name)
+    subscriptions = Subscriptions(storage)
+    planned = subscriptions.plan_reset(name, to)  # bad targets raise here
+    count = definition.shard_count if shards is None else shards
+    check_shard_count(storage, definition, count, planned)
+    after = subscriptions.reset(name, to)
+    if count != definition.shard_count:
+        change_shard_count(storage, name, count)
+    return after
+
+
+def fast_forward_queue(storage: Storage, name: str, queue: Queue, to: Start) -> int:
+    """Move every shard's reading of the retry (`Queue.RQ`) or dead-letter
+    queue forward to its heads (`StartKind.LATEST`) or to the first row at or
+    after a time (µs); returns how many rows were passed over."""
+    if to is StartKind.EARLIEST or (isinstance(to, StartKind) and to is not StartKind.LATEST):
+        raise InvalidInput(
+            f"the {queue.value} of {name!r} can only be fast-forwarded: to latest or to a time"
+            " (seed 003: retry and dead-letter queues do not rewind)"
+        )
+    if isinstance(to, int) and not isinstance(to, bool) and to < 0:
+        raise InvalidInput(f"time {to}us is before the epoch")
+    definition = _definition(storage, name)
+    rq_topic, dlq_topic = queue_topics(name)
+    topic = rq_topic if queue is Queue.RQ else dlq_topic
+    passed = 0
+    for shard in range(definition.shard_count):
+        for _attempt in range(MAX_CONFLICTS):
+            try:
+                passed += _forward_shard(storage, definition, shard, topic, queue, to)
+                break
+            except Superseded:
+                continue
+        else:
+            raise Superseded(f"shard {shard} of {name!r} kept changing; stop its job and retry")
+    return passed
+
+
+def _forward_shard(
+    storage: Storage,
+    definition: DeliveryDefinition,
+    shard: int,
+    topic: str,
+    queue: Queue,
+    to: Start,
+) -> int:
+    state, version = load_state(storage, definition.name, shard)
+    layout = QueueLayout(storage, topic, shard, definition.shard_count)
+    reading = state.rq_read if queue is Queue.RQ else state.dlq_read
+    done_sets = state.rq_done if queue is Queue.RQ else state.dlq_done
+    groups = state.groups.rq if queue is Queue.RQ else state.groups.dlq
+    passed = 0
+    for head in layout.owned():
+        position = max(reading.get(head.key, head.start_offset), head.start_offset)
+        if to is StartKind.LATEST:
+            target = head.next_offset
+        else:
+            assert isinstance(to, int)
+            target = max(head.start_offset, storage.first_offset_at(head.key, to))
+        if target <= position:
+            continue
+        done = done_sets.get(head.key, [])
+        for row in queue_rows(storage, head, position, target - 1):
+            if is_done(row.offset, position, done):
+                continue
+            passed += 1
+            group = row.queued.key
+            if group is None or group not in groups:
+                continue
+            if queue is Queue.RQ and state.groups.read(group, row.at) is Action.SKIP:
+                state.groups.skipped(group, row.at)  # a superseded copy
+            else:
+                state.groups.finished(queue, group, row.at)
+            retry = state.retries.get(group)
+            if queue is Queue.RQ and retry is not None and retry.internal == row.at.internal:
+                del state.retries[group]
+        reading[head.key], done_sets[head.key] = add_done(target, done, set())
+    if not passed:
+        return 0
+    with transaction(storage) as tx:
+        if not kv_put_in(
+            tx, NAMESPACE, state_key(definition.name, shard), state.to_json(), version
+        ):
+            raise Superseded("the shard's state moved")
+    return passed
