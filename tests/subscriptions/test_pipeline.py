@@ -305,3 +305,32 @@ def test_a_batch_after_one_that_did_not_commit_reads_what_that_one_left(
         stats = d.loop.run_until_complete(runner.run_batch(0, later, "m"))
         assert stats is not None and stats.delivered == 12
     assert len({r.payload for r in endpoint.delivered()}) == 12
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_short_retries_wait_inside_the_batch(
+    storage: Storage, endpoint: Endpoint, grouped: bool
+) -> None:
+    """A retry due within inline_max_delay is made after its delay in the same
+    batch: no trip through the retry queue, the group's order kept."""
+    subscribe(
+        storage,
+        endpoint,
+        grouped=grouped,
+        retry=RetryPolicy(retry_on_status=(503,), min_delay=0.05, max_attempts=4),
+    )
+    produce(storage, groups=3, per_group=4)
+    endpoint.fail(b"g1:1:", 503, times=2)
+    endpoint.fail(b"g2:0:", 503, times=9)  # out of inline waits (and attempts): queue
+    with driver(storage, "billing") as d:
+        (first, second) = d.batch()
+        stats = [s for s in (first, second) if s is not None]
+        assert sum(s.retried_inline for s in stats) == 2 + 3
+        assert [r.attempt for r in endpoint.requests if r.payload == b"g1:1:"] == [1, 2, 3]
+        assert [q.payload for q in queue(storage, "billing.rq")] == []
+        assert [q.payload for q in queue(storage, "billing.dlq")][:1] == [b"g2:0:"]
+    got = {
+        g: seqs if grouped else sorted(seqs) for g, seqs in by_group(endpoint.delivered()).items()
+    }
+    assert got["g1"] == [0, 1, 2, 3] and got["g0"] == [0, 1, 2, 3]  # grouped: in order
+    assert got.get("g2", []) == ([] if grouped else [1, 2, 3])

@@ -79,8 +79,19 @@ def subscription() -> None:
 @click.option("--max-delay", type=float, metavar="SECONDS")
 @click.option("--multiplier", type=float)
 @click.option("--max-attempts", type=int, help="Attempts before a message is parked in the DLQ.")
-@click.option("--max-in-flight", type=int)
-@click.option("--max-parallel-groups", type=int)
+@click.option(
+    "--inline-retry",
+    type=float,
+    metavar="SECONDS",
+    help="Retries due within this many seconds wait inside the batch instead of going"
+    " through the retry queue (default 0.5; 0: always through the queue).",
+)
+@click.option(
+    "--max-in-flight", type=int, help="Delivery attempts at once, per shard (default 100)."
+)
+@click.option(
+    "--max-parallel-groups", type=int, help="Groups delivering at once, per shard (default 100)."
+)
 @click.option("--error-rate", type=float, help="Failure share above which delivery slows down.")
 @click.option("--rq-partitions", type=int)
 @click.option("--dlq-partitions", type=int)
@@ -150,6 +161,7 @@ def delivery_definition(
         max_delay="max_delay",
         multiplier="multiplier",
         max_attempts="max_attempts",
+        inline_retry="inline_max_delay",
     )
     if options["retry_on"] is not None:
         items = [i.strip() for i in options["retry_on"].split(",") if i.strip()]

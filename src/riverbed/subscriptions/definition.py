@@ -140,6 +140,10 @@ class RetryPolicy:
     max_delay: float = 300.0
     multiplier: float = 2.0
     max_attempts: int = 5
+    inline_max_delay: float = 0.5
+    """A retry due within this many seconds waits inside the batch, holding only
+    its group, instead of going through the retry queue (at most four such
+    waits per message in a row); 0: every retry goes through the queue."""
 
     def __post_init__(self) -> None:
         for code in self.retry_on_status:
@@ -165,6 +169,7 @@ class RetryPolicy:
             low = "1 (exponential)" if self.backoff == "exponential" else "0 (linear)"
             raise _fail("multiplier", self.multiplier, f"must be a number of at least {low}")
         _count("max_attempts", self.max_attempts)
+        _seconds("inline_max_delay", self.inline_max_delay, zero=True)
 
     def delay(self, attempt: int) -> float:
         """Seconds before attempt `attempt + 1`, after `attempt` failed ones (>= 1)."""

@@ -142,5 +142,9 @@ class CallableDeliverer:
 def deliverer(definition: DeliveryDefinition) -> Deliverer:
     endpoint = definition.endpoint
     if isinstance(endpoint, HttpEndpoint):
-        return HttpDeliverer(endpoint, definition.retry)
+        # One connection per attempt in flight: no more (the pool's cost grows
+        # with its size), no fewer (attempts would queue for a connection).
+        size = definition.consumption.max_in_flight
+        limits = httpx.Limits(max_connections=size, max_keepalive_connections=size)
+        return HttpDeliverer(endpoint, definition.retry, httpx.AsyncClient(limits=limits))
     return CallableDeliverer(endpoint, definition.retry)

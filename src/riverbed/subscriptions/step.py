@@ -18,6 +18,10 @@ one after the other; groups run in parallel, at most
 no group: it is delivered like an ungrouped one. Ungrouped subscriptions
 deliver every message of the batch in parallel and retry each alone.
 
+A retryable failure whose next attempt is due within
+`retry.inline_max_delay` is retried inside the batch after its delay
+(holding only its group); longer waits go through the retry queue.
+
 Every attempt goes through `Attempts`: at most `consumption.max_in_flight` at
 once, and when the share of failures over the last `error_window` attempts
 is above `error_rate_threshold`, at most `throttled_rate` attempts per second.
@@ -39,6 +43,9 @@ from riverbed.subscriptions.endpoint import Attempt, Deliverer, Outcome
 from riverbed.subscriptions.groups import Action, GroupStates, HeadRetry, MessageState, Queue
 from riverbed.subscriptions.queues import QueuedMessage
 from riverbed.subscriptions.shards import queue_partition
+
+INLINE_WAITS = 4
+"""At most this many in-batch retries of one message in a row."""
 
 FOLLOWS = "follows its group"
 """The reason of a message written to a queue behind its pending group."""
@@ -197,6 +204,8 @@ class StepStats:
     """Messages written to a queue behind their pending group (not attempted)."""
     skipped: int = 0
     """Superseded RQ rows passed over (a later copy counts)."""
+    retried_inline: int = 0
+    """Retries made inside the batch (due within `retry.inline_max_delay`)."""
 
     def add(self, other: StepStats) -> None:
         for name in self.__slots__:
@@ -314,6 +323,24 @@ class ShardStep:
             return Queue.RQ, self.now_us + int(retry.delay(attempt) * 1_000_000)
         return Queue.DLQ, self.now_us
 
+    async def _try(self, message: StoredMessage, attempt: int) -> tuple[Attempt, int]:
+        """Attempt `attempt`; a retryable failure whose next attempt is due
+        within `retry.inline_max_delay` is retried here after that delay (up to
+        INLINE_WAITS times). Returns the last result and its attempt number."""
+        retry = self.definition.retry
+        waits = 0
+        while True:
+            result = await self.attempts(message, attempt)
+            if result.outcome is not Outcome.RETRY or attempt >= retry.max_attempts:
+                return result, attempt
+            delay = retry.delay(attempt)
+            if delay > retry.inline_max_delay or waits >= INLINE_WAITS:
+                return result, attempt
+            waits += 1
+            self.stats.retried_inline += 1
+            await asyncio.sleep(delay)
+            attempt += 1
+
     def _finish(self, row: QueueRow) -> None:
         self.done.setdefault(row.stream_key, set()).add(row.offset)
 
@@ -329,12 +356,12 @@ class ShardStep:
 
     # --- one message without a group ------------------------------------------------
     async def _alone_main(self, row: MainRow) -> None:
-        result = await self.attempts(row.message, 1)
+        result, attempt = await self._try(row.message, 1)
         if result.outcome is Outcome.DELIVERED:
             self.stats.delivered += 1
             return
-        queue, due = self._after_failure(1, result)
-        self._write(queue, self._from_main(row, 2, due, result.reason))
+        queue, due = self._after_failure(attempt, result)
+        self._write(queue, self._from_main(row, attempt + 1, due, result.reason))
         self._count_failure(queue)
 
     async def _alone_queued(self, row: QueueRow) -> None:
@@ -343,12 +370,12 @@ class ShardStep:
             self._due(q.due_us)  # read ahead past it; it stays
             return
         self._finish(row)
-        result = await self.attempts(_stored(q), q.attempt)
+        result, attempt = await self._try(_stored(q), q.attempt)
         if result.outcome is Outcome.DELIVERED:
             self.stats.delivered += 1
             return
-        queue, due = self._after_failure(q.attempt, result)
-        self._write(queue, self._again(q, q.attempt + 1, due, result.reason))
+        queue, due = self._after_failure(attempt, result)
+        self._write(queue, self._again(q, attempt + 1, due, result.reason))
         self._count_failure(queue)
 
     # --- one group's events, in order ---------------------------------------------------
@@ -379,7 +406,7 @@ class ShardStep:
                 self._due(due)
                 await self._follow(group, main)  # pending: they go behind it
                 return
-            result = await self.attempts(_stored(q), attempt)
+            result, attempt = await self._try(_stored(q), attempt)
             if result.outcome is Outcome.DELIVERED:
                 states.finished(Queue.RQ, group, at)
                 self.retries.pop(group, None)
@@ -423,12 +450,12 @@ class ShardStep:
                 states.queued(route, group, written)
                 self.stats.followed += 1
                 continue
-            result = await self.attempts(main_row.message, 1)
+            result, attempt = await self._try(main_row.message, 1)
             if result.outcome is Outcome.DELIVERED:
                 self.stats.delivered += 1
                 continue
-            queue, due = self._after_failure(1, result)
-            written = self._write(queue, self._from_main(main_row, 2, due, result.reason))
+            queue, due = self._after_failure(attempt, result)
+            written = self._write(queue, self._from_main(main_row, attempt + 1, due, result.reason))
             states.queued(queue, group, written)
             self._count_failure(queue)
 
