@@ -18,7 +18,8 @@ In one run, per failure rate:
   8-partition topic in a SQLite database in a temp dir (`Log.produce_async`,
   key = group). Per failure rate a fresh subscription from the earliest offset,
   `riverbed subscription create NAME --endpoint URL --shards 2 --grouped
-  --min-delay 0.1 --max-attempts 5 --max-in-flight N`, then the pipeline as a
+  --min-delay 0.1 --max-attempts 5 --max-in-flight N/2 --max-parallel-groups N/2`
+  (per shard: the loop's N in all), then the pipeline as a
   subprocess, `riverbed subscription run NAME --db URL --until-idle` (the
   Spark Structured Streaming job; it exits once the main topic has no lag and
   the retry queue is empty). Timed from the subprocess's start to the
@@ -297,7 +298,9 @@ def riverbed_run(
         "--max-attempts",
         str(MAX_ATTEMPTS),
         "--max-in-flight",
-        str(args.in_flight),
+        str(max(1, args.in_flight // args.shards)),  # per shard: the same total as the loop
+        "--max-parallel-groups",
+        str(max(1, args.in_flight // args.shards)),
     )
     if created.returncode != 0:
         raise SystemExit(f"subscription create {name} failed:\n{created.stderr}{created.stdout}")

@@ -14,8 +14,9 @@ Grouped subscriptions (`definition.grouped`) keep per-group order with
 `groups.GroupStates` (seed 003's p/c): a group's events of the batch (its RQ
 rows first, then its main-topic rows: the RQ holds the older ones) are taken
 one after the other; groups run in parallel, at most
-`consumption.max_parallel_groups` at once. A message without a key belongs to
-no group: it is delivered like an ungrouped one. Ungrouped subscriptions
+`consumption.max_parallel_groups` with an attempt in flight at once. A
+message without a key belongs to no group: it is delivered like an
+ungrouped one. Ungrouped subscriptions
 deliver every message of the batch in parallel and retry each alone.
 
 A retryable failure whose next attempt is due within
@@ -264,6 +265,7 @@ class ShardStep:
         self.done: dict[int, set[int]] = {}
         """RQ rows done in this step, by stream key."""
         self.next_due_us: int | None = None
+        self._lanes: asyncio.Semaphore | None = None
         self.rq = rq
         self.dlq = dlq
         self.attempts = attempts
@@ -323,14 +325,20 @@ class ShardStep:
             return Queue.RQ, self.now_us + int(retry.delay(attempt) * 1_000_000)
         return Queue.DLQ, self.now_us
 
-    async def _try(self, message: StoredMessage, attempt: int) -> tuple[Attempt, int]:
+    async def _try(
+        self, message: StoredMessage, attempt: int, lane: bool = False
+    ) -> tuple[Attempt, int]:
         """Attempt `attempt`; a retryable failure whose next attempt is due
         within `retry.inline_max_delay` is retried here after that delay (up to
         INLINE_WAITS times). Returns the last result and its attempt number."""
         retry = self.definition.retry
         waits = 0
         while True:
-            result = await self.attempts(message, attempt)
+            if lane and self._lanes is not None:
+                async with self._lanes:
+                    result = await self.attempts(message, attempt)
+            else:
+                result = await self.attempts(message, attempt)
             if result.outcome is not Outcome.RETRY or attempt >= retry.max_attempts:
                 return result, attempt
             delay = retry.delay(attempt)
@@ -406,7 +414,7 @@ class ShardStep:
                 self._due(due)
                 await self._follow(group, main)  # pending: they go behind it
                 return
-            result, attempt = await self._try(_stored(q), attempt)
+            result, attempt = await self._try(_stored(q), attempt, lane=True)
             if result.outcome is Outcome.DELIVERED:
                 states.finished(Queue.RQ, group, at)
                 self.retries.pop(group, None)
@@ -450,7 +458,7 @@ class ShardStep:
                 states.queued(route, group, written)
                 self.stats.followed += 1
                 continue
-            result, attempt = await self._try(main_row.message, 1)
+            result, attempt = await self._try(main_row.message, 1, lane=True)
             if result.outcome is Outcome.DELIVERED:
                 self.stats.delivered += 1
                 continue
@@ -477,13 +485,10 @@ class ShardStep:
                 work.append(self._alone_main(main_row))
             else:
                 by_group.setdefault(group, ([], []))[1].append(main_row)
-        lanes = asyncio.Semaphore(self.definition.consumption.max_parallel_groups)
-
-        async def lane(group: str, rows: tuple[list[QueueRow], list[MainRow]]) -> None:
-            async with lanes:
-                await self._group(group, *rows)
-
-        work.extend(lane(group, rows) for group, rows in by_group.items())
+        # A group counts against max_parallel_groups while it has an attempt in
+        # flight (not while it waits for an in-batch retry).
+        self._lanes = asyncio.Semaphore(self.definition.consumption.max_parallel_groups)
+        work.extend(self._group(group, *rows) for group, rows in by_group.items())
         await asyncio.gather(*work)
         return StepResult(
             self.stats, self.rq, self.dlq, self.groups, self.retries, self.done, self.next_due_us
