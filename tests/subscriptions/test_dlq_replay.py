@@ -27,6 +27,7 @@ from riverbed.subscriptions.definition import (
 )
 from riverbed.subscriptions.delivering import create_delivering
 from riverbed.subscriptions.dlq import parked
+from riverbed.subscriptions.shardstate import load_states
 
 
 def rb(url: str, *args: str) -> Result:
@@ -222,3 +223,35 @@ def test_purge_asks_first(stuck: Driver, storage: Storage, storage_url: str) -> 
     )
     assert result.exit_code == 1
     assert parked_payloads(storage) == before
+
+
+def test_lag_counts_what_waits_and_what_is_parked(
+    stuck: Driver, storage: Storage, storage_url: str
+) -> None:
+    out = json.loads(rb(storage_url, "subscription", "lag", "billing", "--json").output)
+    assert (out["retry_queue"], out["dead_letter_queue"]) == (0, 8)
+    assert sum(s["lag"] for s in out["streams"]) == 0
+    text = rb(storage_url, "subscription", "lag", "billing").output
+    assert "retry queue: 0 waiting; dead-letter queue: 8 parked" in text
+    rb(storage_url, "dlq", "replay", "billing", "--group", "g1")
+    out = json.loads(rb(storage_url, "subscription", "lag", "billing", "--json").output)
+    assert (out["retry_queue"], out["dead_letter_queue"]) == (4, 4)
+
+
+def test_delete_removes_the_shards_state_too(
+    stuck: Driver, storage: Storage, storage_url: str
+) -> None:
+    assert load_states(storage, "billing")
+    assert rb(storage_url, "subscription", "delete", "billing").exit_code == 0
+    assert load_states(storage, "billing") == {}
+
+
+def test_run_refuses_a_subscription_that_does_not_deliver_before_spark_starts(
+    storage: Storage, storage_url: str
+) -> None:
+    Topics(storage).create("orders", 4)
+    assert rb(storage_url, "subscription", "create", "plain", "--topic", "orders").exit_code == 0
+    for name in ("plain", "nope"):
+        result = rb(storage_url, "subscription", "run", name)
+        assert result.exit_code == 1
+        assert "does not deliver" in result.output or "not found" in result.output.lower()

@@ -272,12 +272,21 @@ def lag_table(name: str, lags: Sequence[StreamLag]) -> Table:
 @db_option
 def subscription_lag(name: str, as_json: bool) -> None:
     """Show per stream how far NAME is behind the head."""
+    from riverbed.subscriptions.pipeline import queue_depths
+
     with open_log() as log:
         lags = Subscriptions(log.storage).lag(name)
+        delivering = Definitions(log.storage).get(name) is not None
+        depths = queue_depths(log.storage, name) if delivering else None
     if as_json:
-        print_json(_lag_json(name, lags))
+        out = _lag_json(name, lags)
+        if depths is not None:
+            out["retry_queue"], out["dead_letter_queue"] = depths
+        print_json(out)
     else:
         make_console().print(lag_table(name, lags))
+        if depths is not None:
+            click.echo(f"retry queue: {depths[0]} waiting; dead-letter queue: {depths[1]} parked")
 
 
 @subscription.command("reset")

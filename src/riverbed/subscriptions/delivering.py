@@ -28,6 +28,7 @@ from riverbed.storage.base import StartKind, Storage
 from riverbed.subscriptions.cursors import Start, Subscriptions, validate_subscription_name
 from riverbed.subscriptions.definition import Definitions, DeliveryDefinition
 from riverbed.subscriptions.shards import queue_partitions, validate_shard_count
+from riverbed.subscriptions.shardstate import delete_states
 
 
 def _exists(get: Callable[[str], object], name: str) -> bool:
@@ -95,11 +96,14 @@ def create_delivering(
 
 
 def delete_delivering(storage: Storage, name: str) -> None:
-    """Delete the definition, the queues (with their messages) and the subscription."""
+    """Delete the definition, the shards' state, the queues (with their
+    messages) and the subscription."""
     definitions = Definitions(storage)
     if definitions.get(name) is None:
         raise NotFound(f"subscription {name!r} does not deliver to an endpoint")
     definitions.delete(name)
+    delete_states(storage, name)
+    storage.delete_markers_with_prefix(f"delivery/{name}/")
     topics = Topics(storage)
     for topic in queue_topics(name):
         with contextlib.suppress(NotFound):

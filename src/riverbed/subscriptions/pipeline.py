@@ -141,3 +141,31 @@ def is_idle(storage: Storage, name: str) -> bool:
     if any(lag.lag > 0 for lag in Subscriptions(storage).lag(name)):
         return False
     return not _unread(storage, definition)
+
+
+def queue_depths(storage: Storage, name: str) -> tuple[int, int]:
+    """How many messages wait in the retry queue and are parked in the
+    dead-letter queue of subscription `name` (rows not done yet)."""
+    rq_read: dict[int, int] = {}
+    rq_done: dict[int, list[tuple[int, int]]] = {}
+    dlq_read: dict[int, int] = {}
+    dlq_done: dict[int, list[tuple[int, int]]] = {}
+    for state in load_states(storage, name).values():
+        rq_read.update(state.rq_read)
+        rq_done.update(state.rq_done)
+        dlq_read.update(state.dlq_read)
+        dlq_done.update(state.dlq_done)
+    depths = []
+    for topic, read, done in zip(
+        queue_topics(name), (rq_read, dlq_read), (rq_done, dlq_done), strict=True
+    ):
+        count = 0
+        for head in storage.list_streams(topic):
+            position = max(read.get(head.key, head.start_offset), head.start_offset)
+            above = sum(
+                max(0, min(end, head.next_offset) - max(start, position))
+                for start, end in done.get(head.key, [])
+            )
+            count += max(0, head.next_offset - position - above)
+        depths.append(count)
+    return depths[0], depths[1]
