@@ -1,33 +1,46 @@
 """Driving a delivering subscription's shards batch by batch without Spark
 (what each Spark task does, `subscriptions/batch.py`), with a clock the test
-moves: for tests of the pipeline's rules on both backends."""
+moves: for tests of the pipeline's rules on both backends; and the workload
+those tests share (subscription `billing` on topic `orders`, groups `gN` with
+payloads `gN:SEQ:`)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
+from harness.endpoint import Request
+from riverbed.log.log import Log
+from riverbed.log.topics import Topics
+from riverbed.model import Message
 from riverbed.storage.base import Storage
 from riverbed.subscriptions.batch import MainRange, ShardRunner, batch_marker
 from riverbed.subscriptions.cursors import Subscriptions
-from riverbed.subscriptions.definition import Definitions, DeliveryDefinition
+from riverbed.subscriptions.definition import (
+    ConsumptionPolicy,
+    Definitions,
+    DeliveryDefinition,
+    HttpEndpoint,
+    RetryPolicy,
+)
+from riverbed.subscriptions.delivering import create_delivering
 from riverbed.subscriptions.endpoint import Deliverer, deliverer
 from riverbed.subscriptions.pipeline import is_idle
+from riverbed.subscriptions.queues import QueuedMessage
 from riverbed.subscriptions.shards import shard_of
 from riverbed.subscriptions.step import Attempts, StepStats
-
-T0 = time.time_ns() // 1_000_000_000 * 1_000_000
-"""The driver's clock starts at the wall clock (whole seconds): what the
-command line writes (a replay, due now) is due for it too."""
 
 
 class Driver:
     def __init__(self, storage: Storage, name: str, target: Deliverer | None = None) -> None:
         self.storage = storage
         self.name = name
-        self.now = T0
+        self.t0 = time.time_ns() // 1_000_000_000 * 1_000_000
+        """The driver's clock starts at the wall clock (whole seconds): what the
+        command line writes (a replay, due now) is due for it too."""
+        self.now = self.t0
         self.loop = asyncio.new_event_loop()
         self.batch_id = 0
         self._target = target
@@ -122,3 +135,68 @@ def driver(storage: Storage, name: str, target: Deliverer | None = None) -> Iter
         yield d
     finally:
         d.close()
+
+
+# --------------------------------------------------------------------- workloads
+
+
+def subscribe(
+    storage: Storage,
+    endpoint_url: str,
+    *,
+    shards: int = 2,
+    partitions: int = 4,
+    grouped: bool = True,
+    retry: RetryPolicy | None = None,
+    consumption: ConsumptionPolicy | None = None,
+) -> None:
+    """Topic `orders` with `partitions` and subscription `billing` delivering
+    it to `endpoint_url` (retrying 503s)."""
+    Topics(storage).create("orders", partitions)
+    create_delivering(
+        storage,
+        DeliveryDefinition(
+            "billing",
+            "orders",
+            HttpEndpoint(endpoint_url),
+            shard_count=shards,
+            grouped=grouped,
+            retry=retry or RetryPolicy(retry_on_status=(503,), min_delay=1, max_attempts=4),
+            consumption=consumption or ConsumptionPolicy(max_in_flight=8, max_parallel_groups=8),
+        ),
+    )
+
+
+def produce_groups(storage: Storage, groups: int, first: int, count: int) -> None:
+    """Messages `first`..`first + count - 1` of groups `g0`..: payload
+    `gN:SEQ:`, key `gN`, sequence by sequence."""
+    log = Log(storage)
+    try:
+        log.produce(
+            "orders",
+            [
+                Message(f"g{g}:{n}:".encode(), key=f"g{g}", mqtt_topic="orders/new")
+                for n in range(first, first + count)
+                for g in range(groups)
+            ],
+        )
+    finally:
+        log.appender.close()
+
+
+def by_group(requests: Iterable[Request]) -> dict[str, list[int]]:
+    """Each group's sequence numbers, in the order the endpoint got them."""
+    out: dict[str, list[int]] = {}
+    for r in requests:
+        group, seq, _ = r.payload.split(b":")
+        out.setdefault(group.decode(), []).append(int(seq))
+    return out
+
+
+def queued(storage: Storage, topic: str) -> list[QueuedMessage]:
+    """Every row of a retry or dead-letter queue, stream by stream."""
+    return [
+        QueuedMessage.from_stored(m)
+        for head in storage.list_streams(topic)
+        for m in storage.read(head.key, head.start_offset, 100_000)
+    ]

@@ -18,20 +18,10 @@ from typing import Any
 
 import pytest
 
-from harness.endpoint import Endpoint, Request
-from riverbed.log.log import Log
-from riverbed.log.topics import Topics
-from riverbed.model import Message
+from harness.delivery import by_group, produce_groups, queued, subscribe
+from harness.endpoint import Endpoint
 from riverbed.storage import open_storage
-from riverbed.storage.base import Storage
-from riverbed.subscriptions.definition import (
-    ConsumptionPolicy,
-    DeliveryDefinition,
-    HttpEndpoint,
-    RetryPolicy,
-)
-from riverbed.subscriptions.delivering import create_delivering
-from riverbed.subscriptions.queues import QueuedMessage
+from riverbed.subscriptions.definition import ConsumptionPolicy, RetryPolicy
 
 pytestmark = pytest.mark.spark
 
@@ -41,47 +31,16 @@ RIVERBED = str(Path(sys.executable).with_name("riverbed"))
 def setup(url: str, endpoint: Endpoint, groups: int, per_group: int, shards: int = 2) -> None:
     storage = open_storage(url)
     try:
-        Topics(storage).create("orders", 4)
-        create_delivering(
+        subscribe(
             storage,
-            DeliveryDefinition(
-                "billing",
-                "orders",
-                HttpEndpoint(endpoint.url),
-                shard_count=shards,
-                retry=RetryPolicy(
-                    retry_on_status=(503,), min_delay=0.2, max_delay=1, max_attempts=3
-                ),
-                consumption=ConsumptionPolicy(max_in_flight=16, max_parallel_groups=16),
-            ),
+            endpoint.url,
+            shards=shards,
+            retry=RetryPolicy(retry_on_status=(503,), min_delay=0.2, max_delay=1, max_attempts=3),
+            consumption=ConsumptionPolicy(max_in_flight=16, max_parallel_groups=16),
         )
+        produce_groups(storage, groups, 0, per_group)
     finally:
         storage.close()
-    with Log.open(url) as log:
-        log.produce(
-            "orders",
-            [
-                Message(f"g{g}:{n}:".encode(), key=f"g{g}", mqtt_topic="orders/new")
-                for n in range(per_group)
-                for g in range(groups)
-            ],
-        )
-
-
-def by_group(requests: list[Request]) -> dict[str, list[int]]:
-    out: dict[str, list[int]] = {}
-    for r in requests:
-        group, seq, _ = r.payload.split(b":")
-        out.setdefault(group.decode(), []).append(int(seq))
-    return out
-
-
-def queue(storage: Storage, topic: str) -> list[QueuedMessage]:
-    return [
-        QueuedMessage.from_stored(m)
-        for head in storage.list_streams(topic)
-        for m in storage.read(head.key, head.start_offset, 100_000)
-    ]
 
 
 def test_the_job_delivers_retries_and_parks_in_group_order(spark: Any, storage_url: str) -> None:
@@ -110,7 +69,7 @@ def test_the_job_delivers_retries_and_parks_in_group_order(spark: Any, storage_u
         assert [r.attempt for r in endpoint.requests if r.payload == b"g1:4:"] == [1, 2, 3]
         storage = open_storage(storage_url)
         try:
-            parked = queue(storage, "billing.dlq")
+            parked = queued(storage, "billing.dlq")
         finally:
             storage.close()
     assert sorted(q.payload for q in parked) == sorted(
@@ -174,8 +133,8 @@ def test_a_job_killed_mid_stream_loses_nothing_and_writes_no_queue_entry_twice(
         delivered = endpoint.delivered()
         storage = open_storage(sqlite_url)
         try:
-            rq = queue(storage, "billing.rq")
-            parked = queue(storage, "billing.dlq")
+            rq = queued(storage, "billing.rq")
+            parked = queued(storage, "billing.dlq")
         finally:
             storage.close()
     payloads = Counter(r.payload for r in delivered)

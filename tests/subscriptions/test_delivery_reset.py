@@ -14,22 +14,13 @@ from collections.abc import Iterator
 import pytest
 from click.testing import CliRunner, Result
 
-from harness.delivery import driver
-from harness.endpoint import Endpoint, Request
+from harness.delivery import by_group, driver, produce_groups, subscribe
+from harness.endpoint import Endpoint
 from riverbed.cli import cli
 from riverbed.log.jsonlines import format_time
-from riverbed.log.log import Log
 from riverbed.log.topics import Topics
-from riverbed.model import Message
 from riverbed.storage.base import Storage
-from riverbed.subscriptions.definition import (
-    ConsumptionPolicy,
-    Definitions,
-    DeliveryDefinition,
-    HttpEndpoint,
-    RetryPolicy,
-)
-from riverbed.subscriptions.delivering import create_delivering
+from riverbed.subscriptions.definition import Definitions, RetryPolicy
 from riverbed.subscriptions.dlq import parked
 from riverbed.subscriptions.shardstate import load_states
 
@@ -47,41 +38,16 @@ def endpoint() -> Iterator[Endpoint]:
 
 
 def setup(storage: Storage, endpoint: Endpoint, shards: int = 2) -> None:
-    Topics(storage).create("orders", 4)
-    create_delivering(
+    subscribe(
         storage,
-        DeliveryDefinition(
-            "billing",
-            "orders",
-            HttpEndpoint(endpoint.url),
-            shard_count=shards,
-            retry=RetryPolicy(retry_on_status=(503,), min_delay=5, max_attempts=3),
-            consumption=ConsumptionPolicy(max_in_flight=8, max_parallel_groups=8),
-        ),
+        endpoint.url,
+        shards=shards,
+        retry=RetryPolicy(retry_on_status=(503,), min_delay=5, max_attempts=3),
     )
 
 
 def produce(storage: Storage, first: int, count: int) -> None:
-    log = Log(storage)
-    try:
-        log.produce(
-            "orders",
-            [
-                Message(f"g{g}:{n}:".encode(), key=f"g{g}", mqtt_topic="orders/new")
-                for n in range(first, first + count)
-                for g in range(GROUPS)
-            ],
-        )
-    finally:
-        log.appender.close()
-
-
-def by_group(requests: list[Request]) -> dict[str, list[int]]:
-    out: dict[str, list[int]] = {}
-    for r in requests:
-        group, seq, _ = r.payload.split(b":")
-        out.setdefault(group.decode(), []).append(int(seq))
-    return out
+    produce_groups(storage, GROUPS, first, count)
 
 
 def test_rewind_to_the_earliest_delivers_again_in_order_in_bounded_batches(

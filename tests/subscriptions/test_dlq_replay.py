@@ -11,21 +11,13 @@ from collections.abc import Iterator
 import pytest
 from click.testing import CliRunner, Result
 
-from harness.delivery import Driver, driver
+from harness.delivery import Driver, driver, produce_groups, subscribe
 from harness.endpoint import Endpoint, Request
 from riverbed.cli import cli
 from riverbed.log.jsonlines import format_time
-from riverbed.log.log import Log
 from riverbed.log.topics import Topics
-from riverbed.model import Message
 from riverbed.storage.base import Storage
-from riverbed.subscriptions.definition import (
-    ConsumptionPolicy,
-    DeliveryDefinition,
-    HttpEndpoint,
-    RetryPolicy,
-)
-from riverbed.subscriptions.delivering import create_delivering
+from riverbed.subscriptions.definition import RetryPolicy
 from riverbed.subscriptions.dlq import parked
 from riverbed.subscriptions.shardstate import load_states
 
@@ -41,34 +33,16 @@ def endpoint() -> Iterator[Endpoint]:
 
 
 def setup(storage: Storage, endpoint: Endpoint, grouped: bool = True) -> None:
-    Topics(storage).create("orders", 4)
-    create_delivering(
+    subscribe(
         storage,
-        DeliveryDefinition(
-            "billing",
-            "orders",
-            HttpEndpoint(endpoint.url),
-            shard_count=2,
-            grouped=grouped,
-            retry=RetryPolicy(retry_on_status=(503,), min_delay=1, max_attempts=2),
-            consumption=ConsumptionPolicy(max_in_flight=8, max_parallel_groups=8),
-        ),
+        endpoint.url,
+        grouped=grouped,
+        retry=RetryPolicy(retry_on_status=(503,), min_delay=1, max_attempts=2),
     )
 
 
 def produce(storage: Storage, groups: int, first: int, count: int) -> None:
-    log = Log(storage)
-    try:
-        log.produce(
-            "orders",
-            [
-                Message(f"g{g}:{n}:".encode(), key=f"g{g}", mqtt_topic="orders/new")
-                for n in range(first, first + count)
-                for g in range(groups)
-            ],
-        )
-    finally:
-        log.appender.close()
+    produce_groups(storage, groups, first, count)
 
 
 def seqs(requests: list[Request], group: str) -> list[int]:

@@ -11,21 +11,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from harness.delivery import T0, driver
-from harness.endpoint import Endpoint, Request
-from riverbed.log.log import Log
-from riverbed.log.topics import Topics
-from riverbed.model import Message
+from harness.delivery import by_group, driver, produce_groups, queued
+from harness.delivery import subscribe as harness_subscribe
+from harness.endpoint import Endpoint
 from riverbed.storage.base import Storage
 from riverbed.subscriptions import batch as batch_module
-from riverbed.subscriptions.definition import (
-    ConsumptionPolicy,
-    DeliveryDefinition,
-    HttpEndpoint,
-    RetryPolicy,
-)
-from riverbed.subscriptions.delivering import create_delivering
-from riverbed.subscriptions.queues import QueuedMessage
+from riverbed.subscriptions.definition import ConsumptionPolicy, Definitions, RetryPolicy
+from riverbed.subscriptions.pipeline import retry_due
 from riverbed.subscriptions.shardstate import load_state
 
 SECOND = 1_000_000
@@ -37,62 +29,29 @@ def endpoint() -> Iterator[Endpoint]:
         yield running
 
 
+RETRY = RetryPolicy(retry_on_status=(503,), min_delay=2, max_delay=60, multiplier=2, max_attempts=4)
+
+
 def subscribe(
     storage: Storage,
     endpoint: Endpoint,
     *,
     grouped: bool = True,
     shards: int = 2,
-    partitions: int = 4,
     retry: RetryPolicy | None = None,
 ) -> None:
-    Topics(storage).create("orders", partitions)
-    create_delivering(
+    harness_subscribe(
         storage,
-        DeliveryDefinition(
-            "billing",
-            "orders",
-            HttpEndpoint(endpoint.url),
-            shard_count=shards,
-            grouped=grouped,
-            retry=retry
-            or RetryPolicy(
-                retry_on_status=(503,), min_delay=2, max_delay=60, multiplier=2, max_attempts=4
-            ),
-            consumption=ConsumptionPolicy(max_in_flight=8, max_parallel_groups=4),
-        ),
+        endpoint.url,
+        shards=shards,
+        grouped=grouped,
+        retry=retry or RETRY,
+        consumption=ConsumptionPolicy(max_in_flight=8, max_parallel_groups=4),
     )
 
 
-def produce(storage: Storage, groups: int, per_group: int) -> list[bytes]:
-    """`per_group` messages of each group `g0`..: payload `gN:SEQ:`."""
-    payloads = [f"g{g}:{n}:".encode() for n in range(per_group) for g in range(groups)]
-    log = Log(storage)
-    try:
-        log.produce(
-            "orders",
-            [Message(p, key=p.split(b":")[0].decode(), mqtt_topic="orders/new") for p in payloads],
-        )
-    finally:
-        log.appender.close()
-    return payloads
-
-
-def queue(storage: Storage, topic: str) -> list[QueuedMessage]:
-    out = []
-    for head in storage.list_streams(topic):
-        out.extend(
-            QueuedMessage.from_stored(m) for m in storage.read(head.key, head.start_offset, 10_000)
-        )
-    return out
-
-
-def by_group(requests: list[Request]) -> dict[str, list[int]]:
-    out: dict[str, list[int]] = {}
-    for r in requests:
-        group, seq, _ = r.payload.split(b":")
-        out.setdefault(group.decode(), []).append(int(seq))
-    return out
+def produce(storage: Storage, groups: int, per_group: int) -> None:
+    produce_groups(storage, groups, 0, per_group)
 
 
 def test_everything_is_delivered_once_in_group_order(storage: Storage, endpoint: Endpoint) -> None:
@@ -105,7 +64,7 @@ def test_everything_is_delivered_once_in_group_order(storage: Storage, endpoint:
     assert len(delivered) == 200 and len({r.payload for r in delivered}) == 200
     assert by_group(delivered) == {f"g{g}": list(range(20)) for g in range(10)}
     assert all(r.attempt == 1 and r.topic == "orders/new" for r in delivered)
-    assert queue(storage, "billing.rq") == [] and queue(storage, "billing.dlq") == []
+    assert queued(storage, "billing.rq") == [] and queued(storage, "billing.dlq") == []
 
 
 def test_transient_failures_are_retried_with_the_backoff_then_delivered(
@@ -116,18 +75,18 @@ def test_transient_failures_are_retried_with_the_backoff_then_delivered(
     endpoint.fail(b"g1:3:", 503, times=2)
     with driver(storage, "billing") as d:
         d.batch()
-        (first,) = queue(storage, "billing.rq")
-        assert (first.payload, first.attempt, first.due_us) == (b"g1:3:", 2, T0 + 2 * SECOND)
+        (first,) = queued(storage, "billing.rq")
+        assert (first.payload, first.attempt, first.due_us) == (b"g1:3:", 2, d.t0 + 2 * SECOND)
         assert first.reason == "HTTP 503" and first.key == "g1"
         assert len(endpoint.delivered()) == 19  # ungrouped: the rest of g1 went on
-        d.now = T0 + 2 * SECOND - 1
+        d.now = d.t0 + 2 * SECOND - 1
         d.batch()  # not due yet
         assert [r.payload for r in endpoint.requests].count(b"g1:3:") == 1
-        d.now = T0 + 2 * SECOND
+        d.now = d.t0 + 2 * SECOND
         d.batch()  # attempt 2 fails: due 4 s later (multiplier 2)
-        second = queue(storage, "billing.rq")[-1]
-        assert (second.attempt, second.due_us) == (3, T0 + 6 * SECOND)
-        d.now = T0 + 6 * SECOND
+        second = queued(storage, "billing.rq")[-1]
+        assert (second.attempt, second.due_us) == (3, d.t0 + 6 * SECOND)
+        d.now = d.t0 + 6 * SECOND
         d.batch()
         assert d.idle()
     attempts = [r.attempt for r in endpoint.requests if r.payload == b"g1:3:"]
@@ -149,7 +108,7 @@ def test_permanent_failures_are_parked_after_the_last_attempt(
     endpoint.fail(b"g2:2:", 400)  # not retried: parked at once
     with driver(storage, "billing") as d:
         d.until_idle()
-    parked = sorted(queue(storage, "billing.dlq"), key=lambda q: q.payload)
+    parked = sorted(queued(storage, "billing.dlq"), key=lambda q: q.payload)
     assert [(q.payload, q.attempt, q.reason) for q in parked] == [
         (b"g0:1:", 4, "HTTP 503"),
         (b"g2:2:", 2, "HTTP 400"),
@@ -169,7 +128,7 @@ def test_a_failing_message_holds_its_group_while_other_groups_flow(
         now = by_group(endpoint.delivered())
         assert now["g1"] == [0, 1]  # held from the failure on
         assert all(now[f"g{g}"] == list(range(10)) for g in (0, 2, 3))
-        held = [q.payload for q in queue(storage, "billing.rq")]
+        held = [q.payload for q in queued(storage, "billing.rq")]
         assert held == [f"g1:{n}:".encode() for n in range(2, 10)]  # behind it, in order
         d.until_idle()
     delivered = endpoint.delivered()
@@ -188,7 +147,7 @@ def test_a_parked_message_holds_the_rest_of_its_group_in_the_dlq(
         state, _ = load_state(storage, "billing", 0)
         other, _ = load_state(storage, "billing", 1)
     assert by_group(endpoint.delivered()) == {"g0": list(range(6)), "g1": list(range(6)), "g2": [0]}
-    assert [q.payload for q in queue(storage, "billing.dlq")] == [
+    assert [q.payload for q in queued(storage, "billing.dlq")] == [
         f"g2:{n}:".encode() for n in range(1, 6)
     ]
     assert {**state.groups.dlq, **other.groups.dlq}.keys() == {"g2"}
@@ -202,11 +161,11 @@ def test_a_batch_run_again_after_its_commit_does_nothing(
     endpoint.fail(b"g3:0:", 503, times=1)
     with driver(storage, "billing") as d:
         d.batch()
-        rq = queue(storage, "billing.rq")
+        rq = queued(storage, "billing.rq")
         ranges = {shard: d.ranges(shard) for shard in range(2)}
         d.batch_id -= 1  # the same batch (same marker) again
         assert d.batch() == [None, None]
-        assert queue(storage, "billing.rq") == rq
+        assert queued(storage, "billing.rq") == rq
         assert len(endpoint.requests) == 16  # g3's first failed, the rest followed it
         assert all(not r for r in ranges.values())  # the cursors are at the heads
         d.until_idle()
@@ -229,12 +188,12 @@ def test_a_batch_that_dies_before_its_commit_leaves_nothing_and_runs_again(
     with driver(storage, "billing") as d:
         with pytest.raises(RuntimeError):
             d.batch()
-        assert queue(storage, "billing.rq") == [] and queue(storage, "billing.dlq") == []
+        assert queued(storage, "billing.rq") == [] and queued(storage, "billing.dlq") == []
         assert load_state(storage, "billing", 0) == load_state(storage, "billing", 1)
         monkeypatch.setattr(batch_module, "commit", real_commit)
         d.batch()
-        assert [q.payload for q in queue(storage, "billing.dlq")] == [b"g1:4:"]
-        assert [q.payload for q in queue(storage, "billing.rq")] == [
+        assert [q.payload for q in queued(storage, "billing.dlq")] == [b"g1:4:"]
+        assert [q.payload for q in queued(storage, "billing.rq")] == [
             b"g0:2:",
             b"g0:3:",
             b"g0:4:",
@@ -246,9 +205,6 @@ def test_a_batch_that_dies_before_its_commit_leaves_nothing_and_runs_again(
 
 
 def test_retry_due_and_idle_follow_the_queue(storage: Storage, endpoint: Endpoint) -> None:
-    from riverbed.subscriptions.definition import Definitions
-    from riverbed.subscriptions.pipeline import retry_due
-
     subscribe(storage, endpoint, grouped=False)
     produce(storage, groups=2, per_group=2)
     endpoint.fail(b"g0:0:", 503, times=1)
@@ -258,12 +214,12 @@ def test_retry_due_and_idle_follow_the_queue(storage: Storage, endpoint: Endpoin
         assert not d.idle()
         d.batch()
         assert not d.idle()
-        assert not retry_due(storage, definition, now=T0 + 2 * SECOND - 1)
-        assert retry_due(storage, definition, now=T0 + 2 * SECOND)
-        d.now = T0 + 2 * SECOND
+        assert not retry_due(storage, definition, now=d.t0 + 2 * SECOND - 1)
+        assert retry_due(storage, definition, now=d.t0 + 2 * SECOND)
+        d.now = d.t0 + 2 * SECOND
         d.batch()
         assert d.idle()
-        assert not retry_due(storage, definition, now=T0 + 100 * SECOND)
+        assert not retry_due(storage, definition, now=d.t0 + 100 * SECOND)
 
 
 @pytest.mark.parametrize("grouped", [False, True])
@@ -327,8 +283,8 @@ def test_short_retries_wait_inside_the_batch(
         stats = [s for s in (first, second) if s is not None]
         assert sum(s.retried_inline for s in stats) == 2 + 3
         assert [r.attempt for r in endpoint.requests if r.payload == b"g1:1:"] == [1, 2, 3]
-        assert [q.payload for q in queue(storage, "billing.rq")] == []
-        assert [q.payload for q in queue(storage, "billing.dlq")][:1] == [b"g2:0:"]
+        assert [q.payload for q in queued(storage, "billing.rq")] == []
+        assert [q.payload for q in queued(storage, "billing.dlq")][:1] == [b"g2:0:"]
     got = {
         g: seqs if grouped else sorted(seqs) for g, seqs in by_group(endpoint.delivered()).items()
     }

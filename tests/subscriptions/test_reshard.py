@@ -13,21 +13,12 @@ from collections.abc import Iterator
 import pytest
 from click.testing import CliRunner, Result
 
-from harness.delivery import driver
-from harness.endpoint import Endpoint, Request
+from harness.delivery import by_group, driver, produce_groups, subscribe
+from harness.endpoint import Endpoint
 from riverbed.cli import cli
-from riverbed.log.log import Log
 from riverbed.log.topics import Topics
-from riverbed.model import Message
 from riverbed.storage.base import Storage
-from riverbed.subscriptions.definition import (
-    ConsumptionPolicy,
-    Definitions,
-    DeliveryDefinition,
-    HttpEndpoint,
-    RetryPolicy,
-)
-from riverbed.subscriptions.delivering import create_delivering
+from riverbed.subscriptions.definition import Definitions
 from riverbed.subscriptions.dlq import parked
 from riverbed.subscriptions.shardstate import load_states
 
@@ -44,42 +35,12 @@ def endpoint() -> Iterator[Endpoint]:
         yield running
 
 
-def setup(storage: Storage, endpoint: Endpoint, shards: int, partitions: int = 4) -> None:
-    Topics(storage).create("orders", partitions)
-    create_delivering(
-        storage,
-        DeliveryDefinition(
-            "billing",
-            "orders",
-            HttpEndpoint(endpoint.url),
-            shard_count=shards,
-            retry=RetryPolicy(retry_on_status=(503,), min_delay=1, max_attempts=4),
-            consumption=ConsumptionPolicy(max_in_flight=8, max_parallel_groups=8),
-        ),
-    )
+def setup(storage: Storage, endpoint: Endpoint, shards: int) -> None:
+    subscribe(storage, endpoint.url, shards=shards)
 
 
 def produce(storage: Storage, first: int, count: int) -> None:
-    log = Log(storage)
-    try:
-        log.produce(
-            "orders",
-            [
-                Message(f"g{g}:{n}:".encode(), key=f"g{g}", mqtt_topic="orders/new")
-                for n in range(first, first + count)
-                for g in range(GROUPS)
-            ],
-        )
-    finally:
-        log.appender.close()
-
-
-def by_group(requests: list[Request]) -> dict[str, list[int]]:
-    out: dict[str, list[int]] = {}
-    for r in requests:
-        group, seq, _ = r.payload.split(b":")
-        out.setdefault(group.decode(), []).append(int(seq))
-    return out
+    produce_groups(storage, GROUPS, first, count)
 
 
 def reshard(url: str, shards: int) -> dict[str, object]:

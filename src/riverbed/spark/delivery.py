@@ -30,7 +30,6 @@ import logging
 import shutil
 import tempfile
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -40,6 +39,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows
 from pyspark.sql.types import StructType
 
+from riverbed.errors import RiverbedError
 from riverbed.spark.options import StreamOptions, stream_options
 from riverbed.spark.planning import next_offsets
 
@@ -194,6 +194,10 @@ class DeliveryStreamReader(DataSourceStreamReader):
             yield (partition.shard, partition.ranges_json, partition.tick)
 
 
+class DeliveryFailed(RiverbedError):
+    """The delivery query stopped with an error (a task failed for good)."""
+
+
 @dataclass(slots=True)
 class Totals:
     batches: int = 0
@@ -299,7 +303,8 @@ class DeliveryJob:
                 self.query.awaitTermination(0.2)
             exception = self.query.exception()
             if exception is not None:
-                raise RuntimeError(f"the delivery query failed: {exception}")
+                first = str(exception).strip().splitlines()[0] if str(exception).strip() else ""
+                raise DeliveryFailed(f"the delivery query of {self.name!r} failed: {first}")
         finally:
             self.close()
         return self.totals
@@ -312,12 +317,3 @@ class DeliveryJob:
             logger.warning("stopping the delivery query: %s", str(exc).splitlines()[0])
         finally:
             shutil.rmtree(self._checkpoint, ignore_errors=True)
-
-
-def wait_idle(job: DeliveryJob, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if job.idle():
-            return True
-        time.sleep(0.1)
-    return False
