@@ -19,23 +19,34 @@ from typing import Any
 import pytest
 
 from harness.delivery import by_group, produce_groups, queued, subscribe
-from harness.endpoint import Endpoint
+from harness.endpoint import Endpoint, Request
 from riverbed.storage import open_storage
 from riverbed.subscriptions.definition import ConsumptionPolicy, RetryPolicy
+from riverbed.subscriptions.dlq import parked as parked_in
+from riverbed.subscriptions.queues import QueuedMessage
 
 pytestmark = pytest.mark.spark
 
 RIVERBED = str(Path(sys.executable).with_name("riverbed"))
 
 
-def setup(url: str, endpoint: Endpoint, groups: int, per_group: int, shards: int = 2) -> None:
+def setup(
+    url: str, endpoint: Endpoint, groups: int, per_group: int, shards: int = 2, inline: float = 0.5
+) -> None:
+    """`inline=0`: every retry through the retry queue."""
     storage = open_storage(url)
     try:
         subscribe(
             storage,
             endpoint.url,
             shards=shards,
-            retry=RetryPolicy(retry_on_status=(503,), min_delay=0.2, max_delay=1, max_attempts=3),
+            retry=RetryPolicy(
+                retry_on_status=(503,),
+                min_delay=0.2,
+                max_delay=1,
+                max_attempts=3,
+                inline_max_delay=inline,
+            ),
             consumption=ConsumptionPolicy(max_in_flight=16, max_parallel_groups=16),
         )
         produce_groups(storage, groups, 0, per_group)
@@ -106,7 +117,7 @@ def test_a_job_killed_mid_stream_loses_nothing_and_writes_no_queue_entry_twice(
     sqlite_url: str, tmp_path: Path
 ) -> None:
     with Endpoint(delay=0.002) as endpoint:
-        setup(sqlite_url, endpoint, groups=20, per_group=100)
+        setup(sqlite_url, endpoint, groups=20, per_group=100, inline=0)
         for g in range(0, 20, 3):
             endpoint.fail(f"g{g}:1".encode(), 503, times=1)  # g0:1:, g0:10:..19:, ...
         endpoint.fail(b"g4:5", 400)
@@ -137,19 +148,32 @@ def test_a_job_killed_mid_stream_loses_nothing_and_writes_no_queue_entry_twice(
             parked = queued(storage, "billing.dlq")
         finally:
             storage.close()
+    assert rq, "the retry queue was used"
+    repeated = check_outcome(
+        delivered, rq, parked, 20, 100, {f"g4:{n}:".encode() for n in range(5, 100)}
+    )
+    assert repeated <= 200 + 20  # only from the batch the kill cut short (at least once)
+
+
+def check_outcome(
+    delivered: list[Request],
+    rq: list[QueuedMessage],
+    parked: list[QueuedMessage],
+    groups: int,
+    per_group: int,
+    expected_parked: set[bytes],
+    copies: int = 1,
+) -> int:
+    """Nothing lost, no queue entry twice, first deliveries in group order;
+    returns how many deliveries were repeats."""
     payloads = Counter(r.payload for r in delivered)
     parked_payloads = Counter(q.payload for q in parked)
-    # Nothing lost: everything delivered or parked.
-    everything = {f"g{g}:{n}:".encode() for g in range(20) for n in range(100)}
+    everything = {f"g{g}:{n}:".encode() for g in range(groups) for n in range(per_group)}
     assert set(payloads) | set(parked_payloads) == everything
-    assert set(parked_payloads) == {f"g4:{n}:".encode() for n in range(5, 100)}
-    # No queue entry twice: one per (message, attempt) in the RQ, one per message in the DLQ.
-    assert max(Counter((q.message_id, q.attempt) for q in rq).values(), default=1) == 1
+    assert set(parked_payloads) == expected_parked
+    # One RQ entry per (message, attempt); a reshard copies what it feeds (`copies`).
+    assert max(Counter((q.message_id, q.attempt) for q in rq).values(), default=1) <= copies
     assert max(parked_payloads.values()) == 1
-    # Repeats only from the batch the kill cut short (at least once).
-    repeated = sum(count - 1 for count in payloads.values())
-    assert repeated <= 200 + 20
-    # Order per group: the first deliveries of each group in main order.
     first: dict[str, list[int]] = {}
     seen: set[bytes] = set()
     for r in delivered:
@@ -158,3 +182,46 @@ def test_a_job_killed_mid_stream_loses_nothing_and_writes_no_queue_entry_twice(
             group, seq, _ = r.payload.split(b":")
             first.setdefault(group.decode(), []).append(int(seq))
     assert all(seqs == sorted(seqs) for seqs in first.values())
+    return sum(count - 1 for count in payloads.values())
+
+
+def test_the_shard_count_changes_while_the_job_runs(spark: Any, sqlite_url: str) -> None:
+    """2 -> 4 -> 1 shards under a running job, with traffic and retries in
+    flight: the job takes the new shards at its next batch (its batch in
+    flight loses its commit and runs again); nothing lost, order kept."""
+    from riverbed.spark.delivery import DeliveryJob
+    from riverbed.subscriptions.pipeline import is_idle
+    from riverbed.subscriptions.reshard import change_shard_count
+
+    with Endpoint(delay=0.002) as endpoint:
+        setup(sqlite_url, endpoint, groups=20, per_group=60, inline=0)
+        for g in range(0, 20, 4):
+            endpoint.fail(f"g{g}:1".encode(), 503, times=1)
+        endpoint.fail(b"g7:3:", 400)
+        job = DeliveryJob(spark, sqlite_url, "billing", trigger_seconds=0.1, max_per_trigger=200)
+        stop = threading.Event()
+        runner = threading.Thread(target=job.run, kwargs={"stop": stop})
+        runner.start()
+        storage = open_storage(sqlite_url)
+        try:
+            endpoint.wait_for(300, timeout=120)
+            assert change_shard_count(storage, "billing", 4).new_count == 4
+            produce_groups(storage, 20, 60, 20)
+            endpoint.wait_for(800, timeout=120)
+            assert change_shard_count(storage, "billing", 1).new_count == 1
+            deadline = time.monotonic() + 120
+            while not is_idle(storage, "billing") and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert is_idle(storage, "billing")
+            rq = queued(storage, "billing.rq")
+            parked = [p.message for p in parked_in(storage, "billing", limit=10_000)]
+        finally:
+            stop.set()
+            runner.join(timeout=60)
+            storage.close()
+        delivered = endpoint.delivered()
+    assert not runner.is_alive()
+    repeated = check_outcome(
+        delivered, rq, parked, 20, 80, {f"g7:{n}:".encode() for n in range(3, 80)}, copies=3
+    )
+    assert repeated <= 2 * 200  # at most a batch per change

@@ -25,6 +25,7 @@ shard count need nothing from an old checkpoint.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import shutil
@@ -32,16 +33,18 @@ import tempfile
 import threading
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import DataSource, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows
 from pyspark.sql.types import StructType
 
 from riverbed.errors import RiverbedError
-from riverbed.spark.options import StreamOptions, stream_options
+from riverbed.spark.options import stream_options
 from riverbed.spark.planning import next_offsets
+from riverbed.spark.source import SubscriptionStreamReader
+from riverbed.subscriptions.step import StepStats
 
 logger = logging.getLogger(__name__)
 
@@ -73,23 +76,8 @@ class DeliveryDataSource(DataSource):
         return DeliveryStreamReader(stream_options(self.options))
 
 
-class DeliveryStreamReader(DataSourceStreamReader):
-    def __init__(self, options: StreamOptions) -> None:
-        self.options = options
-        self._storage: Any = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"options": self.options}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["options"])  # type: ignore[misc]
-
-    def _open(self) -> Any:
-        if self._storage is None:
-            from riverbed.storage import open_storage
-
-            self._storage = open_storage(self.options.db)
-        return self._storage
+class DeliveryStreamReader(SubscriptionStreamReader):
+    """The work of each shard per batch (see the module docstring)."""
 
     def _context(self) -> tuple[Any, Any, Any]:
         from riverbed.subscriptions.cursors import Subscriptions
@@ -184,11 +172,6 @@ class DeliveryStreamReader(DataSourceStreamReader):
     def commit(self, end: dict[str, int]) -> None:
         """Nothing: each shard committed its progress with its batch."""
 
-    def stop(self) -> None:
-        if self._storage is not None:
-            self._storage.close()
-            self._storage = None
-
     def read(self, partition: InputPartition) -> Iterator[tuple[int, str, int]]:
         if isinstance(partition, ShardPartition):
             yield (partition.shard, partition.ranges_json, partition.tick)
@@ -199,16 +182,13 @@ class DeliveryFailed(RiverbedError):
 
 
 @dataclass(slots=True)
-class Totals:
+class Totals(StepStats):
+    """A run's batches and the sum of its shards' step stats."""
+
     batches: int = 0
-    delivered: int = 0
-    retried: int = 0
-    parked: int = 0
-    followed: int = 0
-    skipped: int = 0
 
 
-STAT_FIELDS = ("delivered", "retried", "parked", "followed", "skipped")
+STAT_FIELDS = StepStats.__slots__
 
 
 def deliver_partition(
@@ -276,7 +256,7 @@ class DeliveryJob:
             for row in rows:
                 for field in STAT_FIELDS:
                     setattr(t, field, getattr(t, field) + row[field])
-            snapshot = Totals(**asdict(t))
+            snapshot = copy.copy(t)
         if self._on_batch is not None:
             self._on_batch(batch_id, snapshot)
 

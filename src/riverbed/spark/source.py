@@ -125,28 +125,42 @@ class BatchReader(DataSourceReader):
         return read_ranges(o.db, items, o.topic_filter, o.key, o.since_us, o.until_us)
 
 
-class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """A streaming read of a named subscription (see the module docstring)."""
+class SubscriptionStreamReader(DataSourceStreamReader):
+    """What the streaming readers of a subscription share: the options, and
+    on the driver a storage connection of its own (workers get the options
+    only: no connection, no driver-side state)."""
 
     def __init__(self, options: StreamOptions) -> None:
         self.options = options
-        self._target: dict[str, int] | None = None
         self._storage: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
-        # Workers get the options only: no connection, no driver-side state.
         return {"options": self.options}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["options"])  # type: ignore[misc]
 
-    # --- driver side ------------------------------------------------------
     def _open(self) -> Any:
         if self._storage is None:
             from riverbed.storage import open_storage
 
             self._storage = open_storage(self.options.db)
         return self._storage
+
+    def stop(self) -> None:
+        if self._storage is not None:
+            self._storage.close()
+            self._storage = None
+
+
+class StreamReader(SubscriptionStreamReader, SupportsTriggerAvailableNow):
+    """A streaming read of a named subscription (see the module docstring)."""
+
+    def __init__(self, options: StreamOptions) -> None:
+        super().__init__(options)
+        self._target: dict[str, int] | None = None
+
+    # --- driver side ------------------------------------------------------
 
     def _subscription(self) -> Any:
         from riverbed.subscriptions.cursors import Subscriptions
@@ -210,11 +224,6 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         storage.commit_cursors(
             record.name, {keys[name]: offset for name, offset in end.items() if name in keys}
         )
-
-    def stop(self) -> None:
-        if self._storage is not None:
-            self._storage.close()
-            self._storage = None
 
     # --- worker side ------------------------------------------------------
     def read(self, partition: InputPartition) -> Iterator[Any]:

@@ -31,7 +31,7 @@ from riverbed.errors import StorageError
 from riverbed.log.reader import readable_streams
 from riverbed.log.router import key_hash
 from riverbed.model import MessageIdGenerator
-from riverbed.storage.base import Storage, StreamHead, SubscriptionRecord
+from riverbed.storage.base import Storage, StreamHead, StreamSealed, SubscriptionRecord
 from riverbed.storage.transactions import (
     append_once_in,
     commit_cursors_in,
@@ -230,7 +230,13 @@ def commit(
     batches = {**result.rq.batches, **result.dlq.batches}
     expected = {**result.rq.expected_firsts(), **result.dlq.expected_firsts()}
     with transaction(storage) as tx:
-        firsts = append_once_in(tx, marker, batches)
+        try:
+            firsts = append_once_in(tx, marker, batches)
+        except StreamSealed:
+            raise Superseded(
+                f"shard {shard_id} of subscription {name!r}: its queues switched to a new"
+                " storage topic meanwhile (a shard-count change)"
+            ) from None
         if firsts is None:
             return False
         if firsts != expected:

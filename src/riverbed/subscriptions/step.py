@@ -209,7 +209,7 @@ class StepStats:
     """Retries made inside the batch (due within `retry.inline_max_delay`)."""
 
     def add(self, other: StepStats) -> None:
-        for name in self.__slots__:
+        for name in StepStats.__slots__:
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
