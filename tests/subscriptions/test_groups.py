@@ -10,6 +10,9 @@ Whatever happens:
 - a group's deliveries keep main-topic order, and so do its parked messages;
 - nothing of a group is delivered after its first parked message;
 - the retry queue drains and the shards' GroupState for it empties.
+
+And with DLQ replays and purges at any point: each message ends delivered
+once or purged, a group's deliveries in main-topic order.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from riverbed.subscriptions.definition import (
     RetryPolicy,
 )
 from riverbed.subscriptions.delivering import create_delivering
+from riverbed.subscriptions.dlq import Selection, parked, purge, replay
 from riverbed.subscriptions.endpoint import Attempt, Outcome
 from riverbed.subscriptions.shardstate import load_states
 
@@ -144,3 +148,83 @@ def test_grouped_order_holds_whatever_fails(
             assert all(n < mine_parked[0] for n in mine)
     for state in states.values():
         assert state.groups.rq == {} and state.retries == {}
+
+
+Action = tuple[str, int, int]
+"""("batch", messages per stream, clock step µs) | ("replay", group, 0) |
+("replay-all", 0, 0) | ("purge-first", group, 0)."""
+
+
+@st.composite
+def with_operations(draw: st.DrawFn) -> tuple[int, int, dict[tuple[int, int], str], list[Action]]:
+    groups = draw(st.integers(1, 4))
+    per_group = draw(st.integers(1, 6))
+    count = groups * per_group
+    script = draw(
+        st.dictionaries(
+            st.tuples(st.integers(0, count - 1), st.integers(1, MAX_ATTEMPTS)),
+            st.sampled_from(["retry", "fail", "ok"]),
+            max_size=count,
+        )
+    )
+    actions = draw(
+        st.lists(
+            st.one_of(
+                st.tuples(st.just("batch"), st.integers(1, 3), st.integers(0, 3_000_000)),
+                st.tuples(st.just("replay"), st.integers(0, groups - 1), st.just(0)),
+                st.tuples(st.just("replay-all"), st.just(0), st.just(0)),
+                st.tuples(st.just("purge-first"), st.integers(0, groups - 1), st.just(0)),
+            ),
+            min_size=1,
+            max_size=12,
+        )
+    )
+    return groups, per_group, script, actions
+
+
+@settings(max_examples=150, deadline=None)
+@given(with_operations())
+def test_replays_and_purges_keep_group_order(
+    scenario: tuple[int, int, dict[tuple[int, int], str], list[Action]],
+) -> None:
+    """DLQ replays (a group, everything) and purges (a group's first parked
+    message) at any point: each message ends delivered once or purged, and a
+    group's deliveries keep main-topic order."""
+    groups, per_group, script, actions = scenario
+    endpoint = Scripted(script)
+    purged: set[int] = set()
+    with subscription(groups, per_group, 2) as storage, driver(storage, "billing", endpoint) as d:
+        for kind, value, step in actions:
+            if kind == "batch":
+                d.batch(value)
+                d.now += step
+            elif kind == "replay":
+                replay(storage, "billing", Selection(groups=frozenset({f"g{value}"})), d.now)
+            elif kind == "replay-all":
+                replay(storage, "billing", Selection(everything=True), d.now)
+            else:
+                mine = sorted(
+                    (
+                        p
+                        for p in parked(storage, "billing", limit=1000)
+                        if p.message.key == f"g{value}"
+                    ),
+                    key=lambda p: p.message.main_offset,
+                )
+                if mine:
+                    first = mine[0].message
+                    change = purge(
+                        storage, "billing", Selection(message_ids=frozenset({first.message_id}))
+                    )
+                    assert change.selected == 1 and change.along == 0
+                    purged.add(int(first.payload))
+        d.until_idle(limit=3)
+        endpoint.script = {}  # everything succeeds from now on
+        while parked(storage, "billing", limit=1):
+            replay(storage, "billing", Selection(everything=True), d.now)
+            d.until_idle()
+    delivered = endpoint.delivered
+    assert sorted(delivered + sorted(purged)) == list(range(groups * per_group))
+    for g in range(groups):
+        mine = [n for n in delivered if n % groups == g]
+        assert mine == sorted(mine)
