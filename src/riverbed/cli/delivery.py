@@ -23,7 +23,12 @@ from riverbed.subscriptions.pipeline import definition_of
 
 
 def run_delivery(
-    name: str, master: str | None, trigger_interval: float, max_per_trigger: int, until_idle: bool
+    name: str,
+    master: str | None,
+    trigger_interval: float,
+    max_per_trigger: int,
+    until_idle: bool,
+    lease_seconds: float = 10.0,
 ) -> None:
     url = click.get_current_context().meta.get(DB_KEY) or default_url()
     storage = open_storage(url)
@@ -74,6 +79,12 @@ def run_delivery(
             trigger_seconds=trigger_interval,
             max_per_trigger=max_per_trigger,
             on_batch=on_batch,
+            lease_seconds=lease_seconds,
+            stop=stop,
+            on_wait=lambda held: click.echo(
+                f"waiting: another job delivers {name!r} ({held}); taking over when it stops",
+                err=True,
+            ),
         )
         totals = job.run(until_idle=until_idle, stop=stop)
     finally:

@@ -404,15 +404,29 @@ def subscription_delete(name: str) -> None:
     is_flag=True,
     help="Exit once the main topic has no lag and the retry queue is empty.",
 )
+@click.option(
+    "--lease-seconds",
+    type=click.FloatRange(min=1),
+    default=10.0,
+    show_default=True,
+    help="The job's lease on NAME: a second job waits as a standby until the first"
+    " stops, or for this long after it died.",
+)
 @db_option
 def subscription_run(
-    name: str, master: str | None, trigger_interval: float, max_per_trigger: int, until_idle: bool
+    name: str,
+    master: str | None,
+    trigger_interval: float,
+    max_per_trigger: int,
+    until_idle: bool,
+    lease_seconds: float,
 ) -> None:
     """Deliver NAME to its endpoint: a Spark Structured Streaming job, one task
-    per shard, until SIGINT/SIGTERM (or --until-idle)."""
+    per shard, until SIGINT/SIGTERM (or --until-idle). One job at a time: a
+    second one waits and takes over."""
     from riverbed.cli.delivery import run_delivery
 
-    run_delivery(name, master, trigger_interval, max_per_trigger, until_idle)
+    run_delivery(name, master, trigger_interval, max_per_trigger, until_idle, lease_seconds)
 
 
 @subscription.command("reshard")

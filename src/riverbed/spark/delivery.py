@@ -25,12 +25,16 @@ shard count need nothing from an old checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
+import os
 import shutil
+import socket
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -209,8 +213,20 @@ def deliver_partition(
     return run
 
 
+JOB_LEASE = "delivery-job/"
+"""The lease (`storage.leases`) a running job holds for its subscription."""
+
+
 class DeliveryJob:
-    """A running `riverbed subscription run`: the streaming query and its totals."""
+    """A running `riverbed subscription run`: the streaming query and its totals.
+
+    One job at a time delivers a subscription: a job holds the lease
+    `delivery-job/NAME` (renewed every third of `lease_seconds`). A second job
+    waits as a standby (`on_wait` is told who holds it) and takes over when
+    the first stops, or, if it died, when its lease runs out. A job that
+    finds its lease taken (it could not renew it in time) stops with
+    `DeliveryFailed`.
+    """
 
     def __init__(
         self,
@@ -221,7 +237,13 @@ class DeliveryJob:
         trigger_seconds: float = 0.5,
         max_per_trigger: int | None = 20_000,
         on_batch: Callable[[int, Totals], None] | None = None,
+        lease_seconds: float = 10.0,
+        stop: threading.Event | None = None,
+        on_wait: Callable[[str], None] | None = None,
     ) -> None:
+        from riverbed.storage import open_storage
+        from riverbed.storage.leases import Leases
+
         self.spark = spark
         self.url = url
         self.name = name
@@ -229,6 +251,26 @@ class DeliveryJob:
         self.totals = Totals()
         self._lock = threading.Lock()
         self._on_batch = on_batch
+        self._storage = open_storage(url)
+        self._leases = Leases(self._storage)
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{self.run_id}"
+        self._ttl_us = int(lease_seconds * 1_000_000)
+        self._renew_every = lease_seconds / 3
+        self._checkpoint: str | None = None
+        try:
+            self._lease = self._take_lease(stop, on_wait)
+        except BaseException:
+            self._storage.close()
+            raise
+        self._renewed = time.monotonic()
+        try:
+            self.query = self._start(spark, trigger_seconds, max_per_trigger)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, spark: Any, trigger_seconds: float, max_per_trigger: int | None) -> Any:
+        name, url = self.name, self.url
         self._checkpoint = tempfile.mkdtemp(prefix=f"riverbed-delivery-{name}-")
         spark.dataSource.register(DeliveryDataSource)
         reader = (
@@ -239,13 +281,47 @@ class DeliveryJob:
         if max_per_trigger is not None:
             reader = reader.option("maxMessagesPerTrigger", str(max_per_trigger))
         frame = reader.load()
-        self.query = (
+        return (
             frame.writeStream.foreachBatch(self._batch)
             .trigger(processingTime=f"{int(trigger_seconds * 1000)} milliseconds")
             .option("checkpointLocation", self._checkpoint)
             .queryName(f"riverbed-delivery-{name}-{self.run_id}")
             .start()
         )
+
+    def _take_lease(
+        self, stop: threading.Event | None, on_wait: Callable[[str], None] | None
+    ) -> Any:
+        from riverbed.errors import LeaseHeld
+
+        told = False
+        while True:
+            try:
+                return self._leases.acquire(JOB_LEASE + self.name, self.owner, self._ttl_us)
+            except LeaseHeld as held:
+                if not told and on_wait is not None:
+                    on_wait(str(held))
+                    told = True
+            if stop is not None and stop.wait(0.5):
+                raise DeliveryFailed(
+                    f"stopped while waiting for the job delivering {self.name!r} to stop"
+                )
+            if stop is None:
+                time.sleep(0.5)
+
+    def _keep_lease(self) -> None:
+        if time.monotonic() - self._renewed < self._renew_every:
+            return
+        from riverbed.errors import PreconditionFailed
+
+        try:
+            self._lease = self._leases.renew(self._lease, self._ttl_us)
+        except PreconditionFailed:
+            raise DeliveryFailed(
+                f"the job delivering {self.name!r} lost its lease (not renewed in time; another"
+                " job may have taken over): stopped"
+            ) from None
+        self._renewed = time.monotonic()
 
     def _batch(self, frame: Any, batch_id: int) -> None:
         function = deliver_partition(self.url, self.name, self.run_id, batch_id)
@@ -262,14 +338,9 @@ class DeliveryJob:
 
     def idle(self) -> bool:
         """Nothing left: no main-topic lag, no unread retry-queue row."""
-        from riverbed.storage import open_storage
         from riverbed.subscriptions.pipeline import is_idle
 
-        storage = open_storage(self.url)
-        try:
-            return is_idle(storage, self.name)
-        finally:
-            storage.close()
+        return is_idle(self._storage, self.name)
 
     def run(self, until_idle: bool = False, stop: threading.Event | None = None) -> Totals:
         """Wait until the query ends, `stop` is set, or (`until_idle`) the
@@ -278,6 +349,7 @@ class DeliveryJob:
             while self.query.isActive:
                 if stop is not None and stop.is_set():
                     break
+                self._keep_lease()
                 if until_idle and self.idle():
                     break
                 self.query.awaitTermination(0.2)
@@ -291,9 +363,14 @@ class DeliveryJob:
 
     def close(self) -> None:
         try:
-            if self.query.isActive:
-                self.query.stop()
+            query = getattr(self, "query", None)
+            if query is not None and query.isActive:
+                query.stop()
         except Exception as exc:  # the JVM went first (a signal reached it too)
             logger.warning("stopping the delivery query: %s", str(exc).splitlines()[0])
         finally:
-            shutil.rmtree(self._checkpoint, ignore_errors=True)
+            if self._checkpoint is not None:
+                shutil.rmtree(self._checkpoint, ignore_errors=True)
+            with contextlib.suppress(RiverbedError):
+                self._leases.release(self._lease)  # a standby takes over at once
+            self._storage.close()
