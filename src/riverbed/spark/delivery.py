@@ -90,12 +90,7 @@ class DeliveryStreamReader(SubscriptionStreamReader):
         storage = self._open()
         subscriptions = Subscriptions(storage)
         record = subscriptions.get(self.options.subscription)
-        definition = Definitions(storage).get(record.name)
-        if definition is None:
-            from riverbed.errors import NotFound
-
-            raise NotFound(f"subscription {record.name!r} does not deliver to an endpoint")
-        return subscriptions, record, definition
+        return subscriptions, record, Definitions(storage).require(record.name)
 
     def initialOffset(self) -> dict[str, int]:
         subscriptions, record, _ = self._context()

@@ -298,6 +298,13 @@ class Definitions:
         entry = self.storage.kv_get(NAMESPACE, name)
         return None if entry is None else DeliveryDefinition.from_json(entry.value)
 
+    def require(self, name: str) -> DeliveryDefinition:
+        """The definition; `NotFound` if subscription `name` does not deliver."""
+        definition = self.get(name)
+        if definition is None:
+            raise NotFound(f"subscription {name!r} does not deliver to an endpoint")
+        return definition
+
     def list(self) -> list[DeliveryDefinition]:
         return [DeliveryDefinition.from_json(e.value) for e in self.storage.kv_list(NAMESPACE)]
 

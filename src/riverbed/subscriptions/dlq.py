@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from riverbed.errors import InvalidInput, NotFound
 from riverbed.model import MessageId, MessageIdGenerator, StreamId
@@ -71,8 +71,7 @@ def parked(
     `limit` each (1-based). Raises `NotFound` if `name` does not deliver."""
     if limit < 1 or page < 1:
         raise InvalidInput(f"limit {limit} and page {page} must be at least 1")
-    if Definitions(storage).get(name) is None:
-        raise NotFound(f"subscription {name!r} does not deliver to an endpoint: no DLQ")
+    Definitions(storage).require(name)
     _, dlq = queue_topics(name)
     found: list[Parked] = []
     wanted_groups = set(groups)
@@ -222,9 +221,7 @@ def _chosen(
 def _change(
     storage: Storage, name: str, selection: Selection, *, replaying: bool, now_us: int | None
 ) -> DlqChange:
-    definition = Definitions(storage).get(name)
-    if definition is None:
-        raise NotFound(f"subscription {name!r} does not deliver to an endpoint: no DLQ")
+    definition = Definitions(storage).require(name)
     rq_topic, dlq_topic = queue_topics(name)
     count = definition.shard_count
     if selection.message_ids:
@@ -257,22 +254,7 @@ def _change(
             for r in chosen:
                 q = r.queued
                 if replaying:
-                    again = QueuedMessage(
-                        q.message_id,
-                        q.main_topic_idx,
-                        q.main_partition,
-                        q.main_offset,
-                        1,
-                        now,
-                        q.failed_us,
-                        f"replayed ({q.reason})",
-                        q.key,
-                        q.payload,
-                        q.mqtt_topic,
-                        q.properties,
-                        q.qos,
-                        q.retain,
-                    )
+                    again = replace(q, attempt=1, due_us=now, reason=f"replayed ({q.reason})")
                     generation, offset = writer.write(again)
                     if definition.grouped and q.key is not None:
                         at = MessageState(q.main_topic_idx, q.main_offset, generation, offset)

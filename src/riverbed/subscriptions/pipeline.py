@@ -78,12 +78,7 @@ def _this_worker() -> _Worker:
 
 
 def definition_of(storage: Storage, name: str) -> DeliveryDefinition:
-    from riverbed.errors import NotFound
-
-    definition = Definitions(storage).get(name)
-    if definition is None:
-        raise NotFound(f"subscription {name!r} does not deliver to an endpoint")
-    return definition
+    return Definitions(storage).require(name)
 
 
 def run_shard(

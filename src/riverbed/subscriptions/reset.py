@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from riverbed.errors import InvalidInput, NotFound
+from riverbed.errors import InvalidInput
 from riverbed.model import StreamId
 from riverbed.storage.base import StartKind, Storage
 from riverbed.storage.transactions import kv_put_in, transaction
@@ -35,10 +35,7 @@ MAX_CONFLICTS = 10
 
 
 def _definition(storage: Storage, name: str) -> DeliveryDefinition:
-    definition = Definitions(storage).get(name)
-    if definition is None:
-        raise NotFound(f"subscription {name!r} does not deliver to an endpoint")
-    return definition
+    return Definitions(storage).require(name)
 
 
 def reset_main(

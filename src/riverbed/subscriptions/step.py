@@ -34,7 +34,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from riverbed.log.router import key_hash
 from riverbed.model import MessageIdGenerator, StoredMessage, encode_properties
@@ -294,22 +294,7 @@ class ShardStep:
         )
 
     def _again(self, q: QueuedMessage, attempt: int, due: int, reason: str) -> QueuedMessage:
-        return QueuedMessage(
-            q.message_id,
-            q.main_topic_idx,
-            q.main_partition,
-            q.main_offset,
-            attempt,
-            due,
-            self.now_us,
-            reason,
-            q.key,
-            q.payload,
-            q.mqtt_topic,
-            q.properties,
-            q.qos,
-            q.retain,
-        )
+        return replace(q, attempt=attempt, due_us=due, failed_us=self.now_us, reason=reason)
 
     def _write(self, queue: Queue, queued: QueuedMessage) -> MessageState:
         writer = self.rq if queue is Queue.RQ else self.dlq
