@@ -112,6 +112,8 @@ def _run_job(url: str, log: Path) -> subprocess.Popen[bytes]:
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            # A killed job cannot remove its Spark checkpoint: keep it in the test's dir.
+            env={**os.environ, "TMPDIR": str(log.parent)},
         )
 
 
