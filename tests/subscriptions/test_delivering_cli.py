@@ -112,6 +112,7 @@ def test_create_a_delivering_subscription(orders: str) -> None:
         (["--endpoint", "http://h/", "--retry-on", "500,no way"], 2, "exception type names"),
         (["--endpoint", "m:f", "--rq-partitions", "6", "--shards", "4"], 2, "multiple of"),
         (["--endpoint", "m:f", "--max-attempts", "0"], 2, "max_attempts = 0"),
+        (["--endpoint", "m:f", "--inline-retry", "-1"], 2, "inline_max_delay = -1"),
     ],
 )
 def test_bad_input_is_refused_and_changes_nothing(

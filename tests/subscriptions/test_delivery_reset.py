@@ -195,3 +195,15 @@ def test_a_rewind_into_generations_the_shards_cannot_split_is_a_shard_count_chan
         assert definition is not None and definition.shard_count == 2
         d.until_idle()
     assert by_group(endpoint.delivered()) == {f"g{g}": [0, 1, 2, 0, 1, 2] for g in range(GROUPS)}
+
+
+@pytest.mark.parametrize("args", [["--queue", "rq"], ["--shards", "1"]])
+def test_queue_and_shard_options_need_a_subscription_that_delivers(
+    storage: Storage, storage_url: str, args: list[str]
+) -> None:
+    Topics(storage).create("orders", 4)
+    assert rb(storage_url, "subscription", "create", "plain", "--topic", "orders").exit_code == 0
+    before = storage.get_cursors("plain")
+    result = rb(storage_url, "subscription", "reset", "plain", "--to", "latest", *args)
+    assert result.exit_code == 2 and "for a subscription that delivers" in result.output
+    assert storage.get_cursors("plain") == before
