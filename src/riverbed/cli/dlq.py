@@ -50,12 +50,25 @@ def _row(p: Parked) -> dict[str, object]:
     }
 
 
+def _filters(command: Any) -> Any:
+    """Which parked messages: by failure time, group ids, message ids."""
+    for option in reversed(
+        [
+            click.option("--since", metavar="ISO-TIME", help="Failed at or after this time."),
+            click.option("--until", metavar="ISO-TIME", help="Failed before this time."),
+            click.option("--group", "groups", multiple=True, help="Of this group (repeatable)."),
+            click.option(
+                "--message-id", "message_ids", multiple=True, help="This message (repeatable)."
+            ),
+        ]
+    ):
+        command = option(command)
+    return command
+
+
 @dlq.command("list")
 @click.argument("name")
-@click.option("--since", metavar="ISO-TIME", help="Failed at or after this time.")
-@click.option("--until", metavar="ISO-TIME", help="Failed before this time.")
-@click.option("--group", "groups", multiple=True, help="Only this group id (repeatable).")
-@click.option("--message-id", "message_ids", multiple=True, help="Only this message (repeatable).")
+@_filters
 @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
 @click.option("--page", type=click.IntRange(min=1), default=1, show_default=True)
 @json_option
@@ -138,19 +151,9 @@ def _selection(
 
 
 def _selectors(command: Any) -> Any:
-    for option in reversed(
-        [
-            click.option("--all", "everything", is_flag=True, help="Every parked message."),
-            click.option("--since", metavar="ISO-TIME", help="Failed at or after this time."),
-            click.option("--until", metavar="ISO-TIME", help="Failed before this time."),
-            click.option("--group", "groups", multiple=True, help="Of this group (repeatable)."),
-            click.option(
-                "--message-id", "message_ids", multiple=True, help="This message (repeatable)."
-            ),
-        ]
-    ):
-        command = option(command)
-    return command
+    """--all and the filters: what replay and purge act on."""
+    command = _filters(command)
+    return click.option("--all", "everything", is_flag=True, help="Every parked message.")(command)
 
 
 def _report(verb: str, name: str, change: DlqChange, as_json: bool) -> None:

@@ -7,7 +7,7 @@ commit.
 2. reads its main-topic messages of `ranges` (from the cursor on, if a
    replayed batch finds them committed already; filtered by the
    subscription's MQTT filter) and a window of its retry queue range (up to
-   `rq_batch` rows not done yet, from each stream's first row not done: the
+   `rq_batch` rows not done yet (`open_rows`), from each stream's first row not done: the
    step passes over rows not due yet and does the rest);
 3. runs the step (`step.py`), which delivers and collects queue rows;
 4. commits, in one transaction (`commit`): the queue rows with the marker
@@ -23,14 +23,14 @@ nothing behind and is run again from the same positions.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from riverbed.errors import StorageError
 from riverbed.log.reader import readable_streams
 from riverbed.log.router import key_hash
 from riverbed.model import MessageIdGenerator
+from riverbed.sessions.store import now_us
 from riverbed.storage.base import Storage, StreamHead, StreamSealed, SubscriptionRecord
 from riverbed.storage.transactions import (
     append_once_in,
@@ -48,6 +48,7 @@ from riverbed.subscriptions.shardstate import (
     NAMESPACE,
     ShardState,
     add_done,
+    is_done,
     load_state,
     state_key,
 )
@@ -85,52 +86,47 @@ class MainRange:
     end: int
 
 
-def now_us() -> int:
-    return time.time_ns() // 1000
-
-
 class QueueLayout:
-    """A queue topic's streams as one shard sees them."""
+    """A queue topic's streams, read once, as the shards of a subscription
+    with `shard_count` shards see them."""
 
-    def __init__(self, storage: Storage, topic: str, shard_id: int, shard_count: int) -> None:
+    def __init__(self, storage: Storage, topic: str, shard_count: int) -> None:
         self.topic = topic
-        self.shard_id = shard_id
         self.shard_count = shard_count
         record = storage.get_topic(topic)
-        generations = storage.list_storage_topics(topic)
-        self.produce = generations[record.produce_pointer]
-        heads = storage.list_streams(topic)
+        self.produce = storage.list_storage_topics(topic)[record.produce_pointer]
         self.by_generation: dict[int, list[StreamHead]] = {}
-        for head in heads:
+        for head in storage.list_streams(topic):
             self.by_generation.setdefault(head.stream.generation, []).append(head)
         for streams in self.by_generation.values():
             streams.sort(key=lambda h: h.stream.partition)
-        self.partitions = {g.generation: g.partitions for g in generations}
 
-    def owned(self) -> list[StreamHead]:
-        """The shard's streams of every generation whose partition count the
-        shard count divides, in generation then partition order."""
+    def owned(self, shard_id: int) -> list[StreamHead]:
+        """Shard `shard_id`'s streams of every generation whose partition count
+        the shard count divides, in generation then partition order."""
         out: list[StreamHead] = []
         for generation in sorted(self.by_generation):
             streams = self.by_generation[generation]
             if len(streams) % self.shard_count:
                 continue
-            owned = shard_partitions(self.shard_id, self.shard_count, len(streams))
+            owned = shard_partitions(shard_id, self.shard_count, len(streams))
             out.extend(streams[p] for p in owned)
         return out
 
-    def group_stream(self, generation: int, group: str) -> StreamHead:
+    def group_stream(self, shard_id: int, generation: int, group: str) -> StreamHead:
+        """The stream of `generation` where shard `shard_id` keeps `group`'s rows."""
         streams = self.by_generation[generation]
-        p = queue_partition(self.shard_id, self.shard_count, key_hash(group), len(streams))
+        p = queue_partition(shard_id, self.shard_count, key_hash(group), len(streams))
         return streams[p]
 
-    def writer(self, ids: MessageIdGenerator, now: int) -> QueueWriter:
+    def writer(self, shard_id: int, ids: MessageIdGenerator, now: int) -> QueueWriter:
+        """Rows of shard `shard_id` for the produce generation."""
         streams = self.by_generation[self.produce.generation]
         return QueueWriter(
             self.produce.generation,
             [h.key for h in streams],
             {h.key: h.next_offset for h in streams},
-            self.shard_id,
+            shard_id,
             self.shard_count,
             ids,
             now,
@@ -149,25 +145,31 @@ def queue_rows(storage: Storage, head: StreamHead, first: int, last: int) -> Ite
         offset = chunk[-1].offset + 1
 
 
-def read_window(
-    storage: Storage, streams: Sequence[StreamHead], state: ShardState, limit: int = RQ_BATCH
+def open_rows(
+    storage: Storage,
+    streams: Sequence[StreamHead],
+    positions: Mapping[int, int],
+    done: Mapping[int, list[tuple[int, int]]],
+    limit: int | None = None,
 ) -> tuple[list[QueueRow], bool]:
-    """The rows not done yet from each stream's first row not done on, at most
-    `limit` in all (shared among the streams), in stream then offset order;
-    and whether some stream has rows past what was read."""
+    """The queue rows not done yet, from each stream's first row not done
+    (`positions`, rows `done` above it) on, in stream then offset order; at
+    most `limit` in all, shared among the streams (None: every one). Also
+    whether some stream has rows past what was read."""
     out: list[QueueRow] = []
     more = False
-    share = max(1, limit // max(1, len(streams)))
+    share = None if limit is None else max(1, limit // max(1, len(streams)))
     for head in streams:
-        position = max(state.rq_read.get(head.key, head.start_offset), head.start_offset)
-        done = state.rq_done.get(head.key, [])
+        position = max(positions.get(head.key, head.start_offset), head.start_offset)
+        above = done.get(head.key, [])
         taken = 0
-        while position < head.next_offset and taken < share:
-            chunk = storage.read(head.key, position, min(READ_CHUNK, share - taken))
+        while position < head.next_offset and (share is None or taken < share):
+            count = READ_CHUNK if share is None else min(READ_CHUNK, share - taken)
+            chunk = storage.read(head.key, position, count)
             if not chunk:
                 break
             for m in chunk:
-                if not any(start <= m.offset < end for start, end in done):
+                if not is_done(m.offset, position, above):
                     out.append(
                         QueueRow(
                             head.key, head.stream.generation, QueuedMessage.from_stored(m), m.offset
@@ -308,17 +310,17 @@ class ShardRunner:
         keys = {h.key for h in readable}
         ranges = [r for r in ranges if r.stream_key in keys]
         rq_topic, dlq_topic = queue_topics(name)
-        rq = QueueLayout(storage, rq_topic, shard_id, definition.shard_count)
-        dlq = QueueLayout(storage, dlq_topic, shard_id, definition.shard_count)
+        rq = QueueLayout(storage, rq_topic, definition.shard_count)
+        dlq = QueueLayout(storage, dlq_topic, definition.shard_count)
         now = self.clock()
-        owned = rq.owned()
-        queued, more = read_window(storage, owned, state, self.rq_batch)
+        owned = rq.owned(shard_id)
+        queued, more = open_rows(storage, owned, state.rq_read, state.rq_done, self.rq_batch)
         main, reached = read_main(storage, ranges, cursors, self.record.filter, self.main_batch)
 
         def followers(head: QueueRow, p: MessageState, group: str) -> list[QueueRow]:
             out: list[QueueRow] = []
             for generation in range(head.generation, p.internal_topic_idx + 1):
-                stream = rq.group_stream(generation, group)
+                stream = rq.group_stream(shard_id, generation, group)
                 first = head.offset + 1 if generation == head.generation else 0
                 last = (
                     p.internal_topic_offset
@@ -335,8 +337,8 @@ class ShardRunner:
         step = ShardStep(
             definition,
             state.groups,
-            rq.writer(self.ids, now),
-            dlq.writer(self.ids, now),
+            rq.writer(shard_id, self.ids, now),
+            dlq.writer(shard_id, self.ids, now),
             self.attempts,
             followers,
             now,

@@ -20,16 +20,16 @@ are delivered (they come first in the group's order).
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 
 from riverbed.errors import InvalidInput, NotFound
 from riverbed.model import MessageId, MessageIdGenerator, StreamId
-from riverbed.storage.base import Storage
+from riverbed.sessions.store import now_us as current_us
+from riverbed.storage.base import Storage, StreamHead
 from riverbed.storage.transactions import append_once_in, kv_put_in, transaction
-from riverbed.subscriptions.batch import QueueLayout, Superseded
+from riverbed.subscriptions.batch import QueueLayout, Superseded, open_rows
 from riverbed.subscriptions.definition import Definitions
 from riverbed.subscriptions.delivering import queue_topics
 from riverbed.subscriptions.groups import MessageState, Queue
@@ -38,15 +38,11 @@ from riverbed.subscriptions.shardstate import (
     NAMESPACE,
     ShardState,
     add_done,
-    is_done,
     load_state,
     load_states,
     state_key,
 )
 from riverbed.subscriptions.step import QueueRow
-
-READ_PAGE = 1000
-"""Rows per storage read."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,39 +69,22 @@ def parked(
         raise InvalidInput(f"limit {limit} and page {page} must be at least 1")
     Definitions(storage).require(name)
     _, dlq = queue_topics(name)
-    found: list[Parked] = []
-    wanted_groups = set(groups)
-    wanted_ids = set(message_ids)
+    given = since_us is not None or until_us is not None or bool(groups) or bool(message_ids)
+    selection = Selection(not given, since_us, until_us, frozenset(groups), frozenset(message_ids))
     positions: dict[int, int] = {}
     done: dict[int, list[tuple[int, int]]] = {}
     for state in load_states(storage, name).values():
         positions.update(state.dlq_read)
         done.update(state.dlq_done)
-    for head in storage.list_streams(dlq):
-        position = max(positions.get(head.key, head.start_offset), head.start_offset)
-        above = done.get(head.key, [])
-        offset = position
-        while offset < head.next_offset:
-            rows = storage.read(head.key, offset, READ_PAGE)
-            if not rows:
-                break
-            for row in rows:
-                if is_done(row.offset, position, above):
-                    continue  # replayed or purged
-                message = QueuedMessage.from_stored(row)
-                if since_us is not None and message.failed_us < since_us:
-                    continue
-                if until_us is not None and message.failed_us >= until_us:
-                    continue
-                if wanted_groups and message.key not in wanted_groups:
-                    continue
-                if wanted_ids and message.message_id not in wanted_ids:
-                    continue
-                found.append(Parked(head.stream, row.offset, message))
-            offset = rows[-1].offset + 1
-    found.sort(
-        key=lambda p: (p.message.failed_us, p.stream.generation, p.stream.partition, p.offset)
-    )
+    heads = storage.list_streams(dlq)
+    streams = {head.key: head.stream for head in heads}
+    rows, _ = open_rows(storage, heads, positions, done)  # not replayed or purged
+    found = [
+        Parked(streams[r.stream_key], r.offset, r.queued)
+        for r in rows
+        if selection.matches(r.queued)
+    ]
+    found.sort(key=_failure_order)
     start = (page - 1) * limit
     return found[start : start + limit]
 
@@ -175,26 +154,9 @@ def purge(storage: Storage, name: str, selection: Selection) -> DlqChange:
     return _change(storage, name, selection, replaying=False, now_us=None)
 
 
-def _open_rows(storage: Storage, layout: QueueLayout, state: ShardState) -> list[QueueRow]:
+def _open_rows(storage: Storage, owned: list[StreamHead], state: ShardState) -> list[QueueRow]:
     """The shard's parked rows not replayed or purged yet, in stream then offset order."""
-    rows: list[QueueRow] = []
-    for head in layout.owned():
-        position = max(state.dlq_read.get(head.key, head.start_offset), head.start_offset)
-        done = state.dlq_done.get(head.key, [])
-        offset = position
-        while offset < head.next_offset:
-            chunk = storage.read(head.key, offset, READ_PAGE)
-            if not chunk:
-                break
-            for m in chunk:
-                if not is_done(m.offset, position, done):
-                    rows.append(
-                        QueueRow(
-                            head.key, head.stream.generation, QueuedMessage.from_stored(m), m.offset
-                        )
-                    )
-            offset = chunk[-1].offset + 1
-    return rows
+    return open_rows(storage, owned, state.dlq_read, state.dlq_done)[0]
 
 
 def _chosen(
@@ -226,14 +188,11 @@ def _change(
     count = definition.shard_count
     if selection.message_ids:
         # Every named message must be parked: check before changing anything.
+        layout = QueueLayout(storage, dlq_topic, count)
         found = {
             r.queued.message_id
             for shard in range(count)
-            for r in _open_rows(
-                storage,
-                QueueLayout(storage, dlq_topic, shard, count),
-                load_state(storage, name, shard)[0],
-            )
+            for r in _open_rows(storage, layout.owned(shard), load_state(storage, name, shard)[0])
         }
         missing = sorted(str(m) for m in selection.message_ids - found)
         if missing:
@@ -242,14 +201,14 @@ def _change(
     ids = MessageIdGenerator()
     for shard in range(count):
         for _attempt in range(MAX_CONFLICTS):
-            now = time.time_ns() // 1000 if now_us is None else now_us
+            now = current_us() if now_us is None else now_us
             state, version = load_state(storage, name, shard)
-            dlq_layout = QueueLayout(storage, dlq_topic, shard, count)
-            rows = _open_rows(storage, dlq_layout, state)
+            owned = QueueLayout(storage, dlq_topic, count).owned(shard)
+            rows = _open_rows(storage, owned, state)
             chosen, along = _chosen(rows, selection, definition.grouped)
             if not chosen:
                 break
-            writer = QueueLayout(storage, rq_topic, shard, count).writer(ids, now)
+            writer = QueueLayout(storage, rq_topic, count).writer(shard, ids, now)
             states = state.groups
             for r in chosen:
                 q = r.queued
@@ -264,7 +223,7 @@ def _change(
             done: dict[int, set[int]] = {}
             for r in chosen:
                 done.setdefault(r.stream_key, set()).add(r.offset)
-            for head in dlq_layout.owned():
+            for head in owned:
                 if head.key in done:
                     start = max(state.dlq_read.get(head.key, head.start_offset), head.start_offset)
                     state.dlq_read[head.key], state.dlq_done[head.key] = add_done(

@@ -15,20 +15,20 @@ import asyncio
 import json
 import logging
 
-from riverbed.storage.base import Storage, StreamHead
+from riverbed.sessions.store import now_us
+from riverbed.storage.base import Storage
 from riverbed.subscriptions.batch import (
     MainRange,
     QueueLayout,
     ShardRunner,
     Superseded,
     batch_marker,
-    now_us,
 )
 from riverbed.subscriptions.cursors import Subscriptions
 from riverbed.subscriptions.definition import Definitions, DeliveryDefinition
 from riverbed.subscriptions.delivering import queue_topics
 from riverbed.subscriptions.endpoint import deliverer
-from riverbed.subscriptions.shardstate import load_states
+from riverbed.subscriptions.shardstate import ShardState, load_states
 from riverbed.subscriptions.step import Attempts, StepStats
 
 logger = logging.getLogger(__name__)
@@ -100,34 +100,27 @@ def run_shard(
         return None
 
 
-def _unread(storage: Storage, definition: DeliveryDefinition) -> list[tuple[StreamHead, int]]:
-    """Each retry-queue stream with rows its shard has not read, and where it is."""
+def _has_unread(
+    storage: Storage, definition: DeliveryDefinition, states: dict[int, ShardState]
+) -> bool:
+    """Whether a shard has retry-queue rows it has not done."""
     rq_topic, _ = queue_topics(definition.name)
-    states = load_states(storage, definition.name)
-    out: list[tuple[StreamHead, int]] = []
+    layout = QueueLayout(storage, rq_topic, definition.shard_count)
     for shard in range(definition.shard_count):
-        layout = QueueLayout(storage, rq_topic, shard, definition.shard_count)
         state = states.get(shard)
-        for head in layout.owned():
+        for head in layout.owned(shard):
             position = head.start_offset if state is None else state.rq_read.get(head.key, 0)
-            position = max(position, head.start_offset)
-            if position < head.next_offset:
-                out.append((head, position))
-    return out
+            if max(position, head.start_offset) < head.next_offset:
+                return True
+    return False
 
 
 def retry_due(storage: Storage, definition: DeliveryDefinition, now: int | None = None) -> bool:
     """Whether some shard has retry work due (a batch should run for it)."""
     now = now_us() if now is None else now
     states = load_states(storage, definition.name)
-    if not any(state.next_due_us is not None for state in states.values()):
-        return False
-    unread = _unread(storage, definition)
-    if not unread:
-        return False
-    return any(
-        state.next_due_us is not None and state.next_due_us <= now for state in states.values()
-    )
+    due = any(s.next_due_us is not None and s.next_due_us <= now for s in states.values())
+    return due and _has_unread(storage, definition, states)
 
 
 def is_idle(storage: Storage, name: str) -> bool:
@@ -135,7 +128,7 @@ def is_idle(storage: Storage, name: str) -> bool:
     definition = definition_of(storage, name)
     if any(lag.lag > 0 for lag in Subscriptions(storage).lag(name)):
         return False
-    return not _unread(storage, definition)
+    return not _has_unread(storage, definition, load_states(storage, name))
 
 
 def queue_depths(storage: Storage, name: str) -> tuple[int, int]:

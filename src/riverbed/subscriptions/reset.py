@@ -34,10 +34,6 @@ from riverbed.subscriptions.shardstate import NAMESPACE, add_done, is_done, load
 MAX_CONFLICTS = 10
 
 
-def _definition(storage: Storage, name: str) -> DeliveryDefinition:
-    return Definitions(storage).require(name)
-
-
 def reset_main(
     storage: Storage,
     name: str,
@@ -45,7 +41,7 @@ def reset_main(
     shards: int | None = None,
 ) -> dict[StreamId, int]:
     """Move the main-topic cursors (see the module docstring); returns them."""
-    definition = _definition(storage, name)
+    definition = Definitions(storage).require(name)
     subscriptions = Subscriptions(storage)
     planned = subscriptions.plan_reset(name, to)  # bad targets raise here
     count = definition.shard_count if shards is None else shards
@@ -60,14 +56,14 @@ def fast_forward_queue(storage: Storage, name: str, queue: Queue, to: Start) -> 
     """Move every shard's reading of the retry (`Queue.RQ`) or dead-letter
     queue forward to its heads (`StartKind.LATEST`) or to the first row at or
     after a time (µs); returns how many rows were passed over."""
-    if to is StartKind.EARLIEST or (isinstance(to, StartKind) and to is not StartKind.LATEST):
+    if isinstance(to, StartKind) and to is not StartKind.LATEST:
         raise InvalidInput(
             f"the {queue.value} of {name!r} can only be fast-forwarded: to latest or to a time"
             " (seed 003: retry and dead-letter queues do not rewind)"
         )
     if isinstance(to, int) and not isinstance(to, bool) and to < 0:
         raise InvalidInput(f"time {to}us is before the epoch")
-    definition = _definition(storage, name)
+    definition = Definitions(storage).require(name)
     rq_topic, dlq_topic = queue_topics(name)
     topic = rq_topic if queue is Queue.RQ else dlq_topic
     passed = 0
@@ -92,12 +88,12 @@ def _forward_shard(
     to: Start,
 ) -> int:
     state, version = load_state(storage, definition.name, shard)
-    layout = QueueLayout(storage, topic, shard, definition.shard_count)
+    owned = QueueLayout(storage, topic, definition.shard_count).owned(shard)
     reading = state.rq_read if queue is Queue.RQ else state.dlq_read
     done_sets = state.rq_done if queue is Queue.RQ else state.dlq_done
     groups = state.groups.rq if queue is Queue.RQ else state.groups.dlq
     passed = 0
-    for head in layout.owned():
+    for head in owned:
         position = max(reading.get(head.key, head.start_offset), head.start_offset)
         if to is StartKind.LATEST:
             target = head.next_offset

@@ -29,7 +29,6 @@ Main-topic progress (the cursors, per stream) does not change.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -38,20 +37,21 @@ from riverbed.errors import NotFound, StorageError
 from riverbed.log.router import key_hash, route
 from riverbed.log.topics import Topics
 from riverbed.model import MessageIdGenerator
+from riverbed.sessions.store import now_us
 from riverbed.storage.base import Row, Storage
 from riverbed.storage.transactions import (
     append_once_in,
     kv_put_in,
     transaction,
 )
-from riverbed.subscriptions.batch import QueueLayout, Superseded, queue_rows
+from riverbed.subscriptions.batch import QueueLayout, Superseded, open_rows
 from riverbed.subscriptions.definition import NAMESPACE as DEFINITIONS
 from riverbed.subscriptions.definition import DeliveryDefinition
 from riverbed.subscriptions.delivering import queue_topics
 from riverbed.subscriptions.groups import GroupState, MessageState, Queue
 from riverbed.subscriptions.queues import QueuedMessage
 from riverbed.subscriptions.shards import InvalidShardCount, queue_partitions, shard_of
-from riverbed.subscriptions.shardstate import NAMESPACE, ShardState, is_done, state_key
+from riverbed.subscriptions.shardstate import NAMESPACE, ShardState, state_key
 from riverbed.subscriptions.step import QueueRow, QueueWriter
 
 MAX_CONFLICTS = 10
@@ -128,18 +128,8 @@ def _open_rows(
     heads = sorted(
         storage.list_streams(topic), key=lambda h: (h.stream.generation, h.stream.partition)
     )
-    rows: list[QueueRow] = []
-    ends: dict[int, int] = {}
-    for head in heads:
-        position = max(positions.get(head.key, head.start_offset), head.start_offset)
-        above = done.get(head.key, [])
-        rows.extend(
-            r
-            for r in queue_rows(storage, head, position, head.next_offset - 1)
-            if not is_done(r.offset, position, above)
-        )
-        ends[head.key] = head.next_offset
-    return rows, ends
+    rows, _ = open_rows(storage, heads, positions, done)
+    return rows, {head.key: head.next_offset for head in heads}
 
 
 def change_shard_count(
@@ -206,13 +196,14 @@ def _change(storage: Storage, name: str, new_count: int, progress: Progress | No
         partition = route(h, produce.partitions, produce.k)
         return shard_of(partition, new_count, produce.partitions)
 
-    now = time.time_ns() // 1000
+    now = now_us()
     ids = MessageIdGenerator()
     new_states = [ShardState() for _ in range(new_count)]
     writers: dict[tuple[Queue, int], QueueWriter] = {}
     for queue, topic in ((Queue.RQ, rq_topic), (Queue.DLQ, dlq_topic)):
+        layout = QueueLayout(storage, topic, new_count)
         for shard in range(new_count):
-            writers[(queue, shard)] = QueueLayout(storage, topic, shard, new_count).writer(ids, now)
+            writers[(queue, shard)] = layout.writer(shard, ids, now)
     fed = 0
     for queue, rows in ((Queue.RQ, rq_rows), (Queue.DLQ, dlq_rows)):
         for row in rows:

@@ -77,11 +77,6 @@ class QueueRow:
         return MessageState(q.main_topic_idx, q.main_offset, self.generation, self.offset)
 
 
-def group_of(key: str | None) -> str | None:
-    """A message's group id: its key (None: no group)."""
-    return key
-
-
 def _hash(queued: QueuedMessage) -> int:
     return key_hash(queued.key if queued.key is not None else str(queued.message_id))
 
@@ -459,13 +454,13 @@ class ShardStep:
         by_group: dict[str, tuple[list[QueueRow], list[MainRow]]] = {}
         grouped = self.definition.grouped
         for row in queued:
-            group = group_of(row.queued.key) if grouped else None
+            group = row.queued.key if grouped else None  # a key is a group id
             if group is None:
                 work.append(self._alone_queued(row))
             else:
                 by_group.setdefault(group, ([], []))[0].append(row)
         for main_row in main:
-            group = group_of(main_row.message.key) if grouped else None
+            group = main_row.message.key if grouped else None
             if group is None:
                 work.append(self._alone_main(main_row))
             else:
