@@ -53,15 +53,17 @@ from riverbed.subscriptions.step import StepStats
 logger = logging.getLogger(__name__)
 
 TICK = "~retry"
-WORK_SCHEMA = "shard INT, ranges STRING, tick LONG"
+WORK_SCHEMA = "shard INT, shards INT, ranges STRING, tick LONG"
 
 
 class ShardPartition(InputPartition):
     """One shard's work in one batch."""
 
-    def __init__(self, shard: int, ranges_json: str, tick: int) -> None:
-        super().__init__((shard, ranges_json, tick))
+    def __init__(self, shard: int, shards: int, ranges_json: str, tick: int) -> None:
+        super().__init__((shard, shards, ranges_json, tick))
         self.shard = shard
+        self.shards = shards
+        """The shard count the batch was planned with."""
         self.ranges_json = ranges_json
         self.tick = tick
 
@@ -164,16 +166,16 @@ class DeliveryStreamReader(SubscriptionStreamReader):
             )
         tick = end.get(TICK, 0)
         return [
-            ShardPartition(shard, json.dumps(items, separators=(",", ":")), tick)
+            ShardPartition(shard, count, json.dumps(items, separators=(",", ":")), tick)
             for shard, items in enumerate(work)
         ]
 
     def commit(self, end: dict[str, int]) -> None:
         """Nothing: each shard committed its progress with its batch."""
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[int, str, int]]:
+    def read(self, partition: InputPartition) -> Iterator[tuple[int, int, str, int]]:
         if isinstance(partition, ShardPartition):
-            yield (partition.shard, partition.ranges_json, partition.tick)
+            yield (partition.shard, partition.shards, partition.ranges_json, partition.tick)
 
 
 class DeliveryFailed(RiverbedError):
@@ -199,7 +201,9 @@ def deliver_partition(
         from riverbed.subscriptions.pipeline import run_shard
 
         for row in rows:
-            stats = run_shard(url, name, run_id, batch_id, row["shard"], row["ranges"])
+            stats = run_shard(
+                url, name, run_id, batch_id, row["shard"], row["shards"], row["ranges"]
+            )
             out = {"shard": row["shard"], "committed": int(stats is not None)}
             for field in STAT_FIELDS:
                 out[field] = 0 if stats is None else getattr(stats, field)

@@ -82,13 +82,30 @@ def definition_of(storage: Storage, name: str) -> DeliveryDefinition:
 
 
 def run_shard(
-    url: str, name: str, run_id: str, batch_id: int, shard_id: int, ranges_json: str
+    url: str,
+    name: str,
+    run_id: str,
+    batch_id: int,
+    shard_id: int,
+    shard_count: int,
+    ranges_json: str,
 ) -> StepStats | None:
-    """One batch of one shard; its stats, or None when it had been committed
-    before or another run of it committed first."""
+    """One batch of one shard of a batch planned with `shard_count` shards; its
+    stats, or None when it had been committed before, another run of it
+    committed first, or the shard count changed since it was planned (the
+    next batch reads from the cursors)."""
     worker = _this_worker()
     storage = worker.storage(url)
     definition = definition_of(storage, name)
+    if definition.shard_count != shard_count:
+        logger.warning(
+            "subscription %r: batch %d was planned for %d shards, it has %d now: skipped",
+            name,
+            batch_id,
+            shard_count,
+            definition.shard_count,
+        )
+        return None
     record = Subscriptions(storage).get(name)
     runner = ShardRunner(storage, definition, record, worker.attempts_for(url, definition))
     ranges = [MainRange(**item) for item in json.loads(ranges_json)]
