@@ -55,7 +55,7 @@ class Driver:
         return definition
 
     def _runner(self) -> ShardRunner:
-        definition = self.definition
+        definition, version = Definitions(self.storage).require_versioned(self.name)
 
         async def make() -> Attempts:
             return Attempts(self._target or deliverer(definition), definition.consumption)
@@ -65,6 +65,7 @@ class Driver:
         return ShardRunner(
             self.storage,
             definition,
+            version,
             Subscriptions(self.storage).get(self.name),
             self._attempts,
             clock=lambda: self.now,

@@ -117,6 +117,35 @@ def _run_job(url: str, log: Path) -> subprocess.Popen[bytes]:
         )
 
 
+def _wait_for(job: subprocess.Popen[bytes], endpoint: Endpoint, log: Path, count: int) -> None:
+    """Until the endpoint has `count` deliveries (the job still running)."""
+    deadline = time.monotonic() + 120
+    while len(endpoint.delivered()) < count and time.monotonic() < deadline:
+        assert job.poll() is None, log.read_text()[-3000:]
+        time.sleep(0.02)
+    assert len(endpoint.delivered()) >= count, log.read_text()[-3000:]
+
+
+def _run_to_the_end(url: str, log: Path) -> None:
+    """A job started again, until idle."""
+    job = _run_job(url, log)
+    try:
+        assert job.wait(timeout=180) == 0, log.read_text()[-3000:]
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+
+
+def _queues(url: str) -> tuple[list[QueuedMessage], list[QueuedMessage]]:
+    """Every retry- and dead-letter-queue row."""
+    storage = open_storage(url)
+    try:
+        return queued(storage, "billing.rq"), queued(storage, "billing.dlq")
+    finally:
+        storage.close()
+
+
 def test_a_job_killed_mid_stream_loses_nothing_and_writes_no_queue_entry_twice(
     sqlite_url: str, tmp_path: Path
 ) -> None:
@@ -128,35 +157,45 @@ def test_a_job_killed_mid_stream_loses_nothing_and_writes_no_queue_entry_twice(
         log = tmp_path / "job.log"
         job = _run_job(sqlite_url, log)
         try:
-            deadline = time.monotonic() + 120
-            while len(endpoint.delivered()) < 600 and time.monotonic() < deadline:
-                assert job.poll() is None, log.read_text()[-3000:]
-                time.sleep(0.05)
-            assert len(endpoint.delivered()) >= 600, log.read_text()[-3000:]
+            _wait_for(job, endpoint, log, 600)
         finally:
             os.killpg(job.pid, signal.SIGKILL)
             job.wait()
         killed_at = len(endpoint.delivered())
         assert killed_at < 2000  # mid-stream
-        job = _run_job(sqlite_url, log)
-        try:
-            assert job.wait(timeout=180) == 0, log.read_text()[-3000:]
-        finally:
-            if job.poll() is None:
-                os.killpg(job.pid, signal.SIGKILL)
-                job.wait()
+        _run_to_the_end(sqlite_url, log)
         delivered = endpoint.delivered()
-        storage = open_storage(sqlite_url)
-        try:
-            rq = queued(storage, "billing.rq")
-            parked = queued(storage, "billing.dlq")
-        finally:
-            storage.close()
+        rq, parked = _queues(sqlite_url)
     assert rq, "the retry queue was used"
     repeated = check_outcome(
         delivered, rq, parked, 20, 100, {f"g4:{n}:".encode() for n in range(5, 100)}
     )
     assert repeated <= 200 + 20  # only from the batch the kill cut short (at least once)
+
+
+def test_sigterm_stops_the_job_after_the_batch_in_hand(sqlite_url: str, tmp_path: Path) -> None:
+    """SIGTERM mid-stream: the job finishes and commits the batch it holds,
+    then exits 0; the next job delivers the rest and nothing twice."""
+    with Endpoint(delay=0.01) as endpoint:
+        setup(sqlite_url, endpoint, groups=20, per_group=100, inline=0)
+        endpoint.fail(b"g3:2", 503, times=1)
+        log = tmp_path / "job.log"
+        job = _run_job(sqlite_url, log)
+        try:
+            _wait_for(job, endpoint, log, 300)
+            job.send_signal(signal.SIGTERM)  # the CLI's process only, as `kill PID` does
+            assert job.wait(timeout=120) == 0, log.read_text()[-3000:]
+        finally:
+            if job.poll() is None:
+                os.killpg(job.pid, signal.SIGKILL)
+                job.wait()
+        stopped_at = len(endpoint.delivered())
+        assert stopped_at < 2000, "stopped mid-stream"
+        assert f"delivered {stopped_at}," in log.read_text()  # its totals: the batch counted
+        _run_to_the_end(sqlite_url, log)
+        delivered = endpoint.delivered()
+        rq, parked = _queues(sqlite_url)
+    assert check_outcome(delivered, rq, parked, 20, 100, set()) == 0
 
 
 def check_outcome(

@@ -121,3 +121,50 @@ def test_bad_shard_counts_are_refused_and_change_nothing(
         d.now += 2_000_000
         d.until_idle()
     assert len(endpoint.delivered()) == 2 * GROUPS
+
+
+def test_a_batch_of_the_old_shards_commits_nothing_after_the_change(
+    storage: Storage, storage_url: str, endpoint: Endpoint
+) -> None:
+    """A batch planned and started for 2 shards that commits after a change to
+    1: the new shard's state is fresh (version 1, like any new state), so only
+    the definition check tells the batch it is stale. It writes nothing (no
+    state for a shard that no longer exists, no cursor moved); the new shard
+    delivers everything, in order."""
+    from riverbed.subscriptions.batch import Superseded, batch_marker
+    from riverbed.subscriptions.cursors import Subscriptions
+
+    setup(storage, endpoint, shards=2)
+    produce(storage, 0, 6)
+    endpoint.fail(b"g5:2:", 400)
+    with driver(storage, "billing") as d:
+        stale = d._runner()  # the definition with 2 shards
+        ranges = {shard: d.ranges(shard) for shard in (0, 1)}
+        reshard(storage_url, 1)
+        before = (
+            load_states(storage, "billing"),
+            Subscriptions(storage).get("billing"),
+            storage.get_cursors("billing"),
+        )
+        for shard in (0, 1):
+            with pytest.raises(Superseded, match="definition changed"):
+                d.loop.run_until_complete(
+                    stale.run_batch(shard, ranges[shard], batch_marker("billing", shard, "old", 0))
+                )
+        after = (
+            load_states(storage, "billing"),
+            Subscriptions(storage).get("billing"),
+            storage.get_cursors("billing"),
+        )
+        assert after == before and set(after[0]) == {0}
+        d.until_idle()
+    first: dict[str, list[int]] = {}
+    seen: set[bytes] = set()
+    for r in endpoint.delivered():
+        if r.payload not in seen:
+            seen.add(r.payload)
+            first.setdefault(r.key, []).append(int(r.payload.split(b":")[1]))
+    assert first == {f"g{g}": list(range(6)) if g != 5 else [0, 1] for g in range(GROUPS)}
+    assert [p.message.payload for p in parked(storage, "billing")] == [
+        f"g5:{n}:".encode() for n in range(2, 6)
+    ]

@@ -3,8 +3,8 @@
 Checks the subscription before Spark starts (a name that does not deliver to
 an endpoint fails at once), prints one line per micro-batch that did
 something and the totals at the end. SIGINT or SIGTERM stops the query after
-the batch in hand (a batch cut short commits nothing and runs again next
-time: delivery is at least once).
+the batch in hand (waiting at most `--stop-grace` seconds: a batch cut short
+commits nothing and runs again next time; delivery is at least once).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ def run_delivery(
     max_per_trigger: int,
     until_idle: bool,
     lease_seconds: float = 10.0,
+    stop_grace: float = 60.0,
 ) -> None:
     url = click.get_current_context().meta.get(DB_KEY) or default_url()
     storage = open_storage(url)
@@ -80,6 +81,7 @@ def run_delivery(
             max_per_trigger=max_per_trigger,
             on_batch=on_batch,
             lease_seconds=lease_seconds,
+            stop_grace_seconds=stop_grace,
             stop=stop,
             on_wait=lambda held: click.echo(
                 f"waiting: another job delivers {name!r} ({held}); taking over when it stops",

@@ -412,6 +412,14 @@ def subscription_delete(name: str) -> None:
     help="The job's lease on NAME: a second job waits as a standby until the first"
     " stops, or for this long after it died.",
 )
+@click.option(
+    "--stop-grace",
+    type=click.FloatRange(min=0),
+    default=60.0,
+    show_default=True,
+    help="On SIGINT/SIGTERM, wait this long for the batch in hand to finish and commit;"
+    " one cut short commits nothing and is delivered again by the next job.",
+)
 @db_option
 def subscription_run(
     name: str,
@@ -420,13 +428,16 @@ def subscription_run(
     max_per_trigger: int,
     until_idle: bool,
     lease_seconds: float,
+    stop_grace: float,
 ) -> None:
     """Deliver NAME to its endpoint: a Spark Structured Streaming job, one task
     per shard, until SIGINT/SIGTERM (or --until-idle). One job at a time: a
     second one waits and takes over."""
     from riverbed.cli.delivery import run_delivery
 
-    run_delivery(name, master, trigger_interval, max_per_trigger, until_idle, lease_seconds)
+    run_delivery(
+        name, master, trigger_interval, max_per_trigger, until_idle, lease_seconds, stop_grace
+    )
 
 
 @subscription.command("reshard")

@@ -239,6 +239,7 @@ class DeliveryJob:
         lease_seconds: float = 10.0,
         stop: threading.Event | None = None,
         on_wait: Callable[[str], None] | None = None,
+        stop_grace_seconds: float = 60.0,
     ) -> None:
         from riverbed.storage import open_storage
         from riverbed.storage.leases import Leases
@@ -249,6 +250,10 @@ class DeliveryJob:
         self.run_id = uuid.uuid4().hex[:12]
         self.totals = Totals()
         self._lock = threading.Lock()
+        self._batch_done = threading.Condition(self._lock)
+        self._running = 0  # batches in hand (0 or 1: Spark runs one at a time)
+        self._draining = False  # stopping: batches that start now do nothing
+        self._grace = stop_grace_seconds
         self._on_batch = on_batch
         self._storage = open_storage(url)
         self._leases = Leases(self._storage)
@@ -323,17 +328,42 @@ class DeliveryJob:
         self._renewed = time.monotonic()
 
     def _batch(self, frame: Any, batch_id: int) -> None:
-        function = deliver_partition(self.url, self.name, self.run_id, batch_id)
-        rows = frame.rdd.mapPartitions(function).collect()
         with self._lock:
-            t = self.totals
-            t.batches += 1
-            for row in rows:
-                for field in STAT_FIELDS:
-                    setattr(t, field, getattr(t, field) + row[field])
-            snapshot = copy.copy(t)
+            if self._draining:
+                return  # nothing read is lost: progress lives in the cursors
+            self._running += 1
+        rows: list[Any] | None = None
+        try:
+            function = deliver_partition(self.url, self.name, self.run_id, batch_id)
+            rows = frame.rdd.mapPartitions(function).collect()
+        finally:
+            with self._lock:  # counted before a stop waiting for this batch goes on
+                self._running -= 1
+                if rows is not None:
+                    t = self.totals
+                    t.batches += 1
+                    for row in rows:
+                        for field in STAT_FIELDS:
+                            setattr(t, field, getattr(t, field) + row[field])
+                snapshot = copy.copy(self.totals)
+                self._batch_done.notify_all()
         if self._on_batch is not None:
             self._on_batch(batch_id, snapshot)
+
+    def _drain(self) -> bool:
+        """Let the batch in hand finish (at most the grace period) and keep
+        later ones from starting; whether none is left running."""
+        deadline = time.monotonic() + self._grace
+        with self._lock:
+            self._draining = True
+        while True:
+            with self._lock:
+                left = deadline - time.monotonic()
+                if not self._running or left <= 0:
+                    return not self._running
+                self._batch_done.wait(min(left, self._renew_every))
+            with contextlib.suppress(RiverbedError):  # lost or unreachable: the commit's CAS
+                self._keep_lease()  # the batch in hand still holds the subscription
 
     def idle(self) -> bool:
         """Nothing left: no main-topic lag, no unread retry-queue row."""
@@ -361,9 +391,15 @@ class DeliveryJob:
         return self.totals
 
     def close(self) -> None:
+        """Stop the query after the batch in hand (cut short only past the
+        grace period: a batch cut short commits nothing and runs again)."""
         try:
             query = getattr(self, "query", None)
             if query is not None and query.isActive:
+                if not self._drain():
+                    logger.warning(
+                        "the batch in hand did not finish within %.0f s: cut short", self._grace
+                    )
                 query.stop()
         except Exception as exc:  # the JVM went first (a signal reached it too)
             logger.warning("stopping the delivery query: %s", str(exc).splitlines()[0])

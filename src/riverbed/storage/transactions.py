@@ -148,6 +148,18 @@ def kv_get_in(tx: Transaction, namespace: str, key: str) -> tuple[bytes, int] | 
     return None if row is None else (bytes(row[0]), int(row[1]))
 
 
+def kv_hold_in(tx: Transaction, namespace: str, key: str, version: int) -> bool:
+    """Whether a KV key is still at `version`, and keep it there until `tx`
+    ends: a writer of it waits for `tx` (PostgreSQL: a share lock on the row;
+    SQLite's write transactions exclude each other anyway)."""
+    lock = " FOR SHARE" if tx.backend == "postgresql" else ""
+    row = tx.execute(
+        "SELECT 1 FROM kv WHERE namespace = ? AND key = ? AND version = ?" + lock,
+        (namespace, key, version),
+    ).fetchone()
+    return row is not None
+
+
 def kv_put_in(
     tx: Transaction, namespace: str, key: str, value: bytes, expected_version: int | None
 ) -> bool:

@@ -10,14 +10,17 @@ commit.
    `rq_batch` rows not done yet (`open_rows`), from each stream's first row not done: the
    step passes over rows not due yet and does the rest);
 3. runs the step (`step.py`), which delivers and collects queue rows;
-4. commits, in one transaction (`commit`): the queue rows with the marker
-   (`append_once`), the checks that they got the offsets the step gave them,
-   the shard's state (compare-and-set on its version) and the cursors (to the
-   ranges' ends).
+4. commits, in one transaction (`commit`): the check that the definition is
+   still the one the batch ran with (held until the commit: a shard-count
+   change waits for it), the queue rows with the marker (`append_once`), the
+   checks that they got the offsets the step gave them, the shard's state
+   (compare-and-set on its version) and the cursors (to the ranges' ends).
 
 A batch whose commit finds the state changed by another run of the same
-batch (`Superseded`) writes nothing: its deliveries were repeats (endpoint
-delivery is at least once). A batch that dies before its commit leaves
+batch, or the shards changed (`Superseded`), writes nothing: its deliveries
+were repeats (endpoint delivery is at least once). The definition check
+matters because a shard-count change writes the new shards' states afresh: a
+state's version alone could match again. A batch that dies before its commit leaves
 nothing behind and is run again from the same positions.
 """
 
@@ -35,10 +38,12 @@ from riverbed.storage.base import Storage, StreamHead, StreamSealed, Subscriptio
 from riverbed.storage.transactions import (
     append_once_in,
     commit_cursors_in,
+    kv_hold_in,
     kv_put_in,
     transaction,
 )
 from riverbed.subscriptions.cursors import Subscriptions
+from riverbed.subscriptions.definition import NAMESPACE as DEFINITIONS
 from riverbed.subscriptions.definition import DeliveryDefinition
 from riverbed.subscriptions.delivering import queue_topics
 from riverbed.subscriptions.groups import MessageState
@@ -225,13 +230,20 @@ def commit(
     state: ShardState,
     version: int | None,
     cursors: dict[int, int],
+    definition_version: int,
 ) -> bool:
     """Commit a step (see the module docstring). False: the marker was recorded
     before (this batch committed already), nothing written. Raises
-    `Superseded` when the state moved meanwhile."""
+    `Superseded` when the state or the definition (a shard-count change: the
+    shard's partitions and state are another shard's now) moved meanwhile."""
     batches = {**result.rq.batches, **result.dlq.batches}
     expected = {**result.rq.expected_firsts(), **result.dlq.expected_firsts()}
     with transaction(storage) as tx:
+        if not kv_hold_in(tx, DEFINITIONS, name, definition_version):
+            raise Superseded(
+                f"shard {shard_id} of subscription {name!r}: its definition changed meanwhile"
+                " (a shard-count change)"
+            )
         try:
             firsts = append_once_in(tx, marker, batches)
         except StreamSealed:
@@ -276,6 +288,7 @@ class ShardRunner:
         self,
         storage: Storage,
         definition: DeliveryDefinition,
+        definition_version: int,
         record: SubscriptionRecord,
         attempts: Attempts,
         clock: Callable[[], int] = now_us,
@@ -285,6 +298,8 @@ class ShardRunner:
     ) -> None:
         self.storage = storage
         self.definition = definition
+        self.definition_version = definition_version
+        """Its KV version: a batch commits only if it is still that one."""
         self.record = record
         self.attempts = attempts
         self.clock = clock
@@ -353,6 +368,16 @@ class ShardRunner:
             )
         state.retries = result.retries
         state.next_due_us = now if more else result.next_due_us
-        if not commit(storage, name, shard_id, marker, result, state, version, reached):
+        if not commit(
+            storage,
+            name,
+            shard_id,
+            marker,
+            result,
+            state,
+            version,
+            reached,
+            self.definition_version,
+        ):
             return None
         return result.stats

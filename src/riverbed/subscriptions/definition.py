@@ -300,10 +300,15 @@ class Definitions:
 
     def require(self, name: str) -> DeliveryDefinition:
         """The definition; `NotFound` if subscription `name` does not deliver."""
-        definition = self.get(name)
-        if definition is None:
+        return self.require_versioned(name)[0]
+
+    def require_versioned(self, name: str) -> tuple[DeliveryDefinition, int]:
+        """The definition and its KV version (a shard-count change moves it);
+        `NotFound` if subscription `name` does not deliver."""
+        entry = self.storage.kv_get(NAMESPACE, name)
+        if entry is None:
             raise NotFound(f"subscription {name!r} does not deliver to an endpoint")
-        return definition
+        return DeliveryDefinition.from_json(entry.value), entry.version
 
     def list(self) -> list[DeliveryDefinition]:
         return [DeliveryDefinition.from_json(e.value) for e in self.storage.kv_list(NAMESPACE)]

@@ -96,7 +96,7 @@ def run_shard(
     next batch reads from the cursors)."""
     worker = _this_worker()
     storage = worker.storage(url)
-    definition = definition_of(storage, name)
+    definition, version = Definitions(storage).require_versioned(name)
     if definition.shard_count != shard_count:
         logger.warning(
             "subscription %r: batch %d was planned for %d shards, it has %d now: skipped",
@@ -107,7 +107,7 @@ def run_shard(
         )
         return None
     record = Subscriptions(storage).get(name)
-    runner = ShardRunner(storage, definition, record, worker.attempts_for(url, definition))
+    runner = ShardRunner(storage, definition, version, record, worker.attempts_for(url, definition))
     ranges = [MainRange(**item) for item in json.loads(ranges_json)]
     marker = batch_marker(name, shard_id, run_id, batch_id)
     try:
