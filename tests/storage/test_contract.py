@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+import threading
+from collections.abc import Sequence
+from typing import Any
 
 import psycopg
 import pytest
@@ -490,6 +493,37 @@ def test_first_offset_at_of_an_empty_stream_is_its_next_offset(storage: Storage)
     storage.append({stream.key: make_rows([b"a"], timestamps=[100])})
     storage.delete_before(stream.key, 1)
     assert storage.first_offset_at(stream.key, 0) == 1
+
+
+def test_first_offset_at_does_not_pass_over_a_message_appended_meanwhile(
+    storage: Storage,
+) -> None:
+    """An append committing while `first_offset_at` runs (here: right after its
+    first read) is either seen or not, never passed over: the answer is its
+    offset, not the head behind it (a group or a session starting then would
+    never get it; retention would delete it)."""
+    (stream,) = create_topic(storage, "orders", 1)
+    storage.append({stream.key: make_rows([b"old"], timestamps=[100])})
+    real = storage._q  # type: ignore[attr-defined]
+    appended: list[bool] = []
+
+    def query(sql: str, params: Sequence[Any] = ()) -> Any:
+        cursor = real(sql, params)
+        if not appended:
+            appended.append(True)  # from another thread: its own connection, committed
+            writer = threading.Thread(
+                target=storage.append, args=({stream.key: make_rows([b"new"], timestamps=[500])},)
+            )
+            writer.start()
+            writer.join()
+        return cursor
+
+    storage._q = query  # type: ignore[attr-defined]
+    try:
+        assert storage.first_offset_at(stream.key, 200) == 1
+    finally:
+        del storage._q  # type: ignore[attr-defined]
+    assert appended and storage.first_offset_at(stream.key, 200) == 1
 
 
 def test_first_offset_at_walks_the_primary_key_and_stops_at_the_first_match(

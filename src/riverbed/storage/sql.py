@@ -57,6 +57,13 @@ FIRST_OFFSET_AT = "SELECT off FROM messages WHERE stream = ? AND ts >= ? ORDER B
 """Walks the stream's primary key in offset order and stops at the first match,
 so it costs what precedes the answer, whatever the planner makes of MIN()."""
 
+FIRST_OFFSET_AT_OR_NEXT = (
+    f"SELECT COALESCE(({FIRST_OFFSET_AT}), (SELECT next_offset FROM streams WHERE id = ?), 0)"
+)
+"""`FIRST_OFFSET_AT`, or the stream's next offset when no message is that
+recent: one statement, so one snapshot. Two would let an append commit between
+them, and the answer would pass over the message it added."""
+
 
 _stored = functools.partial(tuple.__new__, StoredMessage)
 """Row tuple -> StoredMessage without a Python-level call per row (`_make` is slower)."""
@@ -471,11 +478,10 @@ class SqlStorage(ConnectedStorage):
 
     @operation
     def first_offset_at(self, stream_key: int, timestamp_us: int) -> int:
-        row = self._q(FIRST_OFFSET_AT, (stream_key, timestamp_us)).fetchone()
-        if row is not None:
-            return int(row[0])
-        head = self._q("SELECT next_offset FROM streams WHERE id = ?", (stream_key,)).fetchone()
-        return int(head[0]) if head else 0
+        (offset,) = self._q(
+            FIRST_OFFSET_AT_OR_NEXT, (stream_key, timestamp_us, stream_key)
+        ).fetchone()
+        return int(offset)
 
     @operation
     def delete_before(self, stream_key: int, offset: int, *, keep_uncommitted: bool = False) -> int:
