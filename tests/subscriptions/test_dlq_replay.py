@@ -229,3 +229,39 @@ def test_run_refuses_a_subscription_that_does_not_deliver_before_spark_starts(
         result = rb(storage_url, "subscription", "run", name)
         assert result.exit_code == 1
         assert "does not deliver" in result.output or "not found" in result.output.lower()
+
+
+def test_a_replay_refuses_shards_changed_under_it(
+    stuck: Driver,
+    storage: Storage,
+    storage_url: str,
+    endpoint: Endpoint,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A shard-count change committing after a replay read the definition:
+    the replay writes nothing to shards it no longer knows (exit 1, says so);
+    run again, it replays everything, in order."""
+    import riverbed.subscriptions.dlq as dlq
+    from riverbed.subscriptions.reshard import change_shard_count
+
+    real = dlq.load_state
+    changed: list[int] = []
+
+    def load_state(*args: object) -> object:
+        if not changed:
+            changed.append(change_shard_count(storage, "billing", 1).new_count)
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dlq, "load_state", load_state)
+    before = parked_payloads(storage)
+    result = rb(storage_url, "dlq", "replay", "billing", "--all")
+    assert result.exit_code == 1
+    assert "changed its shards while replaying its DLQ" in result.output
+    assert changed == [1] and set(load_states(storage, "billing")) == {0}
+    assert parked_payloads(storage) == before
+    monkeypatch.undo()
+    assert rb(storage_url, "dlq", "replay", "billing", "--all").exit_code == 0
+    stuck.until_idle()
+    delivered = endpoint.delivered()
+    assert seqs(delivered, "g1") == [0, 1, 2, 3, 4] == seqs(delivered, "g2")
+    assert parked_payloads(storage) == []

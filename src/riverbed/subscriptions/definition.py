@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 
 from riverbed.errors import AlreadyExists, InvalidInput, NotFound, PreconditionFailed
 from riverbed.storage.base import Storage
+from riverbed.storage.transactions import Transaction, kv_hold_in
 
 NAMESPACE = "delivery"
 METHODS = ("POST", "PUT", "PATCH")
@@ -318,3 +319,20 @@ class Definitions:
         if entry is None:
             raise NotFound(f"subscription {name!r} has no delivery definition")
         self.storage.kv_delete_if_version(NAMESPACE, name, entry.version)
+
+
+class ShardsChanged(PreconditionFailed):
+    """A subscription's definition (its shard count) changed under an
+    operation on its shards."""
+
+
+def hold_definition(tx: Transaction, name: str, version: int, shard: int, doing: str) -> None:
+    """Inside `tx`, before it writes shard `shard`'s rows and state: the
+    definition must still be at `version` (it then stays there until `tx`
+    ends). Raises `ShardsChanged`: with other shards now, this shard's rows
+    and state are not what the operation read."""
+    if not kv_hold_in(tx, NAMESPACE, name, version):
+        raise ShardsChanged(
+            f"subscription {name!r} changed its shards while {doing}: nothing done from"
+            f" shard {shard} on (the shards before it are done); run it again"
+        )

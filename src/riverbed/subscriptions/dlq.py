@@ -30,7 +30,7 @@ from riverbed.sessions.store import now_us as current_us
 from riverbed.storage.base import Storage, StreamHead
 from riverbed.storage.transactions import append_once_in, kv_put_in, transaction
 from riverbed.subscriptions.batch import QueueLayout, Superseded, open_rows
-from riverbed.subscriptions.definition import Definitions
+from riverbed.subscriptions.definition import Definitions, hold_definition
 from riverbed.subscriptions.delivering import queue_topics
 from riverbed.subscriptions.groups import MessageState, Queue
 from riverbed.subscriptions.queues import QueuedMessage
@@ -183,7 +183,7 @@ def _chosen(
 def _change(
     storage: Storage, name: str, selection: Selection, *, replaying: bool, now_us: int | None
 ) -> DlqChange:
-    definition = Definitions(storage).require(name)
+    definition, definition_version = Definitions(storage).require_versioned(name)
     rq_topic, dlq_topic = queue_topics(name)
     count = definition.shard_count
     if selection.message_ids:
@@ -233,6 +233,8 @@ def _change(
                 state.next_due_us = now
             try:
                 with transaction(storage) as tx:
+                    doing = "replaying its DLQ" if replaying else "purging its DLQ"
+                    hold_definition(tx, name, definition_version, shard, doing)
                     marker = f"dlq/{name}/{shard}/{uuid.uuid4().hex}"
                     firsts = append_once_in(tx, marker, writer.batches)
                     if firsts != writer.expected_firsts():

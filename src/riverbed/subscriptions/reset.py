@@ -25,7 +25,7 @@ from riverbed.storage.base import StartKind, Storage
 from riverbed.storage.transactions import kv_put_in, transaction
 from riverbed.subscriptions.batch import QueueLayout, Superseded, queue_rows
 from riverbed.subscriptions.cursors import Start, Subscriptions
-from riverbed.subscriptions.definition import Definitions, DeliveryDefinition
+from riverbed.subscriptions.definition import Definitions, DeliveryDefinition, hold_definition
 from riverbed.subscriptions.delivering import queue_topics
 from riverbed.subscriptions.groups import Action, Queue
 from riverbed.subscriptions.reshard import change_shard_count, check_shard_count
@@ -63,14 +63,16 @@ def fast_forward_queue(storage: Storage, name: str, queue: Queue, to: Start) -> 
         )
     if isinstance(to, int) and not isinstance(to, bool) and to < 0:
         raise InvalidInput(f"time {to}us is before the epoch")
-    definition = Definitions(storage).require(name)
+    definition, definition_version = Definitions(storage).require_versioned(name)
     rq_topic, dlq_topic = queue_topics(name)
     topic = rq_topic if queue is Queue.RQ else dlq_topic
     passed = 0
     for shard in range(definition.shard_count):
         for _attempt in range(MAX_CONFLICTS):
             try:
-                passed += _forward_shard(storage, definition, shard, topic, queue, to)
+                passed += _forward_shard(
+                    storage, definition, definition_version, shard, topic, queue, to
+                )
                 break
             except Superseded:
                 continue
@@ -82,6 +84,7 @@ def fast_forward_queue(storage: Storage, name: str, queue: Queue, to: Start) -> 
 def _forward_shard(
     storage: Storage,
     definition: DeliveryDefinition,
+    definition_version: int,
     shard: int,
     topic: str,
     queue: Queue,
@@ -121,6 +124,8 @@ def _forward_shard(
     if not passed:
         return 0
     with transaction(storage) as tx:
+        doing = f"fast-forwarding its {queue.value}"
+        hold_definition(tx, definition.name, definition_version, shard, doing)
         if not kv_put_in(
             tx, NAMESPACE, state_key(definition.name, shard), state.to_json(), version
         ):

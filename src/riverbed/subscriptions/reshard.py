@@ -259,6 +259,11 @@ def _change(storage: Storage, name: str, new_count: int, progress: Progress | No
         batches.update(writer.batches)
         expected.update(writer.expected_firsts())
     with transaction(storage) as tx:
+        # The definition first: a shard's batch holds it (`batch.commit`) before
+        # the rows this writes: in the same order, the two never wait for each
+        # other in a cycle (a deadlock PostgreSQL would break by failing one).
+        if not kv_put_in(tx, DEFINITIONS, name, new_definition.to_json(), entry.version):
+            raise Superseded("the definition moved")
         marker = f"reshard/{name}/{uuid.uuid4().hex}"
         firsts = append_once_in(tx, marker, batches)
         if firsts != expected:
@@ -273,8 +278,6 @@ def _change(storage: Storage, name: str, new_count: int, progress: Progress | No
         for shard, fresh in enumerate(new_states):
             if not kv_put_in(tx, NAMESPACE, state_key(name, shard), fresh.to_json(), None):
                 raise Superseded(f"shard state {shard} appeared")
-        if not kv_put_in(tx, DEFINITIONS, name, new_definition.to_json(), entry.version):
-            raise Superseded("the definition moved")
         tx.execute("DELETE FROM markers WHERE marker = ?", (marker,))
     if progress is not None:
         progress(total, total)
