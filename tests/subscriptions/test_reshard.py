@@ -8,6 +8,8 @@ counts refused with nothing changed."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -168,3 +170,62 @@ def test_a_batch_of_the_old_shards_commits_nothing_after_the_change(
     assert [p.message.payload for p in parked(storage, "billing")] == [
         f"g5:{n}:".encode() for n in range(2, 6)
     ]
+
+
+def test_a_reshard_waits_for_a_shard_commit_without_deadlock(
+    postgres_url: str, endpoint: Endpoint
+) -> None:
+    """PostgreSQL: a shard's commit holds the definition (share lock), then
+    writes its state; a reshard starting meanwhile waits for the definition
+    before it touches any state row, so the commit finishes and the reshard
+    follows (its compare-and-set sees the new state and starts again). In the
+    opposite order each would wait for the other (a deadlock PostgreSQL breaks
+    by failing one)."""
+    import psycopg
+
+    from riverbed.storage import open_storage
+    from riverbed.storage.transactions import kv_hold_in, kv_put_in, transaction
+    from riverbed.subscriptions.definition import NAMESPACE as DEFINITIONS
+    from riverbed.subscriptions.reshard import Reshard, change_shard_count
+    from riverbed.subscriptions.shardstate import NAMESPACE, load_state, state_key
+
+    storage = open_storage(postgres_url)
+    try:
+        setup(storage, endpoint, shards=2)
+        produce(storage, 0, 3)
+        endpoint.fail(b"g1:0:", 400)
+        with driver(storage, "billing") as d:
+            d.batch()  # shard states exist, g1 parked (rows a reshard feeds)
+        _, version = Definitions(storage).require_versioned("billing")
+        state, state_version = load_state(storage, "billing", 0)
+        done: list[Reshard] = []
+        failed: list[BaseException] = []
+
+        def reshard_now() -> None:
+            try:
+                done.append(change_shard_count(storage, "billing", 1))
+            except BaseException as exc:  # reported below
+                failed.append(exc)
+
+        with transaction(storage) as tx:
+            assert kv_hold_in(tx, DEFINITIONS, "billing", version)
+            other = threading.Thread(target=reshard_now)
+            other.start()
+            with psycopg.connect(postgres_url, autocommit=True) as watch:
+                deadline = time.monotonic() + 30
+                while (
+                    time.monotonic() < deadline
+                    and not watch.execute(
+                        "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                        " AND query LIKE 'UPDATE kv%'"
+                    ).fetchone()
+                ):
+                    time.sleep(0.02)
+                    assert other.is_alive(), failed
+            # The reshard waits on the definition: the commit writes its state.
+            assert kv_put_in(tx, NAMESPACE, state_key("billing", 0), state.to_json(), state_version)
+        other.join(timeout=60)
+        assert not failed and [r.new_count for r in done] == [1]
+        assert set(load_states(storage, "billing")) == {0}
+    finally:
+        storage.close()
