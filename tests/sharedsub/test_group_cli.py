@@ -10,17 +10,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
 
-from riverbed.cli import cli
+from harness.cli import rb
 from riverbed.log.log import Log
 from riverbed.model import Message, StreamId
 from riverbed.sharedsub.claims import GroupStore
 from riverbed.sharedsub.protocol import GroupId
-
-
-def rb(url: str, *args: str) -> Result:
-    return CliRunner().invoke(cli, [*args, "--db", url], catch_exceptions=False)
 
 
 def ok(url: str, *args: str) -> Any:

@@ -8,9 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from click.testing import CliRunner, Result
 
-from riverbed.cli import cli
+from harness.cli import rb
 from riverbed.errors import AlreadyExists
 from riverbed.log.log import Log
 from riverbed.storage import open_storage
@@ -22,10 +21,6 @@ from riverbed.subscriptions.definition import (
     RetryPolicy,
 )
 from riverbed.subscriptions.delivering import create_delivering
-
-
-def rb(url: str, *args: str) -> Result:
-    return CliRunner().invoke(cli, [*args, "--db", url], catch_exceptions=False)
 
 
 @pytest.fixture

@@ -7,9 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from click.testing import CliRunner, Result
 
-from riverbed.cli import cli
+from harness.cli import rb
 from riverbed.log.log import Log
 from riverbed.log.topics import Topics
 from riverbed.model import MessageId
@@ -19,10 +18,6 @@ from riverbed.subscriptions.delivering import create_delivering
 from riverbed.subscriptions.queues import QueuedMessage
 
 BASE = 1_700_000_000_000_000
-
-
-def rb(url: str, *args: str) -> Result:
-    return CliRunner().invoke(cli, [*args, "--db", url], catch_exceptions=False)
 
 
 @pytest.fixture

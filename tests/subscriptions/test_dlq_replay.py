@@ -9,8 +9,9 @@ import json
 from collections.abc import Iterator
 
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import CliRunner
 
+from harness.cli import rb
 from harness.delivery import Driver, driver, produce_groups, subscribe
 from harness.endpoint import Endpoint, Request
 from riverbed.cli import cli
@@ -20,16 +21,6 @@ from riverbed.storage.base import Storage
 from riverbed.subscriptions.definition import RetryPolicy
 from riverbed.subscriptions.dlq import parked
 from riverbed.subscriptions.shardstate import load_states
-
-
-def rb(url: str, *args: str) -> Result:
-    return CliRunner().invoke(cli, [*args, "--db", url], catch_exceptions=False)
-
-
-@pytest.fixture
-def endpoint() -> Iterator[Endpoint]:
-    with Endpoint() as running:
-        yield running
 
 
 def setup(storage: Storage, endpoint: Endpoint, grouped: bool = True) -> None:

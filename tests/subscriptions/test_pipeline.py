@@ -7,8 +7,6 @@ Spark task does, with a clock the test moves."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from harness.delivery import by_group, driver, produce_groups, queued
@@ -21,12 +19,6 @@ from riverbed.subscriptions.pipeline import retry_due
 from riverbed.subscriptions.shardstate import load_state
 
 SECOND = 1_000_000
-
-
-@pytest.fixture
-def endpoint() -> Iterator[Endpoint]:
-    with Endpoint() as running:
-        yield running
 
 
 RETRY = RetryPolicy(retry_on_status=(503,), min_delay=2, max_delay=60, multiplier=2, max_attempts=4)

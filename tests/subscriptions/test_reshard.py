@@ -10,14 +10,12 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
-from click.testing import CliRunner, Result
 
+from harness.cli import rb
 from harness.delivery import by_group, driver, produce_groups, subscribe
 from harness.endpoint import Endpoint
-from riverbed.cli import cli
 from riverbed.log.topics import Topics
 from riverbed.storage.base import Storage
 from riverbed.subscriptions.definition import Definitions
@@ -25,16 +23,6 @@ from riverbed.subscriptions.dlq import parked
 from riverbed.subscriptions.shardstate import load_states
 
 GROUPS = 12
-
-
-def rb(url: str, *args: str) -> Result:
-    return CliRunner().invoke(cli, [*args, "--db", url], catch_exceptions=False)
-
-
-@pytest.fixture
-def endpoint() -> Iterator[Endpoint]:
-    with Endpoint() as running:
-        yield running
 
 
 def setup(storage: Storage, endpoint: Endpoint, shards: int) -> None:
