@@ -222,6 +222,21 @@ def test_run_refuses_a_subscription_that_does_not_deliver_before_spark_starts(
         assert "does not deliver" in result.output or "not found" in result.output.lower()
 
 
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("--stop-grace", "-1"), ("--lease-seconds", "0.5"), ("--trigger-interval", "0")],
+)
+def test_run_refuses_bad_timings_before_spark_starts(
+    storage: Storage, storage_url: str, endpoint: Endpoint, option: str, value: str
+) -> None:
+    setup(storage, endpoint)
+    before = load_states(storage, "billing")
+    result = rb(storage_url, "subscription", "run", "billing", option, value)
+    assert result.exit_code == 2
+    assert option in result.output and value in result.output
+    assert load_states(storage, "billing") == before
+
+
 def test_a_replay_refuses_shards_changed_under_it(
     stuck: Driver,
     storage: Storage,
