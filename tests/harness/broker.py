@@ -348,6 +348,11 @@ class Client:
         with self._lock:
             return list(self.received)
 
+    def received_now(self) -> list[Received]:
+        """A copy of what arrived so far (paho's thread keeps appending)."""
+        with self._lock:
+            return list(self.received)
+
     def payloads(self) -> list[bytes]:
         with self._lock:
             return [m.payload for m in self.received]

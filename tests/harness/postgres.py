@@ -344,6 +344,18 @@ class PostgresServer:
                 f"server log:\n{self._log_tail()}"
             )
 
+    def pids(self) -> list[int]:
+        """The server's processes: the postmaster and its children (to SIGSTOP a
+        server that then neither answers nor refuses, like a hung host)."""
+        postmaster = int((self._data / "postmaster.pid").read_text().splitlines()[0])
+        out = [postmaster]
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                # pid (comm) state ppid ...: comm may hold spaces, so split after ')'.
+                if int(stat.read_text().rpartition(")")[2].split()[1]) == postmaster:
+                    out.append(int(stat.parent.name))
+        return out
+
     def _kill_postmaster(self, data: Path) -> None:
         with contextlib.suppress(OSError, ValueError, IndexError):
             pid = int((data / "postmaster.pid").read_text().splitlines()[0])

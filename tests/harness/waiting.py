@@ -32,9 +32,11 @@ def eventually(
     timeout: float = DEFAULT_TIMEOUT,
     what: str = "the condition",
     interval: float = 0.02,
+    explain: Callable[[], object] | None = None,
 ) -> T:
     """Call `check` until it returns a truthy value and return it; fail the test
-    naming `what` (and the last value) when `timeout` seconds pass first."""
+    naming `what` and the last value (or what `explain` says then) when
+    `timeout` seconds pass first."""
     deadline = time.monotonic() + timeout
     pause = min(interval, 0.005)
     while True:

@@ -64,16 +64,44 @@ def test_find_leader_is_retried_every_second() -> None:
     assert b.handle(Grant(G, "b1", "L", S, 0), 1.1) == []
     b.handle(LeaderConnectResponse(G, "b1", "L", 1), 1.2)
     assert b.status is Status.CONNECTED and b.leader == "L"
+    # Its first ping half a fence window after the answer: (5 - 0.5) / 2.
+    assert b.next_deadline() == 1.2 + 2.25
+    assert sent(b.handle(Tick(), 3.45)) == [Ping(G, "b1", "L", 3)]
     assert b.next_deadline() == 5.0 - 0.5  # fenced 4.5 s after request 1 was sent (at 0)
 
 
 def test_ping_keeps_it_alive_and_an_unanswered_ping_invalidates() -> None:
     b = connected()
-    assert sent(b.handle(Tick(), 4.0)) == [Ping(G, "b1", "L", 2)]
-    b.handle(PingResponse(G, "b1", "L", 2), 4.0)
-    assert sent(b.handle(Tick(), 8.0)) == [Ping(G, "b1", "L", 3)]
-    effects = b.handle(Tick(), 8.5)  # fence: 4.0 + 5 - 0.5
+    # Pings twice per fence window (5 - 0.5 s): every 2.25 s, not every 4 s.
+    assert b.handle(Tick(), 2.0) == []
+    assert sent(b.handle(Tick(), 2.25)) == [Ping(G, "b1", "L", 2)]
+    b.handle(PingResponse(G, "b1", "L", 2), 2.25)
+    assert sent(b.handle(Tick(), 4.5)) == [Ping(G, "b1", "L", 3)]
+    assert b.handle(Tick(), 6.7) == []  # unanswered, not fenced yet
+    effects = b.handle(Tick(), 6.75)  # fence: 2.25 + 5 - 0.5
     assert isinstance(effects[-1], Invalidated) and b.status is Status.DONE
+
+
+def test_slow_answers_do_not_trip_the_fence() -> None:
+    """A busy Leader answering every ping 2 s late: the Borrower keeps its
+    streams (with pings every `ping_interval` = 4 s, an answer had 0.5 s)."""
+    b = connected()
+    b.handle(Grant(G, "b1", "L", S, 0), 0.1)
+    answers: list[tuple[float, int]] = []  # (when, seq) of the answers on their way
+    seq = 1
+    while True:
+        deadline = b.next_deadline()
+        assert deadline is not None
+        if answers and answers[0][0] <= deadline:
+            when, seq = answers.pop(0)
+            assert b.handle(PingResponse(G, "b1", "L", seq), when) == []
+            continue
+        if deadline > 120:
+            break
+        for ping in [m for m in sent(b.handle(Tick(), deadline)) if isinstance(m, Ping)]:
+            answers.append((deadline + 2.0, ping.seq))
+        assert b.status is Status.CONNECTED, f"fenced at {deadline}: {b.invalid_reason}"
+    assert seq > 120 / 4.5 and S in b.streams
 
 
 def test_grant_progress_revoke_drain_revoked() -> None:

@@ -7,7 +7,7 @@ import pytest
 from harness.storage import create_topic, numbered_rows
 from riverbed.errors import AlreadyExists, InvalidInput, LeaseHeld, NotFound, PreconditionFailed
 from riverbed.model import StreamId
-from riverbed.sharedsub.claims import GroupStore, start_offsets
+from riverbed.sharedsub.claims import GroupStore, Save, start_offsets
 from riverbed.sharedsub.protocol import GroupId
 from riverbed.storage import Storage
 
@@ -60,6 +60,40 @@ def test_one_leader_at_a_time_and_a_stale_one_is_fenced_off(storage: Storage) ->
     assert record is not None and record.progress == {S0: 3} and record.leader == "leader-2"
     assert groups.leader_of(G, now_us=31 * S) is not None
     assert groups.leader_of(G, now_us=61 * S) is None
+
+
+def test_save_many_saves_each_group_or_refuses_it_alone(storage: Storage) -> None:
+    """One transaction for several Leaders' saves; a fenced-off or expired one
+    is refused (as `save` would) and the others are written."""
+    groups = GroupStore(storage)
+    h = GroupId("h", "t/#")
+    e = GroupId("e", "t/#")
+    old = groups.claim(G, "leader-1", ttl_us=60 * S, now_us=0)
+    new = groups.save(old, {S0: 2}, now_us=1 * S)  # `old` is now a stale copy
+    fine = groups.claim(h, "leader-3", ttl_us=30 * S, now_us=30 * S)
+    expired = groups.claim(e, "leader-4", ttl_us=1 * S, now_us=30 * S)
+    results = groups.save_many(
+        [
+            Save(old, {S0: 100}, []),
+            Save(fine, {S0: 5}, [StreamId("t", 0, 1)], {"b1": [S0]}),
+            Save(expired, {S0: 6}, []),
+        ],
+        now_us=40 * S,
+    )
+    assert isinstance(results[0], PreconditionFailed) and "version" in str(results[0])
+    assert isinstance(results[2], PreconditionFailed) and "expired" in str(results[2])
+    saved = results[1]
+    assert not isinstance(saved, PreconditionFailed)
+    assert groups.get(h) == saved.record  # what the claim holds is what was written
+    assert saved.record.progress == {S0: 5} and saved.record.holdings == {"b1": (S0,)}
+    record = groups.get(G)
+    assert record is not None and record.progress == {S0: 2}
+    record = groups.get(e)
+    assert record is not None and record.progress == {}
+    # The new claims are good for the next save (their versions moved).
+    groups.save(saved, {S0: 7}, now_us=41 * S)
+    (again,) = groups.save_many([Save(new, {S0: 3}, [])], now_us=41 * S)
+    assert not isinstance(again, PreconditionFailed) and groups.get(G) == again.record
 
 
 def test_a_leader_whose_claim_expired_does_not_save(storage: Storage) -> None:

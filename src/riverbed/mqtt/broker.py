@@ -17,7 +17,8 @@ session a client took over on another node is closed (0x8E) at the next sweep.
 
 Stopping: stop accepting, send every MQTT 5 client DISCONNECT 0x8B Server
 shutting down, checkpoint every session and mark it disconnected, stop the
-router. The caller closes the log (which commits what is queued).
+router. The caller closes the log (which commits what is queued). `serve`
+bounds all of it by `limits.stop_grace`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import contextlib
 import logging
 import os
 import socket
+import threading
 import uuid
 from collections.abc import Hashable
 from typing import cast
@@ -259,11 +261,37 @@ class Broker:
                 conn.close(DisconnectReason.SESSION_TAKEN_OVER)
 
 
+EXIT_MARGIN = 5.0
+"""Seconds after `limits.stop_grace` that a stopping process is ended whatever
+it is doing (closing the log, threads still in the database)."""
+
+
 async def serve(config: BrokerConfig, log_: Log, stop: asyncio.Event, **options: float) -> None:
-    """Run a broker until `stop` is set, then stop it gracefully."""
+    """Run a broker until `stop` is set, then stop it gracefully, within
+    `limits.stop_grace` seconds: past that the process exits at once (status
+    1), as after a crash, which the log and the sessions are made to survive. A
+    database that stopped answering must not keep a broker from stopping."""
     broker = Broker(config, log_, **options)  # type: ignore[arg-type]
     await broker.start()
     try:
         await stop.wait()
     finally:
-        await broker.stop()
+        grace = config.limits.stop_grace
+        watchdog = threading.Timer(grace + EXIT_MARGIN, _exit_now, (grace + EXIT_MARGIN,))
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            await asyncio.wait_for(broker.stop(), grace)
+        except TimeoutError:
+            _exit_now(grace)
+
+
+def _exit_now(after: float) -> None:
+    """End the process: stopping took longer than it may."""
+    log.error(
+        "stopping took over %g s (limits.stop_grace): exiting now; what was not saved is"
+        " recovered at the next start, as after a crash",
+        after,
+    )
+    logging.shutdown()
+    os._exit(1)

@@ -34,6 +34,7 @@ A complete file, with the defaults:
     session_queue_limit = 1000       # messages queued in memory for one online session
     max_inflight = 100               # QoS 1/2 messages sent to a client and unacknowledged
     retain_available = true          # keep retained messages
+    stop_grace = 20                  # seconds: SIGTERM to exit at most (then exits anyway)
 
     [shared_subscriptions]           # $share/GROUP/FILTER and $queue/FILTER (sharedsub/)
     enabled = true
@@ -268,6 +269,7 @@ class Limits:
     session_queue_limit: int = 1000
     max_inflight: int = 100
     retain_available: bool = True
+    stop_grace: int = 20
 
     def __post_init__(self) -> None:
         _check_fields("limits", self)
@@ -372,9 +374,9 @@ def _as_int(value: object) -> int | None:
     return None
 
 
-def _seconds(high: int, never: bool = False) -> Callable[[str, object], int]:
+def _seconds(high: int, never: bool = False, low: int = 0) -> Callable[[str, object], int]:
     rule = (
-        f"must be whole seconds from 0 to {high}, as an integer or with a unit"
+        f"must be whole seconds from {low} to {high}, as an integer or with a unit"
         ' (90, "15m", "12h", "7d")' + (' or "never"' if never else "")
     )
 
@@ -390,7 +392,7 @@ def _seconds(high: int, never: bool = False) -> Callable[[str, object], int]:
             if micros % 1_000_000:
                 raise _fail(key, value, rule)
             number = micros // 1_000_000
-        if number is None or number > high:
+        if number is None or not low <= number <= high:
             raise _fail(key, value, rule)
         return number
 
@@ -523,6 +525,9 @@ KEYS: dict[str, Key] = {
         _integer(1, MAX_UINT16), "QoS 1/2 messages sent to a client and unacknowledged"
     ),
     "limits.retain_available": Key(_boolean, "keep retained messages"),
+    "limits.stop_grace": Key(
+        _seconds(3600, low=1), "seconds a stopping broker may take before it exits anyway"
+    ),
     "shared_subscriptions.enabled": Key(_boolean, "accept $share/ and $queue/ subscriptions"),
     **{
         f"shared_subscriptions.{f.name}": Key(_positive_seconds, f"seconds: {f.name}")

@@ -68,6 +68,7 @@ class Sharing:
         "_by_lease",
         "_options",
         "_registered",
+        "_registered_generation",
         "_timer",
         "_timer_at",
         "conn",
@@ -88,6 +89,8 @@ class Sharing:
         self._by_key: dict[int, _Held] = {}
         self._by_lease: dict[Lease, _Held] = {}
         self._registered: set[str] = set()
+        self._registered_generation = -1
+        """The Agent's `generation` `_registered` follows."""
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
 
@@ -127,6 +130,7 @@ class Sharing:
             for address in self._registered:
                 runtime.unregister(address)
         self._registered.clear()
+        self._registered_generation = -1
 
     # --- the session's side ---------------------------------------------------------
     def fetch(self, key: int, offset: int, limit: int) -> None:
@@ -186,9 +190,13 @@ class Sharing:
         """Keep the runtime's bus in step with the Handler's Borrowers (called
         before and after their effects run: new ones must be reachable before
         their first message goes out)."""
+        agent = self.handler.agent
+        if agent.generation == self._registered_generation:
+            return  # the common case (a delivery step): no Borrower came or went
+        self._registered_generation = agent.generation
         runtime = self.conn.broker.shared
         assert runtime is not None
-        current = set(self.handler.agent.borrowers)
+        current = set(agent.borrowers)
         if current == self._registered:
             return
         for address in current - self._registered:

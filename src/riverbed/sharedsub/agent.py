@@ -15,7 +15,9 @@ incarnation), so ids are never reused, even across a broker restart.
 
 from __future__ import annotations
 
+import logging
 import secrets
+from collections import deque
 from dataclasses import dataclass
 
 from riverbed.model import StreamId
@@ -33,6 +35,10 @@ from riverbed.sharedsub.borrower import (
 )
 from riverbed.sharedsub.config import SharedSubConfig
 from riverbed.sharedsub.protocol import BorrowerId, GroupId, ToBorrower
+
+REPLACED_KEPT = 64
+"""How many of its latest replacements an Agent remembers."""
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +63,14 @@ class Agent:
         self.borrowers: dict[BorrowerId, Borrower] = {}
         self.subscriptions: dict[GroupId, BorrowerId] = {}
         """The current Borrower of each wanted subscription."""
-        self.replaced: list[Replaced] = []
+        self.replaced: deque[Replaced] = deque(maxlen=REPLACED_KEPT)
+        """The latest replacements (observability; bounded: a long-lived session
+        under churn must not grow)."""
         self._count = 0
+        self.generation = 0
+        """Counts changes to `borrowers` (who is registered on the bus follows it)."""
+        self._deadline: float | None = None
+        self._deadline_stale = False
 
     def subscribe(self, group: GroupId, now: float) -> list[Effect]:
         """Start sharing `group` (nothing if this session shares it already)."""
@@ -105,8 +117,11 @@ class Agent:
         return out
 
     def next_deadline(self) -> float | None:
-        times = [d for b in self.borrowers.values() if (d := b.next_deadline()) is not None]
-        return min(times) if times else None
+        if self._deadline_stale:
+            times = [d for b in self.borrowers.values() if (d := b.next_deadline()) is not None]
+            self._deadline = min(times) if times else None
+            self._deadline_stale = False
+        return self._deadline
 
     # ----------------------------------------------------------------- internals
 
@@ -115,6 +130,7 @@ class Agent:
         borrower_id = f"{self.session_id}/{self.nonce}/{self._count}"
         borrower = Borrower(borrower_id, group, self.config, now)
         self.borrowers[borrower_id] = borrower
+        self.generation += 1
         self.subscriptions[group] = borrower_id
         return self._handle(borrower_id, Tick(), now)
 
@@ -122,18 +138,28 @@ class Agent:
         borrower = self.borrowers.get(borrower_id)
         if borrower is None:
             return []
+        self._deadline_stale = True
         effects = borrower.handle(event, now)
         out: list[Effect] = []
         for effect in effects:
             out.append(effect)
             if isinstance(effect, Terminated | Invalidated):
                 del self.borrowers[borrower_id]
+                self.generation += 1
             if isinstance(effect, Invalidated):
                 group = borrower.group
                 if self.subscriptions.get(group) == borrower_id:
                     del self.subscriptions[group]
                     out.extend(self._start(group, now))
-                    self.replaced.append(
-                        Replaced(group, borrower_id, self.subscriptions[group], effect.reason)
+                    replaced = Replaced(
+                        group, borrower_id, self.subscriptions[group], effect.reason
+                    )
+                    self.replaced.append(replaced)
+                    log.info(
+                        "group %s: borrower %s replaced by %s: %s",
+                        group,
+                        borrower_id,
+                        replaced.new,
+                        effect.reason,
                     )
         return out

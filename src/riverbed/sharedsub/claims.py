@@ -21,6 +21,7 @@ Times are µs since the epoch, passed in.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
@@ -30,8 +31,9 @@ from riverbed.errors import AlreadyExists, InvalidInput, NotFound, PreconditionF
 from riverbed.log.topics import reachable_topics
 from riverbed.model import StreamId
 from riverbed.sharedsub.protocol import GroupId, LeaderId, stream_order
-from riverbed.storage.base import KVEntry, Storage, StreamHead
+from riverbed.storage.base import KVEntry, Storage, StorageTopicRecord, StreamHead
 from riverbed.storage.leases import Lease, Leases
+from riverbed.storage.transactions import kv_put_in, transaction
 
 NAMESPACE = "sharedsub"
 LEASE_PREFIX = "sharedsub/"
@@ -64,6 +66,16 @@ class Claim:
     @property
     def leader(self) -> LeaderId:
         return self.lease.owner
+
+
+@dataclass(frozen=True, slots=True)
+class Save:
+    """One Leader's save for `GroupStore.save_many`."""
+
+    claim: Claim
+    progress: Mapping[StreamId, int]
+    consumed: Iterable[StreamId]
+    holdings: Mapping[str, Sequence[StreamId]] | None = None
 
 
 class GroupStore:
@@ -161,6 +173,53 @@ class GroupStore:
         """Persist progress. Raises `PreconditionFailed` if this Leader was fenced
         off (another claimed the group, or the group was deleted) or its own clock
         says its claim expired."""
+        record = self._saved(claim, progress, consumed, now_us, holdings)
+        written = self.storage.kv_compare_and_set(
+            self.namespace, record.group.key, claim.record.version, _encode(record)
+        )
+        return Claim(claim.lease, replace(record, version=written.version))
+
+    def save_many(
+        self, saves: Sequence[Save], *, now_us: int
+    ) -> builtins.list[Claim | PreconditionFailed]:
+        """`save` for several groups in one transaction (a node's Leaders after a
+        burst of messages: one commit, not one per group). Each save succeeds or
+        fails alone: the result per save is its new claim, or the
+        `PreconditionFailed` `save` would have raised (nothing written of it)."""
+        out: builtins.list[Claim | PreconditionFailed] = []
+        writes: builtins.list[tuple[int, GroupRecord, bytes]] = []
+        for save in saves:
+            try:
+                record = self._saved(
+                    save.claim, save.progress, save.consumed, now_us, save.holdings
+                )
+            except PreconditionFailed as refused:
+                out.append(refused)
+                continue
+            out.append(Claim(save.claim.lease, record))
+            writes.append((len(out) - 1, record, _encode(record)))
+        if not writes:
+            return out
+        with transaction(self.storage) as tx:
+            for i, record, value in writes:
+                expected = record.version
+                if kv_put_in(tx, self.namespace, record.group.key, value, expected):
+                    out[i] = Claim(saves[i].claim.lease, replace(record, version=expected + 1))
+                else:
+                    out[i] = PreconditionFailed(
+                        f"key {self.namespace}/{record.group.key} is not at version {expected}"
+                    )
+        return out
+
+    def _saved(
+        self,
+        claim: Claim,
+        progress: Mapping[StreamId, int],
+        consumed: Iterable[StreamId],
+        now_us: int,
+        holdings: Mapping[str, Sequence[StreamId]] | None,
+    ) -> GroupRecord:
+        """The record a save writes (at the version it replaces)."""
         if claim.lease.expired(now_us):
             raise PreconditionFailed(
                 f"the claim of {claim.leader!r} on group {claim.record.group} expired"
@@ -168,10 +227,7 @@ class GroupStore:
         record = replace(claim.record, progress=dict(progress), consumed=frozenset(consumed))
         if holdings is not None:
             record = replace(record, holdings={b: tuple(s) for b, s in holdings.items()})
-        written = self.storage.kv_compare_and_set(
-            self.namespace, record.group.key, claim.record.version, _encode(record)
-        )
-        return Claim(claim.lease, _decode(written))
+        return record
 
     def release(self, claim: Claim) -> None:
         """Give the claim up (a Leader stopping when idle). Raises
@@ -206,13 +262,45 @@ class ReachedTopic:
     """Where the group's start puts the streams it has no progress for."""
 
 
-def reached_topics(storage: Storage, record: GroupRecord) -> list[ReachedTopic]:
+class TopicReads:
+    """What Leaders read of the topics, read once however many Leaders ask: a
+    node's Leaders renew their streams in the same round (`LeaderHost.tick`),
+    and 50 groups on one topic would otherwise read its heads 50 times."""
+
+    def __init__(self, storage: Storage) -> None:
+        self.storage = storage
+        self._bindings: list[tuple[str, str | None]] | None = None
+        self._heads: dict[str, list[StreamHead]] = {}
+        self._storage_topics: dict[str, list[StorageTopicRecord]] = {}
+
+    def bindings(self) -> list[tuple[str, str | None]]:
+        if self._bindings is None:
+            self._bindings = [(t.name, t.binding) for t in self.storage.list_topics()]
+        return self._bindings
+
+    def heads(self, topic: str) -> list[StreamHead]:
+        heads = self._heads.get(topic)
+        if heads is None:
+            heads = self._heads[topic] = self.storage.list_streams(topic)
+        return heads
+
+    def storage_topics(self, topic: str) -> list[StorageTopicRecord]:
+        found = self._storage_topics.get(topic)
+        if found is None:
+            found = self._storage_topics[topic] = self.storage.list_storage_topics(topic)
+        return found
+
+
+def reached_topics(
+    storage: Storage, record: GroupRecord, reads: TopicReads | None = None
+) -> list[ReachedTopic]:
     """Every topic the group's filter may reach (`log.topics.reachable_topics`),
-    with its heads and the start offsets of streams new to the group."""
-    bindings = [(t.name, t.binding) for t in storage.list_topics()]
+    with its heads and the start offsets of streams new to the group (`reads`:
+    what other groups read this round)."""
+    reads = TopicReads(storage) if reads is None else reads
     out: list[ReachedTopic] = []
-    for topic in reachable_topics([record.group.topic_filter], bindings):
-        heads = storage.list_streams(topic)
+    for topic in reachable_topics([record.group.topic_filter], reads.bindings()):
+        heads = reads.heads(topic)
         new = [h for h in heads if h.stream not in record.progress]
         out.append(ReachedTopic(topic, heads, start_offsets(storage, new, record.start_us)))
     return out

@@ -42,7 +42,7 @@ from riverbed.errors import LeaseHeld, RiverbedError
 from riverbed.model import StreamId
 from riverbed.sessions.store import now_us
 from riverbed.sharedsub.bus import Bus, Registry
-from riverbed.sharedsub.claims import Claim, GroupStore, reached_topics
+from riverbed.sharedsub.claims import Claim, GroupStore, Save, TopicReads, reached_topics
 from riverbed.sharedsub.config import SharedSubConfig
 from riverbed.sharedsub.leader import (
     Effect,
@@ -56,10 +56,23 @@ from riverbed.sharedsub.leader import (
     Tick,
     TopicStreams,
 )
-from riverbed.sharedsub.protocol import Address, GroupId, LeaderId, Message, ToLeader
+from riverbed.sharedsub.protocol import (
+    Address,
+    GroupId,
+    LeaderConnectResponse,
+    LeaderId,
+    Message,
+    PingResponse,
+    ToLeader,
+)
 from riverbed.storage.base import Storage
 
 log = logging.getLogger(__name__)
+
+_STATELESS = (PingResponse, LeaderConnectResponse)
+"""Answers that say nothing of progress: they need not wait for a save, and a
+Borrower's fence moves only when they arrive (borrower.py), so they must not
+wait behind the other Leaders' saves of a busy round."""
 
 
 class RoutingBus(Bus, Protocol):
@@ -114,6 +127,8 @@ class LeaderHost:
         asked for since, holding back what it sent after the first (the
         runtime flushes after each burst of messages: one write per group per
         burst instead of one per revoked stream)."""
+        self._reads: TopicReads | None = None
+        """While `tick` runs: what its Leaders read of the topics (once for all)."""
         self.remote_leaders = False
         """Nodes share a bus (`pgbus`): another node's Leader is reachable, so
         a group led elsewhere answers with that Leader's id."""
@@ -161,6 +176,13 @@ class LeaderHost:
         `riverbed group describe`, if that changed), then the timers of the
         Leaders that have one due."""
         now = self.clock()
+        self._reads = TopicReads(self.storage)
+        try:
+            self._tick_leaders(now)
+        finally:
+            self._reads = None
+
+    def _tick_leaders(self, now: float) -> None:
         for hosted in list(self.leaders.values()):
             periodic = now >= hosted.renew_at
             if periodic:
@@ -212,7 +234,7 @@ class LeaderHost:
                 return  # dropped by an effect before this one
             match effect:
                 case Send(to, message):
-                    if hosted.pending is not None:
+                    if hosted.pending is not None and not isinstance(message, _STATELESS):
                         hosted.deferred.append(effect)
                     else:
                         self.bus.send(to, message)
@@ -230,9 +252,38 @@ class LeaderHost:
                     self._stop(hosted)
 
     def flush(self) -> None:
-        """Make the saves batching held back, then send what waited for them."""
-        for hosted in list(self.leaders.values()):
-            self._flush(hosted)
+        """Make the saves batching held back (one transaction for all the
+        Leaders), then send what waited for them."""
+        waiting = [h for h in self.leaders.values() if h.pending is not None]
+        if len(waiting) == 1:
+            self._flush(waiting[0])
+            return
+        if not waiting:
+            return
+        saves: list[Save] = []
+        holdings: list[dict[str, list[StreamId]]] = []
+        for hosted in waiting:
+            assert hosted.pending is not None
+            holdings.append(hosted.leader.holdings())
+            saves.append(
+                Save(hosted.claim, hosted.pending.progress, hosted.pending.consumed, holdings[-1])
+            )
+            hosted.pending = None
+        try:
+            results: list[Claim | RiverbedError] = list(
+                self.store.save_many(saves, now_us=self.wall_us())
+            )
+        except RiverbedError as exc:  # the transaction failed: none of them is saved
+            results = [exc] * len(waiting)
+        for hosted, held, result in zip(waiting, holdings, results, strict=True):
+            deferred, hosted.deferred = hosted.deferred, []
+            if isinstance(result, RiverbedError):
+                self._drop(hosted, f"saving progress failed: {result}")
+                continue  # nothing that waited for the save goes out
+            hosted.claim = result
+            hosted.saved_holdings = held
+            for send in deferred:
+                self.bus.send(send.to, send.message)
 
     def _flush(self, hosted: _Hosted) -> bool:
         save = hosted.pending
@@ -271,10 +322,11 @@ class LeaderHost:
         return True
 
     def _renewed(self, claim: Claim) -> StreamsRenewed:
+        reads = TopicReads(self.storage) if self._reads is None else self._reads
         return StreamsRenewed(
             [
-                TopicStreams(self.storage.list_storage_topics(t.name), t.heads, t.initial)
-                for t in reached_topics(self.storage, claim.record)
+                TopicStreams(reads.storage_topics(t.name), t.heads, t.initial)
+                for t in reached_topics(self.storage, claim.record, reads)
             ]
         )
 

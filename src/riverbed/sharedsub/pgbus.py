@@ -14,6 +14,16 @@ What the protocol asks of a bus holds: a message may be lost (a node gone, its
 LISTEN connection down: the protocol's resends and timeouts recover), and
 messages from one sender to one address arrive in order (one sending connection
 per node; NOTIFYs are delivered in commit order).
+
+The event loop never waits for any of it: `post_announce`, `post_forget` and
+`post_send` queue the work for one sending thread, which does it in order and
+writes the directory changes that queued up together in one transaction (1,000
+Borrowers announced at a mass reconnect: one commit, not 1,000; they were a
+queue of single writes that kept a stopping broker waiting for minutes).
+A message posted after an address's announce goes out after the announce
+committed, so the address is found by the time an answer comes back.
+`close` drops what is still queued, deletes this node's addresses in one
+statement and gives up on all of it after its timeout.
 """
 
 from __future__ import annotations
@@ -21,20 +31,27 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import queue
 import threading
 from collections.abc import Callable
 
 import psycopg
 
-from riverbed.errors import NotFound, PreconditionFailed
+from riverbed.errors import NotFound, PreconditionFailed, RiverbedError
 from riverbed.sharedsub.protocol import Address, Message, decode, encode
 from riverbed.storage.base import Storage
+from riverbed.storage.transactions import transaction
 
 log = logging.getLogger(__name__)
 
 NAMESPACE = "sharedsub.addresses"
 MAX_PAYLOAD = 7999
 """Bytes a NOTIFY payload may have (PostgreSQL: less than 8000)."""
+RETRY_DIRECTORY = 1.0
+"""Seconds before a directory write that failed is tried again."""
+
+_Work = tuple[str, Address, Message | None]
+"""What the sending thread does: ("announce" | "forget" | "send", address, message)."""
 
 
 def channel(node: str) -> str:
@@ -68,6 +85,11 @@ class PostgresBus:
         self._thread: threading.Thread | None = None
         self.dropped = 0
         """Messages not sent: unknown address, or too large."""
+        self._work: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()
+        self._sending = threading.Thread(
+            target=self._send_all, name="riverbed-shared-sends", daemon=True
+        )
+        self._sending.start()
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -80,10 +102,18 @@ class PostgresBus:
         if not self._listening.wait(timeout):
             raise TimeoutError(f"node {self.node}: could not LISTEN within {timeout} s")
 
-    def close(self) -> None:
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop listening and sending; what is still queued is dropped and this
+        node's addresses are deleted. Returns within about `timeout` seconds
+        whatever the database does (the threads are daemons)."""
         self._stopping.set()
+        self._work.put(None)
+        self._sending.join(timeout)
         if self._thread is not None:
-            self._thread.join(5.0)
+            self._thread.join(min(timeout, 1.0))
+        if self._sending.is_alive():
+            log.warning("node %s: the shared-subscription bus did not stop in time", self.node)
+            return  # the sender is stuck in the database: leave its connection to it
         with self._send_lock:
             if self._sender is not None:
                 self._sender.close()
@@ -101,6 +131,18 @@ class PostgresBus:
         if entry is not None and entry.value.decode() == self.node:
             with contextlib.suppress(PreconditionFailed, NotFound):
                 self.storage.kv_delete_if_version(NAMESPACE, address, entry.version)
+
+    def post_announce(self, address: Address) -> None:
+        """`announce`, by the sending thread (what is posted after it waits for it)."""
+        self._work.put(("announce", address, None))
+
+    def post_forget(self, address: Address) -> None:
+        """`forget`, by the sending thread."""
+        self._work.put(("forget", address, None))
+
+    def post_send(self, to: Address, message: Message) -> None:
+        """`send`, by the sending thread, after everything posted before it."""
+        self._work.put(("send", to, message))
 
     def node_of(self, address: Address) -> str | None:
         node = self._nodes.get(address)
@@ -132,6 +174,69 @@ class PostgresBus:
             with self._send_lock:
                 if self._sender is not None and self._sender.broken:
                     self._sender = None
+
+    # ----------------------------------------------------------------- the sending thread
+
+    def _send_all(self) -> None:
+        directory: list[tuple[str, Address]] = []
+        while True:
+            item = self._work.get()
+            batch = [item]
+            with contextlib.suppress(queue.Empty):
+                while item is not None:
+                    item = self._work.get_nowait()
+                    batch.append(item)
+            for work in batch:
+                if work is None or self._stopping.is_set():
+                    self._forget_node()
+                    return
+                kind, address, message = work
+                if kind != "send":
+                    directory.append((kind, address))
+                    continue
+                self._write_directory(directory)  # the announces before it first
+                directory = []
+                assert message is not None
+                self.send(address, message)
+            self._write_directory(directory)
+            directory = []
+
+    def _write_directory(self, changes: list[tuple[str, Address]]) -> None:
+        """Announces and forgets in one transaction, tried again until written
+        (a Borrower nobody can find would wait for its Leader forever)."""
+        node = self.node.encode()
+        while changes and not self._stopping.is_set():
+            try:
+                with transaction(self.storage) as tx:
+                    for kind, address in changes:
+                        if kind == "announce":
+                            tx.execute(
+                                "INSERT INTO kv (namespace, key, value, version)"
+                                " VALUES (?, ?, ?, 1) ON CONFLICT (namespace, key)"
+                                " DO UPDATE SET value = excluded.value, version = kv.version + 1",
+                                (NAMESPACE, address, node),
+                            )
+                        else:
+                            tx.execute(
+                                "DELETE FROM kv WHERE namespace = ? AND key = ? AND value = ?",
+                                (NAMESPACE, address, node),
+                            )
+                return
+            except RiverbedError:
+                log.warning(
+                    "node %s: writing %d shared-subscription addresses failed; trying again",
+                    self.node,
+                    len(changes),
+                    exc_info=True,
+                )
+                self._stopping.wait(RETRY_DIRECTORY)
+
+    def _forget_node(self) -> None:
+        """At close: every address of this node leaves the directory at once."""
+        with contextlib.suppress(RiverbedError), transaction(self.storage) as tx:
+            tx.execute(
+                "DELETE FROM kv WHERE namespace = ? AND value = ?", (NAMESPACE, self.node.encode())
+            )
 
     # ----------------------------------------------------------------- receiving
 

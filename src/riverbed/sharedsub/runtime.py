@@ -24,7 +24,6 @@ sessions tick their own Handlers.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 from collections.abc import Callable
@@ -97,7 +96,7 @@ class _LeaderSide:
         elif runtime.remote is not None and not runtime.bus.has(to):
             # Another node's Borrower (or one gone): a server round trip, made
             # by the sending thread, in order, not by the leader thread.
-            runtime._remote_sends.submit(runtime.remote.send, to, message)
+            runtime.remote.post_send(to, message)
         else:
             runtime._to_loop(to, message)
 
@@ -137,7 +136,6 @@ class SharedRuntime:
         self._closed = False
         self.remote: PostgresBus | None = None
         """The bus to other nodes (`remote_url`: their shared PostgreSQL)."""
-        self._remote_sends = ThreadPoolExecutor(1, thread_name_prefix="riverbed-shared-sends")
         if remote_url is not None:
             self.remote = PostgresBus(remote_url, storage, node, self._from_remote)
             self.host.remote_leaders = True
@@ -153,12 +151,12 @@ class SharedRuntime:
         """A Borrower of a session on this node (call on the loop)."""
         self.bus.register(address, deliver)
         if self.remote is not None:
-            self._remote_sends.submit(self.remote.announce, address)
+            self.remote.post_announce(address)
 
     def unregister(self, address: Address) -> None:
         self.bus.unregister(address)
         if self.remote is not None:
-            self._remote_sends.submit(self.remote.forget, address)
+            self.remote.post_forget(address)
 
     def send(self, to: Address, message: Message) -> None:
         """Send from the loop (a Handler's `Send` effect)."""
@@ -166,7 +164,7 @@ class SharedRuntime:
             self._on_leader(self._side.bus.send, to, message)
         elif self.remote is not None and not self.bus.has(to):
             # Another node's Leader: in order, off the loop (one sending thread).
-            self._remote_sends.submit(self.remote.send, to, message)
+            self.remote.post_send(to, message)
         else:
             self.bus.send(to, message)
             self._drain_soon()
@@ -244,15 +242,23 @@ class SharedRuntime:
         self._planned = None
         self.host.tick()
 
-    async def close(self) -> None:
-        """Save and release every claim this node holds; stop the leader thread."""
+    async def close(self, timeout: float = 10.0) -> None:
+        """Save and release every claim this node holds; stop the leader thread
+        and the bus. Gives up after about `timeout` seconds (a database that does
+        not answer): the claims then expire as after a crash, and the next
+        Leader resumes from the last progress saved."""
         if self._tick is not None:
             self._tick.cancel()
         done = self.loop.run_in_executor(self._executor, self.host.close)
         self._closed = True
-        with contextlib.suppress(Exception):
-            await done
-        self._executor.shutdown(wait=True)
-        self._remote_sends.shutdown(wait=True)
+        try:
+            await asyncio.wait_for(asyncio.shield(done), timeout)
+        except TimeoutError:
+            log.warning(
+                "shared subscriptions: saving the Leaders' progress took over %g s", timeout
+            )
+        except Exception:
+            log.exception("shared subscriptions: saving the Leaders' progress failed")
+        self._executor.shutdown(wait=False, cancel_futures=True)
         if self.remote is not None:
-            await asyncio.to_thread(self.remote.close)
+            await asyncio.to_thread(self.remote.close, timeout / 2)
