@@ -427,6 +427,14 @@ def _seconds(high: int, never: bool = False) -> Callable[[str, object], int]:
     return convert
 
 
+def _retention_interval(key: str, value: object) -> int:
+    # `_seconds` takes the integer -1 as is: refused here.
+    seconds: int = _seconds(7 * DAY)(key, value)
+    if seconds < 0:
+        raise _fail(key, value, f"must be whole seconds from 0 to {7 * DAY} (0: no retention)")
+    return seconds
+
+
 def _positive_seconds(key: str, value: object) -> float:
     rule = "must be a positive number of seconds (e.g. 0.5 or 4)"
     number: object = value
@@ -559,7 +567,7 @@ KEYS: dict[str, Key] = {
         for f in fields(SharedSubConfig)
     },
     "retention.interval": Key(
-        _seconds(7 * DAY), "seconds between the broker's retention passes (0: none)"
+        _retention_interval, "seconds between the broker's retention passes (0: none)"
     ),
     "retention.pin_warning_hours": Key(
         _integer(1, None, " hours"), "warn when a subscription holds messages this long"
