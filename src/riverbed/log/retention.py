@@ -12,8 +12,9 @@ backlog quota): `max_age_us` (older messages go) and `max_messages` (a stream
 keeps at most that many). `apply_retention` reports who pins what (`Pin`).
 
 Deletion goes in batches of at most `batch` messages, each its own short
-transaction: the group commit (`appender.py`) waits for one batch at most, never
-for a whole backlog (docs/benchmarks.md has the commit latency it costs).
+transaction, with a rest as long as the batch took between two: the group
+commit (`appender.py`) waits for one batch at most, never for a whole backlog
+(docs/benchmarks.md has the commit latency it costs).
 
 `Retainer` runs it on a schedule in its own thread (`riverbed serve`, the
 `[retention]` section of the broker's configuration), keeps what it found for
@@ -191,14 +192,23 @@ def _delete_prefix(
     deleted = 0
     at = head.start_offset
     while at < bound:
-        if stop is not None and stop.is_set():
-            break
+        began = time.monotonic()
         upto = min(bound, at + batch)
         count = storage.delete_before(head.key, upto, keep_uncommitted=keep_uncommitted)
         if count == 0 and keep_uncommitted:
             break  # a subscription (created meanwhile) holds the rest
         deleted += count
         at = upto
+        if at < bound:
+            # Rest as long as the batch took. A writer waiting for SQLite's lock
+            # sleeps in its busy handler and looks again only after 1 to 100 ms:
+            # a deletion that takes the lock back at once starves it for as long
+            # as the deletion lasts (docs/benchmarks.md: retention).
+            pause = time.monotonic() - began
+            if stop is not None and stop.wait(pause):
+                break
+            if stop is None:
+                time.sleep(pause)
     return deleted
 
 
