@@ -11,6 +11,7 @@ ends, and it recovers by itself once the store takes writes again.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from harness.broker import BrokerProcess, Client
 from harness.postgres import PostgresServer, PostgresUnavailable
 from harness.raw_mqtt import RawClient
 from harness.waiting import eventually
+from riverbed.log.log import BINDINGS_TTL
 from riverbed.mqtt.codec import (
     MQTT_3_1_1,
     Connack,
@@ -260,6 +262,10 @@ def test_postgres_down_refuses_with_0x97_recovers_and_stops(
             pub.send(Publish("full/t", payload(0), qos=1, packet_id=1))
             assert pub.expect(Puback).reason_code == PubackReason.SUCCESS
             own_postgres.halt()
+            # The condition is time itself: the broker's cached view of the
+            # bindings has expired, so the PUBLISH meets the database on its way
+            # in too (it used to close the connection there, 0x80).
+            time.sleep(2 * BINDINGS_TTL)
             try:
                 pub.send(Publish("full/t", payload(1), qos=1, packet_id=2))
                 assert pub.expect(Puback).reason_code == PubackReason.QUOTA_EXCEEDED

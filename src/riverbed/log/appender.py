@@ -522,14 +522,15 @@ class Appender:
 
     def _commit_or_fail(self, taken: list[_Pending]) -> None:
         try:
-            self._commit(taken)
+            committed = self._commit(taken)
         except BaseException as exc:  # every producer must hear of it
             self.refusals.failed(exc, sum(len(item.rows) for item in taken))
             for item in taken:
                 if not item.future.done():
                     item.future.set_exception(exc)
         else:
-            self.refusals.succeeded()
+            if committed:
+                self.refusals.succeeded()
 
     def _layout(self, topic: str) -> _Layout:
         layout = self._layouts.get(topic)
@@ -550,7 +551,8 @@ class Appender:
             self._layouts[topic] = layout
         return layout
 
-    def _commit(self, taken: list[_Pending]) -> None:
+    def _commit(self, taken: list[_Pending]) -> bool:
+        """Commit what `taken` holds; False if nothing was left to commit."""
         # A caller may cancel a submitted future (asyncio does when the awaiting task
         # is cancelled). Drop those now and make the rest uncancellable, so that
         # setting a result after the commit cannot fail and leave the others of the
@@ -564,13 +566,15 @@ class Appender:
                     continue  # failed in an earlier attempt (its topic is gone)
                 try:
                     layout = self._layout(item.topic)
+                except StorageError:
+                    raise  # not this producer's fault: the whole batch fails
                 except RiverbedError as exc:  # the topic is gone: fail this producer only
                     item.future.set_exception(exc)
                     continue
                 targets, indexes = _route_into(item, layout, batches)
                 live.append((item, layout, targets, indexes))
             if not live:
-                return
+                return False
             try:
                 firsts = self.storage.append(batches)
             except StreamSealed:
@@ -578,7 +582,7 @@ class Appender:
                 continue
             for item, layout, targets, indexes in live:
                 item.future.set_result(Positions(layout, firsts, targets, indexes))
-            return
+            return True
         raise StorageError(
             f"could not route to an open stream after {_MAX_ROUTE_ATTEMPTS} attempts"
         )

@@ -249,29 +249,22 @@ class SqlStorage(ConnectedStorage):
     def update_topic(
         self, name: str, retention_us: int | None, retention_policy: RetentionPolicy
     ) -> TopicRecord:
-        with self._write() as cur:
-            self._lock_meta(cur)
-            self._get_topic(cur, name)
-            self._x(
-                cur,
-                "UPDATE topics SET retention_us = ?, retention_policy = ? WHERE name = ?",
-                (retention_us, retention_policy.value, name),
-            )
-            self._bump_meta(cur)
-            return self._get_topic(cur, name)
+        return self._set_topic(
+            name, "retention_us = ?, retention_policy = ?", (retention_us, retention_policy.value)
+        )
 
     @operation
     def set_topic_limits(
         self, name: str, max_age_us: int | None, max_messages: int | None
     ) -> TopicRecord:
+        return self._set_topic(name, "max_age_us = ?, max_messages = ?", (max_age_us, max_messages))
+
+    def _set_topic(self, name: str, assignments: str, values: Sequence[Any]) -> TopicRecord:
+        """Change columns of a topic's row (`assignments`: `col = ?, ...`)."""
         with self._write() as cur:
             self._lock_meta(cur)
             self._get_topic(cur, name)
-            self._x(
-                cur,
-                "UPDATE topics SET max_age_us = ?, max_messages = ? WHERE name = ?",
-                (max_age_us, max_messages, name),
-            )
+            self._x(cur, f"UPDATE topics SET {assignments} WHERE name = ?", (*values, name))
             self._bump_meta(cur)
             return self._get_topic(cur, name)
 
