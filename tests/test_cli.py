@@ -206,6 +206,8 @@ def test_topic_create_list_describe(db: str) -> None:
         "generations": 1,
         "retention": "12h",
         "retention_policy": "expired",
+        "max_age": None,
+        "max_messages": None,
         "messages": 0,
         "subscriptions": 0,
     }

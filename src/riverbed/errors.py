@@ -89,3 +89,10 @@ class StorageError(RiverbedError):
 
 class StorageUnavailable(StorageError):
     """The database could not be opened or reached."""
+
+
+class StorageFull(StorageError):
+    """The database refused a write because it is full (the disk, or a size cap
+    such as SQLite's `max_size`) or accepts no writes (a read-only PostgreSQL);
+    nothing of that write was stored. The same write may succeed once space
+    returns: the connection and the caller's thread carry on."""

@@ -5,7 +5,8 @@ the server on a free loopback port (TCP on 127.0.0.1 only, its unix socket in
 that directory), creates the database `riverbed` and exposes its URL;
 `new_database(name)` makes another empty database, so each test can have a clean
 one in a few milliseconds. `stop()` shuts the server down and deletes the
-directory.
+directory; `halt()` and `resume()` stop it and start it again on the same port
+and data (a server restart, or an outage, as clients see it).
 
 Debian keeps the server binaries under `/usr/lib/postgresql/<version>/bin`
 (DESIGN.md, "Facts about this machine"); set `RIVERBED_PG_BIN` to use others.
@@ -247,6 +248,28 @@ class PostgresServer:
                 self._kill_postmaster(data)
         shutil.rmtree(directory, ignore_errors=True)
         self.url = ""
+
+    def halt(self) -> None:
+        """Stop the server (fast shutdown: clients are disconnected), keeping its
+        data and port for `resume`."""
+        assert self._dir is not None and self._bindir is not None, "not started"
+        with self._lock:
+            admin, self._admin = self._admin, None
+        if admin is not None:
+            with contextlib.suppress(psycopg.Error):
+                admin.close()
+        pg_ctl = str(self._bindir / "pg_ctl")
+        self._run([pg_ctl, "stop", "--pgdata", str(self._data), "--mode", "fast", "--wait"], 60)
+
+    def resume(self) -> None:
+        """Start a server that `halt` stopped, on the same port and data."""
+        assert self._dir is not None and self._bindir is not None, "not started"
+        pg_ctl = str(self._bindir / "pg_ctl")
+        start = [pg_ctl, "start", "--pgdata", str(self._data), "--log", str(self._log)]
+        self._run([*start, "--wait", "--timeout", "60"], timeout=90)
+        admin = psycopg.connect(self._url("postgres"), autocommit=True)
+        with self._lock:
+            self._admin = admin
 
     def __enter__(self) -> PostgresServer:
         self.start()

@@ -21,11 +21,13 @@ P = TypeVar("P")
 
 
 class RawClient:
-    """One MQTT 5 connection; `expect` returns the next packet, of a given type."""
+    """One MQTT 5 connection (`level=MQTT_3_1_1`: 3.1.1); `expect` returns the
+    next packet, of a given type."""
 
-    def __init__(self, port: int, timeout: float = 10.0) -> None:
+    def __init__(self, port: int, timeout: float = 10.0, level: int = MQTT_5) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-        self.decoder = Decoder(MQTT_5)
+        self.level = level
+        self.decoder = Decoder(level)
         self.pending: list[Packet] = []
 
     def connect(
@@ -38,7 +40,7 @@ class RawClient:
         return self.expect(Connack)
 
     def send(self, packet: Packet) -> None:
-        self.sock.sendall(encode(packet, MQTT_5))
+        self.sock.sendall(encode(packet, self.level))
 
     def next(self) -> Packet:
         while not self.pending:

@@ -8,10 +8,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import click
+from click.core import ParameterSource
 from rich.table import Table
 
 from riverbed.cli._app import (
     RETENTION,
+    _Parsed,
     cli,
     db_option,
     json_option,
@@ -20,6 +22,7 @@ from riverbed.cli._app import (
     open_log,
     print_json,
 )
+from riverbed.errors import InvalidInput
 from riverbed.log.log import Log
 from riverbed.log.topics import DEFAULT_RETENTION_US
 from riverbed.model import format_duration
@@ -32,6 +35,23 @@ from riverbed.subscriptions.cursors import Subscriptions
 @cli.group()
 def topic() -> None:
     """Create, inspect, scale and delete topics."""
+
+
+def _max_messages(text: str) -> int | None:
+    if text.lower() == "none":
+        return None
+    if not (text.isascii() and text.isdigit()):
+        raise InvalidInput(f"maximum of messages {text!r} is not a whole number (or none)")
+    return int(text)
+
+
+MAX_MESSAGES = _Parsed("N|none", _max_messages)
+
+_MAX_AGE_HELP = (
+    "Delete messages older than this even if a subscription has not consumed them"
+    " (e.g. 30d); `none`: no limit."
+)
+_MAX_MESSAGES_HELP = "Keep at most N messages per stream, consumed or not; `none`: no limit."
 
 
 @topic.command("create")
@@ -52,14 +72,63 @@ def topic() -> None:
     show_default=True,
     help="What retention may delete.",
 )
+@click.option("--max-age", type=RETENTION, default=None, help=_MAX_AGE_HELP)
+@click.option("--max-messages", type=MAX_MESSAGES, default=None, help=_MAX_MESSAGES_HELP)
 @db_option
 def topic_create(
-    name: str, partitions: int, binding: str | None, retention: int | None, retention_policy: str
+    name: str,
+    partitions: int,
+    binding: str | None,
+    retention: int | None,
+    retention_policy: str,
+    max_age: int | None,
+    max_messages: int | None,
 ) -> None:
     """Create topic NAME with one storage topic of --partitions streams."""
     with open_log() as log:
-        log.topics.create(name, partitions, binding, retention, RetentionPolicy(retention_policy))
+        log.topics.create(
+            name,
+            partitions,
+            binding,
+            retention,
+            RetentionPolicy(retention_policy),
+            max_age_us=max_age,
+            max_messages=max_messages,
+        )
     click.echo(f"created topic {name!r} with {partitions} partitions")
+
+
+@topic.command("set-limits")
+@click.argument("name")
+@click.option("--max-age", type=RETENTION, help=_MAX_AGE_HELP)
+@click.option("--max-messages", type=MAX_MESSAGES, help=_MAX_MESSAGES_HELP)
+@db_option
+def topic_set_limits(name: str, max_age: int | None, max_messages: int | None) -> None:
+    """Set the limits retention applies to topic NAME whoever has not consumed.
+
+    Unlike --retention-policy, these delete messages a subscription or an offline
+    session has not read yet: they bound the log a subscription nobody reads can
+    keep. An option left out keeps its value; `none` removes the limit.
+    """
+    ctx = click.get_current_context()
+
+    def given(option: str) -> bool:
+        return ctx.get_parameter_source(option) is not ParameterSource.DEFAULT
+
+    with open_log() as log:
+        record = log.topics.get(name)
+        updated = log.topics.set_limits(
+            name,
+            max_age if given("max_age") else record.max_age_us,
+            max_messages if given("max_messages") else record.max_messages,
+        )
+    click.echo(f"topic {name!r}: {_limits_text(updated.max_age_us, updated.max_messages)}")
+
+
+def _limits_text(max_age_us: int | None, max_messages: int | None) -> str:
+    age = "none" if max_age_us is None else format_duration(max_age_us)
+    count = "none" if max_messages is None else f"{max_messages} per stream"
+    return f"max age {age}, max messages {count}"
 
 
 def topic_rows(log: Log) -> list[dict[str, Any]]:
@@ -82,6 +151,10 @@ def topic_rows(log: Log) -> list[dict[str, Any]]:
                 if record.retention_us is None
                 else format_duration(record.retention_us),
                 "retention_policy": record.retention_policy.value,
+                "max_age": None
+                if record.max_age_us is None
+                else format_duration(record.max_age_us),
+                "max_messages": record.max_messages,
                 "messages": messages[record.name],
                 "subscriptions": subscriptions[record.name],
             }
@@ -137,7 +210,9 @@ def topic_describe(name: str, as_json: bool) -> None:
     console = make_console()
     console.print(
         f"topic {name}: binding {record.binding or '-'}, retention {info['retention'] or 'none'}"
-        f" ({record.retention_policy.value}), produces to generation {produce}",
+        f" ({record.retention_policy.value}),"
+        f" {_limits_text(record.max_age_us, record.max_messages)},"
+        f" produces to generation {produce}",
         markup=False,
     )
     console.print(f"subscriptions: {', '.join(subscriptions) or '-'}", markup=False)

@@ -14,11 +14,19 @@ If SwitchProduce sealed a stream since we last looked, or the topic was deleted
 (nothing is written); we reload the topic's layout and route again, so no
 message ever lands in a sealed stream. That is the only way a cached layout goes
 stale, so the hot path asks the database nothing else.
+
+A store that refuses writes (`StorageFull`: a full disk, a size cap, a read-only
+PostgreSQL; `StorageUnavailable`: the server cannot be reached) fails the
+producers of that transaction, nothing written, and nothing else: the writer
+thread and its connection carry on, so the next commit after space returns
+succeeds by itself. Such an episode is logged once when it starts and once when
+it ends (`WriteRefusals`), not per message.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from collections import deque
@@ -27,14 +35,70 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, overload
 
-from riverbed.errors import InvalidInput, RiverbedError, StorageError
+from riverbed.errors import (
+    InvalidInput,
+    RiverbedError,
+    StorageError,
+    StorageFull,
+    StorageUnavailable,
+)
 from riverbed.log.router import key_hash, route
 from riverbed.model import Message, MessageIdGenerator, StreamId, encode_properties
 from riverbed.storage import bulk
 from riverbed.storage.base import Row, Storage, StreamSealed
 
+log = logging.getLogger(__name__)
+
 Position = tuple[StreamId, int]
 """Where a message landed: its stream and offset."""
+
+
+def store_refused(exc: BaseException | None) -> bool:
+    """Whether a failed write failed because the store refuses writes for now
+    (full, read-only or unreachable), not because of what was written: the
+    producer may try again later (MQTT 5: PUBACK 0x97 Quota exceeded)."""
+    return isinstance(exc, StorageFull | StorageUnavailable)
+
+
+class WriteRefusals:
+    """Episodes of a store refusing writes: one log line when the first write is
+    refused, one when a write succeeds again, whatever happens in between.
+    Thread-safe (the writer thread and inline commits report here)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.refusing: BaseException | None = None
+        """The error that started the current episode (None: writes succeed)."""
+        self.refused = 0
+        """Messages refused in the current episode."""
+        self.episodes = 0
+        """Episodes since this appender started."""
+
+    def failed(self, exc: BaseException, messages: int) -> None:
+        if not store_refused(exc):
+            return
+        with self._lock:
+            started = self.refusing is None
+            if started:
+                self.refusing = exc
+                self.refused = 0
+                self.episodes += 1
+            self.refused += messages
+        if started:
+            log.error(
+                "the store refuses writes: %s; publishing is refused until it takes writes"
+                " again (it is retried with every new message)",
+                exc,
+            )
+
+    def succeeded(self) -> None:
+        if self.refusing is None:  # the common case: no lock
+            return
+        with self._lock:
+            ended, self.refusing = self.refusing, None
+            refused = self.refused
+        if ended is not None:
+            log.warning("the store takes writes again; %d messages were refused meanwhile", refused)
 
 
 class Positions(Sequence[Position]):
@@ -165,6 +229,8 @@ class Appender:
         self._committing = False
         self._layouts: dict[str, _Layout] = {}
         self._spread = itertools.count()
+        self.refusals = WriteRefusals()
+        """Whether the store refuses writes now (`WriteRefusals`)."""
 
     # --- producer side ------------------------------------------------------
     def submit(self, topic: str, messages: Sequence[Message]) -> Future[Positions]:
@@ -228,8 +294,12 @@ class Appender:
                 except StreamSealed:
                     self._layouts.clear()  # SwitchProduce happened: route again
                     continue
+                except RiverbedError as exc:
+                    self.refusals.failed(exc, len(pending.rows))
+                    raise
                 if firsts is None:
                     return None
+                self.refusals.succeeded()
                 return Positions(layout, firsts, targets, indexes)
             raise StorageError(
                 f"could not route to an open stream after {_MAX_ROUTE_ATTEMPTS} attempts"
@@ -294,9 +364,15 @@ class Appender:
                     same = batches[stream] = []
                 same.append(row)
             try:
-                return self.storage.append_once(marker, batches)
+                firsts = self.storage.append_once(marker, batches)
             except StreamSealed:
                 self._layouts.pop(topic, None)  # SwitchProduce happened: route again
+                continue
+            except RiverbedError as exc:
+                self.refusals.failed(exc, len(rows))
+                raise
+            self.refusals.succeeded()
+            return firsts
         raise StorageError(
             f"could not route to an open stream after {_MAX_ROUTE_ATTEMPTS} attempts"
         )
@@ -446,11 +522,15 @@ class Appender:
 
     def _commit_or_fail(self, taken: list[_Pending]) -> None:
         try:
-            self._commit(taken)
+            committed = self._commit(taken)
         except BaseException as exc:  # every producer must hear of it
+            self.refusals.failed(exc, sum(len(item.rows) for item in taken))
             for item in taken:
                 if not item.future.done():
                     item.future.set_exception(exc)
+        else:
+            if committed:
+                self.refusals.succeeded()
 
     def _layout(self, topic: str) -> _Layout:
         layout = self._layouts.get(topic)
@@ -471,7 +551,8 @@ class Appender:
             self._layouts[topic] = layout
         return layout
 
-    def _commit(self, taken: list[_Pending]) -> None:
+    def _commit(self, taken: list[_Pending]) -> bool:
+        """Commit what `taken` holds; False if nothing was left to commit."""
         # A caller may cancel a submitted future (asyncio does when the awaiting task
         # is cancelled). Drop those now and make the rest uncancellable, so that
         # setting a result after the commit cannot fail and leave the others of the
@@ -485,13 +566,15 @@ class Appender:
                     continue  # failed in an earlier attempt (its topic is gone)
                 try:
                     layout = self._layout(item.topic)
+                except StorageError:
+                    raise  # not this producer's fault: the whole batch fails
                 except RiverbedError as exc:  # the topic is gone: fail this producer only
                     item.future.set_exception(exc)
                     continue
                 targets, indexes = _route_into(item, layout, batches)
                 live.append((item, layout, targets, indexes))
             if not live:
-                return
+                return False
             try:
                 firsts = self.storage.append(batches)
             except StreamSealed:
@@ -499,7 +582,7 @@ class Appender:
                 continue
             for item, layout, targets, indexes in live:
                 item.future.set_result(Positions(layout, firsts, targets, indexes))
-            return
+            return True
         raise StorageError(
             f"could not route to an open stream after {_MAX_ROUTE_ATTEMPTS} attempts"
         )

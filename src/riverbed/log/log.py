@@ -6,7 +6,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 
-from riverbed.errors import InvalidInput
+from riverbed.errors import InvalidInput, StorageError
 from riverbed.log.appender import Appender, Positions
 from riverbed.log.topics import BUILTIN_TOPIC, Topics, resolve_binding
 from riverbed.model import Message, MessageIdGenerator
@@ -137,7 +137,12 @@ class Log:
         if now - self._bindings_checked < BINDINGS_TTL:
             return
         self._bindings_checked = now
-        version = self.storage.meta_version()
+        try:
+            version = self.storage.meta_version()
+        except StorageError:
+            # Unreachable: route by what we know. A PUBLISH must be refused by its
+            # commit (MQTT 5: 0x97), not fail here before it is even taken.
+            return
         if version != self._bindings_version:
             self._bindings = self.storage.list_topics()
             self._bindings_version = version

@@ -3,17 +3,45 @@
 Per topic, a retention time and a policy (`RetentionPolicy`) say what may go:
 by default only what every subscription has committed *and* is older than the
 retention time, so nothing a subscription has not consumed is ever deleted. A
-stream with no subscription on its topic counts as consumed.
+stream with no subscription on its topic counts as consumed. Session cursors
+are subscriptions (`sessions/store.py`), so an unexpired session's messages stay.
+
+So a subscription nobody reads pins its topic's log. Two per-topic limits apply
+regardless of subscriptions, to bound that (like Pulsar's message TTL and
+backlog quota): `max_age_us` (older messages go) and `max_messages` (a stream
+keeps at most that many). `apply_retention` reports who pins what (`Pin`).
+
+Deletion goes in batches of at most `batch` messages, each its own short
+transaction, with a rest as long as the batch took between two: the group
+commit (`appender.py`) waits for one batch at most, never for a whole backlog
+(docs/benchmarks.md has the commit latency it costs).
+
+`Retainer` runs it on a schedule in its own thread (`riverbed serve`, the
+`[retention]` section of the broker's configuration), keeps what it found for
+an operator (`pinned_hours`, `pins`, `deleted`) and logs a warning once when a
+subscription starts pinning messages more than `pin_warning_hours` past
+retention, and once when it stops.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import assert_never
 
+from riverbed.errors import RiverbedError
 from riverbed.model import StreamId
-from riverbed.storage.base import RetentionPolicy, Storage, TopicRecord
+from riverbed.storage.base import RetentionPolicy, Storage, StreamHead, TopicRecord
+
+log = logging.getLogger(__name__)
+
+DELETE_BATCH = 10_000
+"""Messages deleted per transaction (docs/benchmarks.md: retention)."""
+
+HOUR_US = 3_600_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,27 +54,82 @@ class RetentionResult:
     """The stream's first retained offset afterwards."""
 
 
+@dataclass(frozen=True, slots=True)
+class Pin:
+    """Messages retention keeps only because subscriptions have not consumed
+    them (their topic's retention time has passed for them)."""
+
+    stream: StreamId
+    subscriptions: tuple[str, ...]
+    """Who holds them: committed below the retention bound."""
+    age_us: int
+    """The age of the oldest message held."""
+
+
+@dataclass(slots=True)
+class RetentionRun:
+    """What one pass of retention did and found."""
+
+    results: list[RetentionResult] = field(default_factory=list)
+    pins: list[Pin] = field(default_factory=list)
+    complete: bool = True
+    """False if it was stopped before it went through every topic."""
+
+
 def run_retention(
-    storage: Storage, topic: str | None = None, now_us: int | None = None
+    storage: Storage,
+    topic: str | None = None,
+    now_us: int | None = None,
+    *,
+    batch: int = DELETE_BATCH,
 ) -> list[RetentionResult]:
     """Apply every topic's retention (or one topic's); report streams that lost messages."""
+    return apply_retention(storage, topic, now_us, batch=batch).results
+
+
+def apply_retention(
+    storage: Storage,
+    topic: str | None = None,
+    now_us: int | None = None,
+    *,
+    batch: int = DELETE_BATCH,
+    stop: threading.Event | None = None,
+    pins: bool = False,
+) -> RetentionRun:
+    """`run_retention`, deleting at most `batch` messages per transaction, and
+    stopping between two transactions once `stop` is set. With `pins`, also
+    report the streams whose subscriptions hold messages past retention."""
+    if batch < 1:
+        raise ValueError(f"batch {batch} must be at least 1")
     now_us = time.time_ns() // 1000 if now_us is None else now_us
     topics = [storage.get_topic(topic)] if topic is not None else storage.list_topics()
-    results: list[RetentionResult] = []
+    run = RetentionRun()
     for record in topics:
-        results.extend(_retain_topic(storage, record, now_us))
-    return results
+        if stop is not None and stop.is_set():
+            run.complete = False
+            break
+        _retain_topic(storage, record, now_us, batch, stop, pins, run)
+    return run
 
 
-def _retain_topic(storage: Storage, record: TopicRecord, now_us: int) -> list[RetentionResult]:
+def _retain_topic(
+    storage: Storage,
+    record: TopicRecord,
+    now_us: int,
+    batch: int,
+    stop: threading.Event | None,
+    want_pins: bool,
+    run: RetentionRun,
+) -> None:
     policy = record.retention_policy
-    has_subscriptions = bool(storage.list_subscriptions(record.name))
-    lowest = storage.min_cursors(record.name) if has_subscriptions else {}
-    results: list[RetentionResult] = []
+    subscriptions = [s.name for s in storage.list_subscriptions(record.name)]
+    lowest = storage.min_cursors(record.name) if subscriptions else {}
+    deleted_from: list[tuple[StreamId, int]] = []
+    cursors: dict[str, dict[int, int]] | None = None
     for head in storage.list_streams(record.name):
         if head.next_offset <= head.start_offset:
             continue
-        if has_subscriptions:
+        if subscriptions:
             committed = lowest.get(head.key, -1)
             consumed = head.start_offset if committed < 0 else committed
         else:
@@ -57,20 +140,193 @@ def _retain_topic(storage: Storage, record: TopicRecord, now_us: int) -> list[Re
             expired = storage.first_offset_at(head.key, now_us - record.retention_us)
         match policy:
             case RetentionPolicy.CONSUMED_AND_EXPIRED:
-                bound = min(consumed, expired)
+                bound, held_below = min(consumed, expired), expired
             case RetentionPolicy.EXPIRED:
-                bound = expired
+                bound, held_below = expired, head.start_offset
             case RetentionPolicy.CONSUMED:
-                bound = consumed
+                bound, held_below = consumed, head.next_offset
             case _:
                 assert_never(policy)
-        if bound > head.start_offset:
-            deleted = storage.delete_before(
-                head.key, bound, keep_uncommitted=policy is not RetentionPolicy.EXPIRED
-            )
-            if deleted:
-                results.append(RetentionResult(head.stream, deleted, bound))
-    if results:  # the storage may have stopped short of `bound` (keep_uncommitted)
+        forced = _forced_bound(storage, record, head, now_us)
+        if forced >= bound:
+            deleted = _delete_prefix(storage, head, forced, False, batch, stop)
+        else:
+            keep = policy is not RetentionPolicy.EXPIRED
+            deleted = _delete_prefix(storage, head, bound, keep, batch, stop)
+        if deleted:
+            deleted_from.append((head.stream, deleted))
+        held_from = max(consumed, forced, head.start_offset)
+        if want_pins and subscriptions and held_from < held_below:
+            if cursors is None:
+                cursors = {name: storage.get_cursors(name) for name in subscriptions}
+            pin = _pin(storage, head, held_from, held_below, cursors, now_us)
+            if pin is not None:
+                run.pins.append(pin)
+        if stop is not None and stop.is_set():
+            run.complete = False
+            break
+    if deleted_from:  # the storage may have stopped short of the bound (keep_uncommitted)
         starts = {h.stream: h.start_offset for h in storage.list_streams(record.name)}
-        results = [RetentionResult(r.stream, r.deleted, starts[r.stream]) for r in results]
-    return results
+        run.results.extend(RetentionResult(s, n, starts[s]) for s, n in deleted_from)
+
+
+def _forced_bound(storage: Storage, record: TopicRecord, head: StreamHead, now_us: int) -> int:
+    """Where the topic's limits cut the stream, consumed or not."""
+    forced = head.start_offset
+    if record.max_age_us is not None:
+        forced = max(forced, storage.first_offset_at(head.key, now_us - record.max_age_us))
+    if record.max_messages is not None:
+        forced = max(forced, head.next_offset - record.max_messages)
+    return forced
+
+
+def _delete_prefix(
+    storage: Storage,
+    head: StreamHead,
+    bound: int,
+    keep_uncommitted: bool,
+    batch: int,
+    stop: threading.Event | None,
+) -> int:
+    """Delete the stream's messages below `bound`, `batch` per transaction."""
+    deleted = 0
+    at = head.start_offset
+    while at < bound:
+        began = time.monotonic()
+        upto = min(bound, at + batch)
+        count = storage.delete_before(head.key, upto, keep_uncommitted=keep_uncommitted)
+        if count == 0 and keep_uncommitted:
+            break  # a subscription (created meanwhile) holds the rest
+        deleted += count
+        at = upto
+        if at < bound:
+            # Rest as long as the batch took. A writer waiting for SQLite's lock
+            # sleeps in its busy handler and looks again only after 1 to 100 ms:
+            # a deletion that takes the lock back at once starves it for as long
+            # as the deletion lasts (docs/benchmarks.md: retention).
+            pause = time.monotonic() - began
+            if stop is not None and stop.wait(pause):
+                break
+            if stop is None:
+                time.sleep(pause)
+    return deleted
+
+
+def _pin(
+    storage: Storage,
+    head: StreamHead,
+    held_from: int,
+    held_below: int,
+    cursors: dict[str, dict[int, int]],
+    now_us: int,
+) -> Pin | None:
+    oldest = storage.read(head.key, held_from, 1)
+    if not oldest or oldest[0].offset >= held_below:
+        return None
+    holders = tuple(
+        name for name, committed in cursors.items() if committed.get(head.key, -1) < held_below
+    )
+    return Pin(head.stream, holders, now_us - oldest[0].timestamp_us)
+
+
+class Retainer:
+    """Applies retention every `interval` seconds in its own thread.
+
+    `pin_warning_hours`: a subscription holding messages this long past their
+    topic's retention is logged (once, until it lets go) and counted in
+    `pinned_hours`. The figures are plain attributes, refreshed each pass.
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        interval: float,
+        *,
+        pin_warning_hours: float = 24,
+        batch: int = DELETE_BATCH,
+        clock: Callable[[], int] = lambda: time.time_ns() // 1000,
+    ) -> None:
+        if interval <= 0:
+            raise ValueError(f"interval {interval} must be positive")
+        self.storage = storage
+        self.interval = interval
+        self.pin_warning_hours = pin_warning_hours
+        self.batch = batch
+        self._clock = clock
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.passes = 0
+        """Passes completed."""
+        self.deleted = 0
+        """Messages deleted since the start."""
+        self.pins: list[Pin] = []
+        """Streams held past retention, as of the last pass."""
+        self.pinned_hours = 0.0
+        """The age, in hours, of the oldest message a subscription holds past its
+        topic's retention, as of the last pass (the gauge to alert on; 0 when
+        nobody holds any)."""
+        self.failing: BaseException | None = None
+        """The error of the last pass, if it failed."""
+        self._warned: set[tuple[str, str]] = set()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="riverbed-retention", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop after the transaction in progress (a batch) and wait up to `timeout`."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.run_once()
+            except RiverbedError as exc:
+                if self.failing is None:
+                    log.error("retention failed: %s; trying again every %gs", exc, self.interval)
+                self.failing = exc
+                continue
+            if self.failing is not None:
+                log.warning("retention works again")
+                self.failing = None
+
+    def run_once(self) -> RetentionRun:
+        """One pass over every topic."""
+        run = apply_retention(
+            self.storage, now_us=self._clock(), batch=self.batch, stop=self._stop, pins=True
+        )
+        deleted = sum(r.deleted for r in run.results)
+        self.deleted += deleted
+        if deleted:
+            log.info("retention deleted %d messages from %d streams", deleted, len(run.results))
+        if run.complete:
+            self.passes += 1
+            self._report_pins(run.pins)
+        return run
+
+    def _report_pins(self, pins: list[Pin]) -> None:
+        self.pins = pins
+        self.pinned_hours = max((p.age_us / HOUR_US for p in pins), default=0.0)
+        limit_us = self.pin_warning_hours * HOUR_US
+        over: dict[tuple[str, str], float] = {}
+        for pin in pins:
+            if pin.age_us > limit_us:
+                for name in pin.subscriptions:
+                    key = (pin.stream.topic, name)
+                    over[key] = max(over.get(key, 0.0), pin.age_us / HOUR_US)
+        for (topic, name), hours in sorted(over.items()):
+            if (topic, name) not in self._warned:
+                log.warning(
+                    "subscription %s holds messages of topic %s %.1f hours old that retention"
+                    " would delete (warning at %g hours): consume or delete it, or set the"
+                    " topic's --max-age / --max-messages",
+                    name,
+                    topic,
+                    hours,
+                    self.pin_warning_hours,
+                )
+        for topic, name in sorted(self._warned - over.keys()):
+            log.info("subscription %s no longer holds topic %s past retention", name, topic)
+        self._warned = set(over)

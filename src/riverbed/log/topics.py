@@ -42,6 +42,19 @@ def validate_topic_name(name: str) -> str:
     return name
 
 
+def validate_limits(max_age_us: int | None, max_messages: int | None) -> None:
+    """A topic's maximum age and messages per stream: positive, or None (no limit)."""
+    if max_age_us is not None and (type(max_age_us) is not int or max_age_us <= 0):
+        raise InvalidInput(
+            f"maximum age {max_age_us!r}us must be a positive duration (or none for no limit)"
+        )
+    if max_messages is not None and (type(max_messages) is not int or max_messages < 1):
+        raise InvalidInput(
+            f"maximum of {max_messages!r} messages per stream must be at least 1"
+            " (or none for no limit)"
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class TopicDescription:
     topic: TopicRecord
@@ -55,6 +68,8 @@ class TopicDescription:
             "binding": t.binding,
             "retention": None if t.retention_us is None else format_duration(t.retention_us),
             "retention_policy": t.retention_policy.value,
+            "max_age": None if t.max_age_us is None else format_duration(t.max_age_us),
+            "max_messages": t.max_messages,
             "produce_pointer": t.produce_pointer,
             "storage_topics": [
                 {"generation": s.generation, "partitions": s.partitions, "k": s.k}
@@ -86,12 +101,17 @@ class Topics:
         binding: str | None = None,
         retention_us: int | None = DEFAULT_RETENTION_US,
         retention_policy: RetentionPolicy = RetentionPolicy.CONSUMED_AND_EXPIRED,
+        max_age_us: int | None = None,
+        max_messages: int | None = None,
     ) -> TopicRecord:
         """Create a topic with one storage topic of `partitions` (K=1).
 
-        Raises `InvalidInput` subclasses for a bad name, partition count, binding
-        or retention, `BindingOverlap` if the binding overlaps another topic's,
-        and `AlreadyExists`; in every case nothing is written.
+        `max_age_us` and `max_messages` (per stream) are limits retention applies
+        whoever has not consumed (`set_limits`).
+
+        Raises `InvalidInput` subclasses for a bad name, partition count, binding,
+        retention or limit, `BindingOverlap` if the binding overlaps another
+        topic's, and `AlreadyExists`; in every case nothing is written.
         """
         validate_topic_name(name)
         validate_partitions(partitions)
@@ -99,6 +119,7 @@ class Topics:
             validate_filter(binding)
         if retention_us is not None and retention_us < 0:
             raise InvalidInput(f"retention {retention_us}us must not be negative")
+        validate_limits(max_age_us, max_messages)
 
         def no_overlap(existing: list[TopicRecord]) -> None:
             for other in existing:
@@ -113,7 +134,14 @@ class Topics:
                     )
 
         record = TopicRecord(
-            name, binding, retention_us, retention_policy, 0, time.time_ns() // 1000
+            name,
+            binding,
+            retention_us,
+            retention_policy,
+            0,
+            time.time_ns() // 1000,
+            max_age_us,
+            max_messages,
         )
         self.storage.create_topic(record, partitions, no_overlap)
         self._on_change()
@@ -163,6 +191,22 @@ class Topics:
         if retention_us is not None and retention_us < 0:
             raise InvalidInput(f"retention {retention_us}us must not be negative")
         record = self.storage.update_topic(name, retention_us, policy)
+        self._on_change()
+        return record
+
+    def set_limits(
+        self, name: str, max_age_us: int | None, max_messages: int | None
+    ) -> TopicRecord:
+        """Set the limits retention applies to topic `name` whoever has not
+        consumed: messages older than `max_age_us` go, and a stream keeps at most
+        `max_messages` (None: no such limit). Unlike the retention policy these
+        delete what a subscription or an offline session has not read: they bound
+        the disk a subscription nobody reads can pin (docs/storage.md).
+
+        Raises `InvalidInput` for a limit that is not positive, `TopicNotFound`;
+        nothing is changed then."""
+        validate_limits(max_age_us, max_messages)
+        record = self.storage.set_topic_limits(name, max_age_us, max_messages)
         self._on_change()
         return record
 

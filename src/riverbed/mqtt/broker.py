@@ -14,11 +14,14 @@ stopped: their expiry counts from when they were last seen) and renews this
 node's liveness lease: several brokers may share a database, and a session
 connected to another running node is never expired here; a connection whose
 session a client took over on another node is closed (0x8E) at the next sweep.
+A thread applies the topics' retention every `[retention] interval` seconds
+(`log/retention.py: Retainer`; off with 0).
 
-Stopping: stop accepting, send every MQTT 5 client DISCONNECT 0x8B Server
-shutting down, checkpoint every session and mark it disconnected, stop the
-router. The caller closes the log (which commits what is queued). `serve`
-bounds all of it by `limits.stop_grace`.
+Stopping: stop the retention thread (after its transaction in progress), stop
+accepting, send every MQTT 5 client DISCONNECT 0x8B Server shutting down,
+checkpoint every session and mark it disconnected, stop the router. The caller
+closes the log (which commits what is queued). `serve` bounds all of it by
+`limits.stop_grace`.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from typing import cast
 
 from riverbed.errors import LeaseHeld, PreconditionFailed, RiverbedError
 from riverbed.log.log import Log
+from riverbed.log.retention import Retainer
 from riverbed.mqtt.auth import load_auth
 from riverbed.mqtt.codec import DisconnectReason
 from riverbed.mqtt.config import BrokerConfig
@@ -56,6 +60,10 @@ NODE_LEASE_TTL = 30.0
 """Seconds a node's liveness lease lasts unless renewed (at each expiry sweep):
 how long after a crash other nodes still count its sessions as in use (after
 that they expire counting from when they were last seen, as on one node)."""
+
+
+RETAINER_STOP_TIMEOUT = 10.0
+"""Seconds `stop` waits for the retention thread to end its transaction."""
 
 
 class Broker:
@@ -102,6 +110,8 @@ class Broker:
         self._sweeper: asyncio.Task[None] | None = None
         self.shared: SharedRuntime | None = None
         """Durable shared subscriptions (`sharedsub/`), unless disabled."""
+        self.retainer: Retainer | None = None
+        """Retention on a schedule (`[retention]`), unless its interval is 0."""
 
     async def start(self) -> None:
         """Start the router and listen on `config.listeners.mqtt` (and `.tls` if set)."""
@@ -126,6 +136,17 @@ class Broker:
                 self._accept, tls.address.host, tls.address.port, ssl=server_context(tls)
             )
         self._sweeper = asyncio.create_task(self._sweep(), name="riverbed-session-expiry")
+        retention = self.config.retention
+        if retention.interval:
+            self.retainer = Retainer(
+                self.log.storage,
+                retention.interval,
+                pin_warning_hours=retention.pin_warning_hours,
+                batch=retention.batch,
+            )
+            self.retainer.start()
+        else:
+            log.info("retention is off ([retention] interval = 0): `riverbed retention run`")
         await self.wills.restore()
         log.info("listening for MQTT on %s", ", ".join(self.addresses()))
 
@@ -145,6 +166,10 @@ class Broker:
 
     async def stop(self) -> None:
         """Stop accepting, disconnect every client (0x8B), save their sessions."""
+        if self.retainer is not None:
+            # It stops between two of its transactions; one stuck on a database
+            # that does not answer is a daemon thread and does not hold us up.
+            await asyncio.to_thread(self.retainer.stop, RETAINER_STOP_TIMEOUT)
         if self._server is not None:
             self._server.close()
         if self._tls_server is not None:

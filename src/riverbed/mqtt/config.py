@@ -49,6 +49,11 @@ A complete file, with the defaults:
     leader_claim_lease = 30.0        # the Leader's claim on its group lasts this long unrenewed
     leader_idle_stop = 30.0          # a Leader with no member stops after this long
 
+    [retention]                      # the broker applies topics' retention itself
+    interval = 60                    # seconds between passes (0: never; `riverbed retention run`)
+    pin_warning_hours = 24           # warn when a subscription holds messages this old
+    batch = 10000                    # messages deleted per transaction
+
     [auth]
     allow_anonymous = false          # clients without a user name
     # password_file = "passwd"       # `riverbed passwd FILE USER` manages it
@@ -93,6 +98,15 @@ Why the defaults are what they are:
   is less than half what it is unpaced (0 ms), for at most 3 ms more latency
   (p50 0.3 -> 2.0 ms). 2 ms cost 20% more CPU for 0.6 ms less latency; 4 ms
   saved nothing more (docs/benchmarks.md). 0 commits every loop turn.
+- `[retention] interval` 60 s: retention deletes what every subscription has
+  consumed and is past its topic's retention time, so a pass a minute keeps a
+  busy topic within a minute's messages of that, at the cost of a few cheap
+  queries per stream when there is nothing to delete. `batch` 10,000: each
+  transaction of a deletion holds the write lock for some milliseconds, so a
+  concurrent commit waits at most that (docs/benchmarks.md: retention).
+  `pin_warning_hours` 24: a subscription nobody reads keeps its topic's log,
+  however old; a day past retention is long enough not to warn about a reader
+  that is down for the night (docs/storage.md).
 - `allow_anonymous` false: anonymous access only where configured (issue 3).
   A configuration with neither anonymous access nor a password file is refused,
   since no client could connect.
@@ -318,6 +332,21 @@ class SharedSubscriptions:
 
 
 @dataclass(frozen=True, slots=True)
+class RetentionConfig:
+    """Retention applied by the broker (`log/retention.py: Retainer`): every
+    `interval` seconds (0: never), at most `batch` messages per transaction,
+    warning about subscriptions that hold messages more than
+    `pin_warning_hours` past retention."""
+
+    interval: int = 60
+    pin_warning_hours: int = 24
+    batch: int = 10_000
+
+    def __post_init__(self) -> None:
+        _check_fields("retention", self)
+
+
+@dataclass(frozen=True, slots=True)
 class BrokerConfig:
     """The whole broker configuration."""
 
@@ -326,6 +355,7 @@ class BrokerConfig:
     limits: Limits = field(default_factory=Limits)
     auth: AuthConfig = field(default_factory=AuthConfig)
     shared_subscriptions: SharedSubscriptions = field(default_factory=SharedSubscriptions)
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
 
     def __post_init__(self) -> None:
         if not self.auth.allow_anonymous and self.auth.password_file is None:
@@ -397,6 +427,14 @@ def _seconds(high: int, never: bool = False, low: int = 0) -> Callable[[str, obj
         return number
 
     return convert
+
+
+def _retention_interval(key: str, value: object) -> int:
+    # `_seconds` takes the integer -1 as is: refused here.
+    seconds: int = _seconds(7 * DAY)(key, value)
+    if seconds < 0:
+        raise _fail(key, value, f"must be whole seconds from 0 to {7 * DAY} (0: no retention)")
+    return seconds
 
 
 def _positive_seconds(key: str, value: object) -> float:
@@ -533,6 +571,15 @@ KEYS: dict[str, Key] = {
         f"shared_subscriptions.{f.name}": Key(_positive_seconds, f"seconds: {f.name}")
         for f in fields(SharedSubConfig)
     },
+    "retention.interval": Key(
+        _retention_interval, "seconds between the broker's retention passes (0: none)"
+    ),
+    "retention.pin_warning_hours": Key(
+        _integer(1, None, " hours"), "warn when a subscription holds messages this long"
+    ),
+    "retention.batch": Key(
+        _integer(100, 1_000_000, " messages"), "messages retention deletes per transaction"
+    ),
     "auth.allow_anonymous": Key(_boolean, "let clients without a user name connect"),
     "auth.password_file": Key(
         _optional(_readable_file), "user names and scrypt hashes", is_path=True
@@ -648,6 +695,7 @@ def _build(values: Mapping[str, object]) -> BrokerConfig:
         limits=Limits(**section("limits")),
         auth=AuthConfig(**section("auth")),
         shared_subscriptions=_shared(section("shared_subscriptions")),
+        retention=RetentionConfig(**section("retention")),
     )
 
 

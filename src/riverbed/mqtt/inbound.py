@@ -41,7 +41,7 @@ from riverbed.mqtt.codec import (
     PubrecReason,
 )
 from riverbed.mqtt.messages import committed_row, message_from_publish
-from riverbed.mqtt.pacer import Batch
+from riverbed.mqtt.pacer import Batch, refusal_reason
 from riverbed.sessions.store import now_us, qos2_marker
 from riverbed.storage.base import Row
 
@@ -287,12 +287,17 @@ class Inbound:
         while acks and acks[0][0].done():
             done, packet = acks.popleft()
             failed = done.cancelled() or done.exception() is not None
+            refusal = PubackReason.SUCCESS
             if failed:
-                log.error(
+                error = None if done.cancelled() else done.exception()
+                refusal = refusal_reason(error)
+                # A store that refuses writes is logged once per episode (the appender).
+                log.log(
+                    logging.DEBUG if refusal == PubackReason.QUOTA_EXCEEDED else logging.ERROR,
                     "client %s: committing a PUBLISH to %r failed: %s",
                     conn.client_id,
                     packet.topic,
-                    None if done.cancelled() else done.exception(),
+                    error,
                 )
                 if conn.level != MQTT_5:
                     conn.close(DisconnectReason.UNSPECIFIED_ERROR)  # the client sends it again
@@ -302,18 +307,13 @@ class Inbound:
                 continue
             if packet.qos == 1:
                 if failed:
-                    conn.send(Puback(packet_id, PubackReason.UNSPECIFIED_ERROR))
+                    conn.send(Puback(packet_id, refusal))
                 else:
                     conn._write(_puback(packet_id))
             elif packet.qos == 2:
                 if not failed:
                     self._qos2.add(packet_id)
-                conn.send(
-                    Pubrec(
-                        packet_id,
-                        PubrecReason.UNSPECIFIED_ERROR if failed else PubrecReason.SUCCESS,
-                    )
-                )
+                conn.send(Pubrec(packet_id, PubrecReason(refusal)))
 
 
 def _puback(packet_id: int) -> bytes:

@@ -16,6 +16,12 @@ commit is at least `interval` ago; otherwise as soon as it is. So:
 transaction for all connections of that turn). A commit that fails as a whole
 (`RiverbedError` before anything is written) is tried again batch by batch, so
 one connection's bad input never refuses another's messages.
+
+A commit that fails because the store refuses writes (full, read-only,
+unreachable: `appender.store_refused`) refuses its PUBLISHes with
+`refusal_reason`: MQTT 5 PUBACK/PUBREC 0x97 Quota exceeded; an MQTT 3.1.1
+connection is closed without the PUBACK, so the client sends it again later.
+Nothing is acknowledged that was not committed (docs/storage.md).
 """
 
 from __future__ import annotations
@@ -27,12 +33,24 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from riverbed.errors import RiverbedError
-from riverbed.log.appender import Positions
+from riverbed.log.appender import Positions, store_refused
 from riverbed.log.log import Log
 from riverbed.model import Message
+from riverbed.mqtt.codec import PubackReason
 
 if TYPE_CHECKING:
     from riverbed.mqtt.inbound import Inbound
+
+
+def refusal_reason(exc: BaseException | None) -> PubackReason:
+    """The reason code refusing a PUBLISH whose commit failed with `exc`: 0x97
+    Quota exceeded when the store refuses writes for now (full, read-only,
+    unreachable; MQTT 5.0 §3.4.2.1: "an implementation or administrative imposed
+    limit has been exceeded"), else 0x80 Unspecified error. PUBREC has the same
+    codes: `PubrecReason(refusal_reason(exc))`."""
+    if store_refused(exc):
+        return PubackReason.QUOTA_EXCEEDED
+    return PubackReason.UNSPECIFIED_ERROR
 
 
 class Batch:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
@@ -13,7 +14,47 @@ from riverbed.storage.urls import redact_url
 DEFAULT_URL = "sqlite:///./riverbed-data/riverbed.db"
 ENV_VAR = "RIVERBED_DB"
 
-__all__ = ["DEFAULT_URL", "ENV_VAR", "Storage", "default_url", "open_storage", "redact_url"]
+__all__ = [
+    "DEFAULT_URL",
+    "ENV_VAR",
+    "Storage",
+    "default_url",
+    "open_storage",
+    "parse_size",
+    "redact_url",
+]
+
+_SIZE = re.compile(r"\s*(\d+)\s*([A-Za-z]*)\s*")
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
+    "tb": 1000**4,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+}
+MIN_SIZE = 64 * 1024
+"""The smallest size cap accepted: an empty database's schema takes some 40 kB."""
+
+
+def parse_size(text: str, what: str) -> int:
+    """Bytes from `512MB`, `2GiB`, `1000000` (kB/MB/GB/TB: powers of 1000, KiB/MiB/
+    GiB/TiB: of 1024); `InvalidConfig` naming `what` otherwise."""
+    match = _SIZE.fullmatch(text)
+    unit = _SIZE_UNITS.get(match.group(2).lower()) if match else None
+    if match is None or unit is None:
+        raise InvalidConfig(
+            f"{what} {text!r} is not a size: use bytes or a number with kB, MB, GB, TB,"
+            " KiB, MiB, GiB or TiB (e.g. 512MB)"
+        )
+    size = int(match.group(1)) * unit
+    if size < MIN_SIZE:
+        raise InvalidConfig(f"{what} {text!r} is below the least size, {MIN_SIZE} bytes (64KiB)")
+    return size
 
 
 def default_url() -> str:
@@ -24,8 +65,10 @@ def default_url() -> str:
 def open_storage(url: str | None = None) -> Storage:
     """Open (creating and migrating as needed) the storage a URL names.
 
-    `sqlite:///relative/path.db`, `sqlite:////absolute/path.db`, with an optional
-    `?synchronous=full`; `postgresql://user@host:port/db` (or `postgres://`).
+    `sqlite:///relative/path.db`, `sqlite:////absolute/path.db`, with optional
+    `?synchronous=full` and `?max_size=SIZE` (a cap on the file, `512MB`, `2GiB`
+    or bytes: writes past it are refused with `StorageFull`, docs/storage.md);
+    `postgresql://user@host:port/db` (or `postgres://`).
     """
     url = url or default_url()
     shown = redact_url(url)  # what messages print
@@ -47,10 +90,11 @@ def open_storage(url: str | None = None) -> Storage:
         if not path or path.endswith("/"):
             raise InvalidConfig(f"database URL {shown!r} names no database file")
         options = parse_qs(parts.query)
-        unknown = set(options) - {"synchronous"}
+        unknown = set(options) - {"synchronous", "max_size"}
         if unknown:
             raise InvalidConfig(
-                f"database URL {shown!r}: unknown option(s) {sorted(unknown)}; known: synchronous"
+                f"database URL {shown!r}: unknown option(s) {sorted(unknown)};"
+                " known: max_size, synchronous"
             )
         synchronous = options.get("synchronous", ["normal"])[-1].upper()
         if synchronous not in ("NORMAL", "FULL"):
@@ -58,7 +102,10 @@ def open_storage(url: str | None = None) -> Storage:
                 f"database URL {shown!r}: synchronous={synchronous.lower()!r}"
                 " must be normal or full"
             )
-        return SqliteStorage(url, Path(path), synchronous)
+        max_size = None
+        if "max_size" in options:
+            max_size = parse_size(options["max_size"][-1], f"database URL {shown!r}: max_size")
+        return SqliteStorage(url, Path(path), synchronous, max_size)
     if scheme in ("postgresql", "postgres"):
         from riverbed.storage.postgres import PostgresStorage
 

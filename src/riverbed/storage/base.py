@@ -61,6 +61,12 @@ class TopicRecord:
     retention_policy: RetentionPolicy
     produce_pointer: int
     created_us: int
+    max_age_us: int | None = None
+    """Messages older than this go whoever has not consumed them (like Pulsar's
+    message TTL); None: no limit."""
+    max_messages: int | None = None
+    """A stream keeps at most this many messages, consumed or not (like Pulsar's
+    backlog quota, counted in messages per stream); None: no limit."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +169,13 @@ class Storage(Protocol):
     def update_topic(
         self, name: str, retention_us: int | None, retention_policy: RetentionPolicy
     ) -> TopicRecord: ...
+
+    def set_topic_limits(
+        self, name: str, max_age_us: int | None, max_messages: int | None
+    ) -> TopicRecord:
+        """Set the limits retention applies regardless of subscriptions (None:
+        none). Raises `TopicNotFound`."""
+        ...
 
     def delete_topic(self, name: str) -> int:
         """Delete the topic, its streams, messages and subscriptions; return messages

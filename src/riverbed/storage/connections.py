@@ -17,8 +17,11 @@ twice.
 
 `operation` marks a public storage method: once the storage is closed it
 refuses to run, and a driver error escaping it becomes a `StorageError` (a
-`StorageUnavailable` when the connection was lost) naming the operation and
-the database, password hidden, chained to the driver's error.
+`StorageUnavailable` when the connection was lost, a `StorageFull` when the
+database is full or read-only) naming the operation and the database, password
+hidden, chained to the driver's error. Neither ends the connection's use: the
+same thread's next call goes on (on a new connection if it broke), so a writer
+recovers by itself once the database takes writes again.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from riverbed.errors import StorageError, StorageUnavailable
+from riverbed.errors import StorageError, StorageFull, StorageUnavailable
 from riverbed.storage.urls import redact_password, redact_url
 
 Connection = Any
@@ -179,6 +182,11 @@ class ConnectedStorage:
         """Whether `conn` lost its link to the database (after an error)."""
         return False
 
+    def _refuses_writes(self, exc: Exception) -> bool:
+        """Whether the driver's error says the database is full or read-only
+        (it becomes `StorageFull`)."""
+        return False
+
     # --- statements and transactions ------------------------------------------
     def _sql(self, text: str) -> str:
         cached = self._sql_cache.get(text)
@@ -290,6 +298,8 @@ def operation(method: Callable[Concatenate[S, P], T]) -> Callable[Concatenate[S,
         except self.DRIVER_ERRORS as exc:
             if connections.closed:
                 raise connections.closed_error(name) from exc
+            if self._refuses_writes(exc):
+                raise StorageFull(_failed(self, name, exc)) from exc
             raise StorageError(_failed(self, name, exc)) from exc
 
     return run

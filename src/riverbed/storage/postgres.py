@@ -54,6 +54,9 @@ _RESERVE_ONE = (
 )
 """`_RESERVE` for one stream, on an ADBC connection (numbered placeholders)."""
 
+_REFUSING_STATES = frozenset({"25006", "53100"})
+"""SQLSTATEs of a server that refuses writes for now (`StorageFull`)."""
+
 _COPY_TYPES = [
     "int8", "int8", "bytea", "int8", "text", "text", "bytea", "bytea", "int2", "int2",
 ]  # fmt: skip
@@ -114,6 +117,11 @@ class PostgresStorage(SqlStorage):
 
     def _begin_write(self, conn: Any) -> None:
         conn.execute("BEGIN")
+
+    def _refuses_writes(self, exc: Exception) -> bool:
+        # 25006 read_only_sql_transaction (`default_transaction_read_only`, a hot
+        # standby), 53100 disk_full: both pass once the server takes writes again.
+        return getattr(exc, "sqlstate", None) in _REFUSING_STATES
 
     def _lock_meta(self, cur: Cursor) -> None:
         cur.execute("SELECT pg_advisory_xact_lock(%s)", (META_LOCK,))

@@ -91,6 +91,13 @@ MIGRATIONS: list[list[str]] = [
             fence {int} NOT NULL,
             PRIMARY KEY (subscription, stream))""",
     ],
+    # 4: limits retention applies whoever has not consumed (issue 14): a maximum
+    # age (Pulsar's message TTL) and a maximum of messages per stream (its
+    # backlog quota). NULL: no limit, what every existing topic keeps.
+    [
+        "ALTER TABLE topics ADD COLUMN max_age_us {int}",
+        "ALTER TABLE topics ADD COLUMN max_messages {int}",
+    ],
 ]
 
 MESSAGE_COLUMNS = "off, id, ts, mqtt_topic, key, payload, properties, qos, retain"

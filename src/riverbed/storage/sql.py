@@ -39,7 +39,10 @@ from riverbed.storage.base import (
 from riverbed.storage.connections import ConnectedStorage, Cursor, operation
 from riverbed.storage.schema import MESSAGE_COLUMNS, MIGRATIONS
 
-_TOPIC_COLUMNS = "name, binding, retention_us, retention_policy, produce_pointer, created_us"
+_TOPIC_COLUMNS = (
+    "name, binding, retention_us, retention_policy, produce_pointer, created_us,"
+    " max_age_us, max_messages"
+)
 _SUB_COLUMNS = "name, topic, topic_filter, start_kind, start_us, created_us"
 _HEAD_COLUMNS = "id, topic, generation, part, start_offset, next_offset, sealed"
 _STORAGE_TOPICS = (
@@ -74,7 +77,9 @@ def now_us() -> int:
 
 
 def _topic(row: Sequence[Any]) -> TopicRecord:
-    return TopicRecord(row[0], row[1], row[2], RetentionPolicy(row[3]), row[4], row[5])
+    return TopicRecord(
+        row[0], row[1], row[2], RetentionPolicy(row[3]), row[4], row[5], row[6], row[7]
+    )
 
 
 def _found_topic(row: Sequence[Any] | None, name: str) -> TopicRecord:
@@ -198,7 +203,7 @@ class SqlStorage(ConnectedStorage):
             validate(existing)
             self._x(
                 cur,
-                f"INSERT INTO topics ({_TOPIC_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO topics ({_TOPIC_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     topic.name,
                     topic.binding,
@@ -206,6 +211,8 @@ class SqlStorage(ConnectedStorage):
                     topic.retention_policy.value,
                     topic.produce_pointer,
                     topic.created_us,
+                    topic.max_age_us,
+                    topic.max_messages,
                 ),
             )
             self._insert_generation(cur, StorageTopicRecord(topic.name, 0, partitions, 1))
@@ -242,14 +249,22 @@ class SqlStorage(ConnectedStorage):
     def update_topic(
         self, name: str, retention_us: int | None, retention_policy: RetentionPolicy
     ) -> TopicRecord:
+        return self._set_topic(
+            name, "retention_us = ?, retention_policy = ?", (retention_us, retention_policy.value)
+        )
+
+    @operation
+    def set_topic_limits(
+        self, name: str, max_age_us: int | None, max_messages: int | None
+    ) -> TopicRecord:
+        return self._set_topic(name, "max_age_us = ?, max_messages = ?", (max_age_us, max_messages))
+
+    def _set_topic(self, name: str, assignments: str, values: Sequence[Any]) -> TopicRecord:
+        """Change columns of a topic's row (`assignments`: `col = ?, ...`)."""
         with self._write() as cur:
             self._lock_meta(cur)
             self._get_topic(cur, name)
-            self._x(
-                cur,
-                "UPDATE topics SET retention_us = ?, retention_policy = ? WHERE name = ?",
-                (retention_us, retention_policy.value, name),
-            )
+            self._x(cur, f"UPDATE topics SET {assignments} WHERE name = ?", (*values, name))
             self._bump_meta(cur)
             return self._get_topic(cur, name)
 

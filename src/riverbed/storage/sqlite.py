@@ -6,6 +6,13 @@ writes so writers queue on the database lock instead of failing late. Messages
 live in a `WITHOUT ROWID` table keyed by (stream, offset): appended and scanned
 fastest in our measurements (DESIGN.md, Storage).
 
+`max_size` (the URL's `?max_size=512MB`) caps the database file: every
+connection sets `PRAGMA max_page_count` to it, and a write that would need more
+pages fails with SQLITE_FULL, as on a full disk; both become `StorageFull`
+(nothing written, the connection goes on). Pages that deletions free (retention)
+are reused by later writes, so a capped database keeps taking writes as long as
+retention keeps up; the file itself never shrinks (docs/storage.md).
+
 Other processes' commits are noticed through `PRAGMA data_version`, which
 changes when another connection commits: a cheap check every few milliseconds
 on a watcher thread, started when somebody waits and stopped once nobody has
@@ -70,11 +77,15 @@ class SqliteStorage(SqlStorage):
         "messages_suffix": " WITHOUT ROWID",
     }
 
-    def __init__(self, url: str, path: Path, synchronous: str = "NORMAL") -> None:
+    def __init__(
+        self, url: str, path: Path, synchronous: str = "NORMAL", max_size: int | None = None
+    ) -> None:
         super().__init__(url)
         self._conn = self._waiting_conn
         self.path = path
         self.synchronous = synchronous
+        self.max_size = max_size
+        """Bytes the database file may grow to (None: as far as the disk allows)."""
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -97,6 +108,9 @@ class SqliteStorage(SqlStorage):
             _enable_wal(conn)
             conn.execute(f"PRAGMA synchronous={self.synchronous}")
             conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
+            if self.max_size is not None:
+                (page_size,) = conn.execute("PRAGMA page_size").fetchone()
+                conn.execute(f"PRAGMA max_page_count={max(1, self.max_size // page_size)}")
         except sqlite3.Error as exc:
             if conn is not None:
                 conn.close()
@@ -115,6 +129,14 @@ class SqliteStorage(SqlStorage):
 
     def _begin_write(self, conn: Any) -> None:
         conn.execute("BEGIN IMMEDIATE")
+
+    def _refuses_writes(self, exc: Exception) -> bool:
+        # SQLITE_FULL: the disk or `max_page_count`; SQLITE_READONLY: a file we
+        # may not write. Both pass once space (or permission) returns.
+        code = getattr(exc, "sqlite_errorcode", None)
+        if code is None:
+            return "full" in str(exc) or "readonly" in str(exc)
+        return code & 0xFF in (sqlite3.SQLITE_FULL, sqlite3.SQLITE_READONLY)
 
     appends_inline = True
 

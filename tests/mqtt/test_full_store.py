@@ -1,0 +1,288 @@
+"""A store that refuses writes (issue 14 item 11; docs/storage.md): a full SQLite
+database (its `max_size` cap: `PRAGMA max_page_count`), a read-only PostgreSQL
+(`default_transaction_read_only`), a PostgreSQL server that is down.
+
+PUBLISHes that cannot be committed are refused (MQTT 5: PUBACK/PUBREC 0x97
+Quota exceeded; MQTT 3.1.1: no PUBACK, the connection is closed), nothing is
+acknowledged that was not written, subscribers keep receiving what was
+committed, the broker logs one line when the episode starts and one when it
+ends, and it recovers by itself once the store takes writes again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from harness.broker import BrokerProcess, Client
+from harness.postgres import PostgresServer, PostgresUnavailable
+from harness.raw_mqtt import RawClient
+from harness.waiting import eventually
+from riverbed.log.log import BINDINGS_TTL
+from riverbed.mqtt.codec import (
+    MQTT_3_1_1,
+    Connack,
+    Connect,
+    Puback,
+    PubackReason,
+    Publish,
+    Pubrec,
+    PubrecReason,
+)
+from riverbed.storage import open_storage
+
+REFUSED = "the store refuses writes"
+RECOVERED = "the store takes writes again"
+PAYLOAD = 2000
+"""Bytes of padding per message: a 256 KiB database fills after some dozens."""
+
+
+def payload(n: int) -> bytes:
+    return b"%06d:" % n + b"x" * PAYLOAD
+
+
+def number(data: bytes) -> int:
+    return int(data[:6])
+
+
+def stored_numbers(url: str) -> set[int]:
+    """The messages in the `mqtt` topic, read by another connection."""
+    storage = open_storage(url)
+    try:
+        found: set[int] = set()
+        for head in storage.list_streams("mqtt"):
+            offset = head.start_offset
+            while batch := storage.read(head.key, offset, 500):
+                found.update(number(m.payload) for m in batch)
+                offset = batch[-1].offset + 1
+        return found
+    finally:
+        storage.close()
+
+
+def free_space(url: str) -> None:
+    """Delete every message of the `mqtt` topic (the space comes back)."""
+    storage = open_storage(url)
+    try:
+        for head in storage.list_streams("mqtt"):
+            storage.delete_before(head.key, head.next_offset)
+    finally:
+        storage.close()
+
+
+def publish_until_refused(pub: RawClient, first: int, limit: int = 2000) -> tuple[set[int], int]:
+    """QoS 1 PUBLISHes one at a time until one is refused: (numbers acknowledged
+    with success, the number refused)."""
+    acked: set[int] = set()
+    for n in range(first, first + limit):
+        pub.send(Publish("full/t", payload(n), qos=1, packet_id=n % 60000 + 1))
+        ack = pub.expect(Puback)
+        assert ack.packet_id == n % 60000 + 1
+        if ack.reason_code == PubackReason.SUCCESS:
+            acked.add(n)
+            continue
+        assert ack.reason_code == PubackReason.QUOTA_EXCEEDED, ack
+        return acked, n
+    raise AssertionError(f"{limit} PUBLISHes and none refused: is the store capped?")
+
+
+def subscriber(port: int) -> Client:
+    sub = Client(port, "full-watcher")
+    sub.connect()
+    sub.subscribe("full/#", qos=1)
+    return sub
+
+
+def received(sub: Client) -> set[int]:
+    return {number(r.payload) for r in list(sub.received)}
+
+
+# --------------------------------------------------------------------- SQLite full
+
+
+@pytest.fixture
+def capped(tmp_path: Path) -> Iterator[tuple[BrokerProcess, str]]:
+    url = f"sqlite:///{tmp_path}/capped.db"
+    with BrokerProcess(f"{url}?max_size=256KiB") as broker:
+        yield broker, url
+
+
+def test_mqtt5_full_sqlite_refuses_with_0x97_and_recovers(
+    capped: tuple[BrokerProcess, str],
+) -> None:
+    broker, url = capped
+    sub = subscriber(broker.port)
+    try:
+        with RawClient(broker.port) as pub:
+            pub.connect("full-pub", clean=True)
+            acked, refused = publish_until_refused(pub, 0)
+            assert len(acked) > 10
+            # Every PUBLISH while it is full is refused, QoS 2 too (PUBREC 0x97).
+            for n in range(refused + 1, refused + 4):
+                pub.send(Publish("full/t", payload(n), qos=1, packet_id=n))
+                assert pub.expect(Puback).reason_code == PubackReason.QUOTA_EXCEEDED
+            pub.send(Publish("full/t", payload(refused + 4), qos=2, packet_id=refused + 4))
+            assert pub.expect(Pubrec).reason_code == PubrecReason.QUOTA_EXCEEDED
+            refused_all = set(range(refused, refused + 5))
+
+            # Acknowledged = written; refused = not written; deliveries went on.
+            stored = stored_numbers(url)
+            assert acked <= stored
+            assert not refused_all & stored
+            eventually(lambda: received(sub) >= acked, what="every acknowledged message delivered")
+            assert not received(sub) & refused_all
+            assert broker.tail(400).count(REFUSED) == 1
+
+            # Space returns: the same connection publishes again, unprompted.
+            free_space(url)
+            after = refused + 10
+            pub.send(Publish("full/t", payload(after), qos=1, packet_id=after))
+            assert pub.expect(Puback).reason_code == PubackReason.SUCCESS
+            eventually(lambda: after in received(sub), what="the message after recovery")
+            log = broker.tail(400)
+            assert log.count(REFUSED) == 1
+            assert log.count(RECOVERED) == 1
+    finally:
+        sub.disconnect()
+
+
+def test_mqtt311_full_sqlite_closes_without_puback_and_recovers(
+    capped: tuple[BrokerProcess, str],
+) -> None:
+    broker, url = capped
+    acked: set[int] = set()
+    with RawClient(broker.port, level=MQTT_3_1_1) as pub:
+        pub.send(Connect("full-311", True, 60))
+        pub.expect(Connack)
+        n = 0
+        while True:
+            pub.send(Publish("full/t", payload(n), qos=1, packet_id=n + 1))
+            try:
+                ack = pub.expect(Puback)
+            except ConnectionError:
+                break  # closed without a PUBACK: 3.1.1 has no way to refuse
+            assert ack.packet_id == n + 1 and ack.reason_code == PubackReason.SUCCESS
+            acked.add(n)
+            n += 1
+            assert n < 2000, "2000 PUBLISHes and none refused: is the store capped?"
+    stored = stored_numbers(url)
+    assert acked <= stored
+    assert n not in stored
+    free_space(url)
+    with RawClient(broker.port, level=MQTT_3_1_1) as pub:
+        pub.send(Connect("full-311", True, 60))
+        pub.expect(Connack)
+        pub.send(Publish("full/t", payload(n), qos=1, packet_id=1))
+        assert pub.expect(Puback).reason_code == PubackReason.SUCCESS
+    assert n in stored_numbers(url)
+    log = broker.tail(400)
+    assert log.count(REFUSED) == 1 and log.count(RECOVERED) == 1
+
+
+# --------------------------------------------------------------------- PostgreSQL
+
+
+@pytest.fixture(scope="module")
+def own_postgres() -> Iterator[PostgresServer]:
+    """A server of its own: these tests make it read-only and stop it."""
+    server = PostgresServer()
+    try:
+        server.start()
+    except PostgresUnavailable as exc:
+        pytest.skip(f"PostgreSQL unavailable: {exc}")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _set_read_only(server: PostgresServer, on: bool) -> None:
+    """ALTER SYSTEM and a reload: open sessions take it too (no reconnect)."""
+    with psycopg.connect(server.url, autocommit=True) as admin:
+        if on:
+            admin.execute("ALTER SYSTEM SET default_transaction_read_only = on")
+        else:
+            admin.execute("SET default_transaction_read_only = off")
+            admin.execute("ALTER SYSTEM RESET default_transaction_read_only")
+        admin.execute("SELECT pg_reload_conf()")
+
+
+@pytest.mark.postgres
+def test_read_only_postgres_refuses_with_0x97_and_recovers(
+    own_postgres: PostgresServer,
+) -> None:
+    url = own_postgres.new_database("read_only")
+    with BrokerProcess(url) as broker:
+        sub = subscriber(broker.port)
+        try:
+            with RawClient(broker.port) as pub:
+                pub.connect("ro-pub", clean=True)
+                pub.send(Publish("full/t", payload(0), qos=1, packet_id=1))
+                assert pub.expect(Puback).reason_code == PubackReason.SUCCESS
+                _set_read_only(own_postgres, True)
+                try:
+                    acked, refused = publish_until_refused(pub, 1)
+                    # Reads and deliveries go on meanwhile.
+                    eventually(lambda: received(sub) >= acked | {0}, what="deliveries")
+                    pub.send(Publish("full/t", payload(refused + 1), qos=2, packet_id=9))
+                    assert pub.expect(Pubrec).reason_code == PubrecReason.QUOTA_EXCEEDED
+                finally:
+                    _set_read_only(own_postgres, False)
+                stored = stored_numbers(url)
+                assert acked | {0} <= stored
+                assert not {refused, refused + 1} & stored
+                after = refused + 10
+
+                def accepted() -> bool:
+                    pub.send(Publish("full/t", payload(after), qos=1, packet_id=after))
+                    return pub.expect(Puback).reason_code == PubackReason.SUCCESS
+
+                # A reload reaches the server's sessions within moments, not at once.
+                eventually(accepted, what="a PUBLISH accepted after the reload")
+                eventually(lambda: after in received(sub), what="delivery after recovery")
+            log = broker.tail(400)
+            assert log.count(REFUSED) == 1 and log.count(RECOVERED) == 1
+        finally:
+            sub.disconnect()
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_postgres_down_refuses_with_0x97_recovers_and_stops(
+    own_postgres: PostgresServer,
+) -> None:
+    url = own_postgres.new_database("goes_down")
+    with BrokerProcess(url) as broker:
+        with RawClient(broker.port) as pub:
+            pub.connect("down-pub", clean=True)
+            pub.send(Publish("full/t", payload(0), qos=1, packet_id=1))
+            assert pub.expect(Puback).reason_code == PubackReason.SUCCESS
+            own_postgres.halt()
+            # The condition is time itself: the broker's cached view of the
+            # bindings has expired, so the PUBLISH meets the database on its way
+            # in too (it used to close the connection there, 0x80).
+            time.sleep(2 * BINDINGS_TTL)
+            try:
+                pub.send(Publish("full/t", payload(1), qos=1, packet_id=2))
+                assert pub.expect(Puback).reason_code == PubackReason.QUOTA_EXCEEDED
+                pub.send(Publish("full/t", payload(2), qos=1, packet_id=3))
+                assert pub.expect(Puback).reason_code == PubackReason.QUOTA_EXCEEDED
+            finally:
+                own_postgres.resume()
+            # The connection broken by the restart is replaced by itself.
+            pub.send(Publish("full/t", payload(3), qos=1, packet_id=4))
+            assert pub.expect(Puback).reason_code == PubackReason.SUCCESS
+        assert stored_numbers(url) == {0, 3}
+        log = broker.tail(400)
+        assert log.count(REFUSED) == 1 and log.count(RECOVERED) == 1
+        # Stopping while the database is down does not hang (BrokerProcess.stop
+        # fails the test after its timeout).
+        own_postgres.halt()
+        try:
+            broker.stop()
+        finally:
+            own_postgres.resume()
