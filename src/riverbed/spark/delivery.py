@@ -220,7 +220,9 @@ class DeliveryJob:
     """A running `riverbed subscription run`: the streaming query and its totals.
 
     One job at a time delivers a subscription: a job holds the lease
-    `delivery-job/NAME` (renewed every third of `lease_seconds`). A second job
+    `delivery-job/NAME`, renewed every third of `lease_seconds` by a thread of
+    its own from the moment it is taken (Spark's start-up and a slow driver
+    loop on a busy machine must not let it lapse). A second job
     waits as a standby (`on_wait` is told who holds it) and takes over when
     the first stops, or, if it died, when its lease runs out. A job that
     finds its lease taken (it could not renew it in time) stops with
@@ -266,7 +268,12 @@ class DeliveryJob:
         except BaseException:
             self._storage.close()
             raise
-        self._renewed = time.monotonic()
+        self._lease_lost = threading.Event()
+        self._stop_renewing = threading.Event()
+        self._renewer = threading.Thread(
+            target=self._renew_lease, name=f"riverbed-delivery-lease-{name}", daemon=True
+        )
+        self._renewer.start()
         try:
             self.query = self._start(spark, trigger_seconds, max_per_trigger)
         except BaseException:
@@ -313,19 +320,27 @@ class DeliveryJob:
             if stop is None:
                 time.sleep(0.5)
 
-    def _keep_lease(self) -> None:
-        if time.monotonic() - self._renewed < self._renew_every:
-            return
+    def _renew_lease(self) -> None:
+        """The lease keeper's thread: renew every third of the lease until the
+        job closes; a lease another job took is lost for good."""
         from riverbed.errors import PreconditionFailed
 
-        try:
-            self._lease = self._leases.renew(self._lease, self._ttl_us)
-        except PreconditionFailed:
+        while not self._stop_renewing.wait(self._renew_every):
+            try:
+                self._lease = self._leases.renew(self._lease, self._ttl_us)
+            except PreconditionFailed:
+                self._lease_lost.set()
+                return
+            except RiverbedError as exc:  # unreachable for now: try again, it may not lapse
+                logger.warning("renewing the lease of %r failed: %s", self.name, exc)
+
+    def _keep_lease(self) -> None:
+        """Raise `DeliveryFailed` once the lease is lost."""
+        if self._lease_lost.is_set():
             raise DeliveryFailed(
                 f"the job delivering {self.name!r} lost its lease (not renewed in time; another"
                 " job may have taken over): stopped"
-            ) from None
-        self._renewed = time.monotonic()
+            )
 
     def _batch(self, frame: Any, batch_id: int) -> None:
         with self._lock:
@@ -362,8 +377,6 @@ class DeliveryJob:
                 if not self._running or left <= 0:
                     return not self._running
                 self._batch_done.wait(min(left, self._renew_every))
-            with contextlib.suppress(RiverbedError):  # lost or unreachable: the commit's CAS
-                self._keep_lease()  # the batch in hand still holds the subscription
 
     def idle(self) -> bool:
         """Nothing left: no main-topic lag, no unread retry-queue row."""
@@ -406,6 +419,8 @@ class DeliveryJob:
         finally:
             if self._checkpoint is not None:
                 shutil.rmtree(self._checkpoint, ignore_errors=True)
+            self._stop_renewing.set()
+            self._renewer.join()
             with contextlib.suppress(RiverbedError):
                 self._leases.release(self._lease)  # a standby takes over at once
             self._storage.close()
