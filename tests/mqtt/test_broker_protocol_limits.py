@@ -97,10 +97,7 @@ def test_more_than_receive_maximum_qos1_unacknowledged_is_refused(
         assert connack.properties.receive_maximum == RECEIVE_MAXIMUM
         _send_all(
             client,
-            [
-                Publish("greedy/t", b"x", qos=1, packet_id=i)
-                for i in range(1, RECEIVE_MAXIMUM + 2)
-            ],
+            [Publish("greedy/t", b"x", qos=1, packet_id=i) for i in range(1, RECEIVE_MAXIMUM + 2)],
         )
         disconnect = client.expect(Disconnect)
         assert disconnect.reason_code == DisconnectReason.RECEIVE_MAXIMUM_EXCEEDED
