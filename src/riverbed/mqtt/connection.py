@@ -12,7 +12,9 @@ run in worker threads.
   the session and mints a new session id [MQTT-3.1.2-4]; Clean Start=0 resumes
   it with Session Present=1 [MQTT-3.1.2-5] unless it expired [MQTT-4.1.0-2].
 - Keep alive: no packet for 1.5 times the keep alive closes the connection
-  [MQTT-3.1.2-22] (MQTT 5: DISCONNECT 0x8D).
+  [MQTT-3.1.2-22] (MQTT 5: DISCONNECT 0x8D). `limits.server_keep_alive`
+  replaces an MQTT 5 client's keep alive (CONNACK Server Keep Alive); 3.1.1
+  has no such property, so a 3.1.1 client keeps its own.
 - A `ProtocolError` from the decoder (or a rule broken here) closes this
   connection only: CONNACK with the reason code before the CONNACK was sent,
   DISCONNECT with it after (MQTT 5); MQTT 3.1.1 just closes.
@@ -441,9 +443,11 @@ class Connection(asyncio.Protocol):
                 self.expiry = requested
         else:
             requested = self.expiry = 0 if packet.clean_start else limits.v311_session_expiry
-        self.keep_alive = (
-            limits.server_keep_alive if limits.server_keep_alive is not None else packet.keep_alive
-        )
+        # Server Keep Alive is MQTT 5's (CONNACK property, [MQTT-3.2.2-21]); a
+        # 3.1.1 client is held to its own keep alive, which it cannot be told
+        # otherwise.
+        server_keep_alive = limits.server_keep_alive if v5 else None
+        self.keep_alive = packet.keep_alive if server_keep_alive is None else server_keep_alive
         receive_maximum = props.receive_maximum or 0xFFFF
         window = min(receive_maximum, limits.max_inflight)
         self._client_max_packet = props.maximum_packet_size
