@@ -118,7 +118,9 @@ class Connection(asyncio.Protocol):
     committed as one batch and PUBACKs of one read handed to the session
     together. A packet that must wait (CONNECT, SUBSCRIBE, a QoS 2 or retained
     PUBLISH, ...) starts a task that handles it and everything that arrives
-    after it, in order; reading pauses while that backlog is long. Outgoing
+    after it, in order; reading pauses while that backlog is long. A SUBSCRIBE
+    takes effect in `_now` all the same (when it is read, or when its turn
+    comes in the backlog); only its SUBACK waits (`mqtt/following.py`). Outgoing
     packets of one turn of the event loop go out in one write.
     """
 
@@ -257,8 +259,9 @@ class Connection(asyncio.Protocol):
                 if self.closing:
                     return
                 if not self._now(packet):
-                    self._backlog = deque(packets[i:])
-                    self._worker = self._loop.create_task(self._work())
+                    # A deque of its own, even if empty (never the shared one).
+                    self._backlog = deque(packets[i + 1 :])
+                    self._worker = self._loop.create_task(self._work(packet))
                     return
         except ProtocolError as exc:
             self._refuse(exc)
@@ -298,6 +301,10 @@ class Connection(asyncio.Protocol):
         if kind is Pingreq:
             self.send(Pingresp())
             return True
+        if kind is Subscribe:
+            # In effect from now (mqtt/following.py); the rest in `_packet`.
+            self.following.take(cast(Subscribe, packet))
+            return False
         if kind is Disconnect:
             self.inbound.flush(now=True)  # acknowledged before the connection closes
             self._end_of_read()
@@ -314,9 +321,13 @@ class Connection(asyncio.Protocol):
             if session is not None and not self.closing:
                 self.execute(session.handle_all(acked, self._loop.time()))
 
-    async def _work(self) -> None:
-        """Handle the backlog in order, waiting where a packet needs it."""
+    async def _work(self, first: Packet) -> None:
+        """Handle `first` (which `_now` could not finish), then the backlog in
+        order, waiting where a packet needs it."""
         try:
+            self._end_of_read()
+            if not self.closing:
+                await self._packet(first)
             backlog = self._backlog
             while backlog and not self.closing:
                 packet = backlog.popleft()
@@ -386,7 +397,7 @@ class Connection(asyncio.Protocol):
             self.close(DisconnectReason.PROTOCOL_ERROR)
 
     async def _packet(self, packet: Packet) -> None:
-        """A packet `_now` could not handle there and then."""
+        """A packet `_now` could not handle there and then (right after it)."""
         match packet:
             case Connect():
                 await self._connect(packet)
