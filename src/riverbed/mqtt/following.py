@@ -355,9 +355,8 @@ class Following:
                 log.exception("client %s: reading retained messages failed", conn.client_id)
                 return
             session = conn.session
-            if found and session is not None and not conn.closing:
-                if sub in session.subscriptions:
-                    conn.execute(session.retained(sub, found, conn._loop.time()))
+            if found and session is not None and not conn.closing and sub in session.subscriptions:
+                conn.execute(session.retained(sub, found, conn._loop.time()))
 
     def _store_subscriptions(
         self, record: SessionRecord, version: int, filters: list[str], taken: _Taken
