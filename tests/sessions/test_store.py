@@ -75,6 +75,21 @@ def test_cursors_start_at_the_head_and_commit(storage: Storage) -> None:
     assert storage.get_subscription(cursor_name("s1", "t")).topic == "t"
 
 
+def test_cursors_start_at_given_offsets_within_the_stream(storage: Storage) -> None:
+    # A SUBSCRIBE's start positions, taken when it was read: streams it names
+    # start there (never before the first retained offset or past the head),
+    # the others as `start_us` says.
+    heads = create_topic(storage, "t", partitions=3)
+    a, b, c = (h.key for h in heads)
+    storage.append({a: numbered_rows(5), b: numbered_rows(5), c: numbered_rows(5)})
+    storage.delete_before(b, 2)
+    store = SessionStore(storage)
+    store.ensure_cursors("s1", ["t"], None, {a: 3, b: 1})
+    assert store.positions("s1", "t", storage.list_streams("t")) == {a: 3, b: 2, c: 5}
+    store.ensure_cursors("s2", ["t"], None, {a: 9})
+    assert store.positions("s2", "t", storage.list_streams("t"))[a] == 5
+
+
 def test_expire_discards_record_and_cursors(storage: Storage) -> None:
     create_topic(storage, "t")
     store = SessionStore(storage)

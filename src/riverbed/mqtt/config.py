@@ -28,7 +28,7 @@ A complete file, with the defaults:
     receive_maximum = 100            # QoS 1/2 PUBLISHes a client may have unacknowledged
     topic_alias_maximum = 16         # topic aliases a client may set (0: none)
     maximum_packet_size = 1048576    # bytes, the largest packet accepted
-    # server_keep_alive = 60         # seconds; unset: the client's own keep alive
+    # server_keep_alive = 60         # seconds, MQTT 5 clients; unset: the client's own
     max_session_expiry = "7d"        # the longest session expiry granted ("never" allowed)
     # default_session_expiry = "7d"  # MQTT 3.1.1 clean session 0; unset: max_session_expiry
     session_queue_limit = 1000       # messages queued in memory for one online session
@@ -547,7 +547,7 @@ KEYS: dict[str, Key] = {
         _integer(MIN_PACKET_SIZE, MAX_PACKET_SIZE, " bytes"), "the largest packet accepted"
     ),
     "limits.server_keep_alive": Key(
-        _optional(_seconds(MAX_UINT16)), "keep alive imposed on clients; unset: theirs"
+        _optional(_seconds(MAX_UINT16)), "keep alive imposed on MQTT 5 clients; unset: theirs"
     ),
     "limits.max_session_expiry": Key(
         _seconds(SESSION_NEVER_EXPIRES, never=True), "the longest session expiry granted"

@@ -12,7 +12,9 @@ run in worker threads.
   the session and mints a new session id [MQTT-3.1.2-4]; Clean Start=0 resumes
   it with Session Present=1 [MQTT-3.1.2-5] unless it expired [MQTT-4.1.0-2].
 - Keep alive: no packet for 1.5 times the keep alive closes the connection
-  [MQTT-3.1.2-22] (MQTT 5: DISCONNECT 0x8D).
+  [MQTT-3.1.2-22] (MQTT 5: DISCONNECT 0x8D). `limits.server_keep_alive`
+  replaces an MQTT 5 client's keep alive (CONNACK Server Keep Alive); 3.1.1
+  has no such property, so a 3.1.1 client keeps its own.
 - A `ProtocolError` from the decoder (or a rule broken here) closes this
   connection only: CONNACK with the reason code before the CONNACK was sent,
   DISCONNECT with it after (MQTT 5); MQTT 3.1.1 just closes.
@@ -116,7 +118,9 @@ class Connection(asyncio.Protocol):
     committed as one batch and PUBACKs of one read handed to the session
     together. A packet that must wait (CONNECT, SUBSCRIBE, a QoS 2 or retained
     PUBLISH, ...) starts a task that handles it and everything that arrives
-    after it, in order; reading pauses while that backlog is long. Outgoing
+    after it, in order; reading pauses while that backlog is long. A SUBSCRIBE
+    takes effect in `_now` all the same (when it is read, or when its turn
+    comes in the backlog); only its SUBACK waits (`mqtt/following.py`). Outgoing
     packets of one turn of the event loop go out in one write.
     """
 
@@ -255,8 +259,9 @@ class Connection(asyncio.Protocol):
                 if self.closing:
                     return
                 if not self._now(packet):
-                    self._backlog = deque(packets[i:])
-                    self._worker = self._loop.create_task(self._work())
+                    # A deque of its own, even if empty (never the shared one).
+                    self._backlog = deque(packets[i + 1 :])
+                    self._worker = self._loop.create_task(self._work(packet))
                     return
         except ProtocolError as exc:
             self._refuse(exc)
@@ -296,6 +301,10 @@ class Connection(asyncio.Protocol):
         if kind is Pingreq:
             self.send(Pingresp())
             return True
+        if kind is Subscribe:
+            # In effect from now (mqtt/following.py); the rest in `_packet`.
+            self.following.take(cast(Subscribe, packet))
+            return False
         if kind is Disconnect:
             self.inbound.flush(now=True)  # acknowledged before the connection closes
             self._end_of_read()
@@ -312,9 +321,13 @@ class Connection(asyncio.Protocol):
             if session is not None and not self.closing:
                 self.execute(session.handle_all(acked, self._loop.time()))
 
-    async def _work(self) -> None:
-        """Handle the backlog in order, waiting where a packet needs it."""
+    async def _work(self, first: Packet) -> None:
+        """Handle `first` (which `_now` could not finish), then the backlog in
+        order, waiting where a packet needs it."""
         try:
+            self._end_of_read()
+            if not self.closing:
+                await self._packet(first)
             backlog = self._backlog
             while backlog and not self.closing:
                 packet = backlog.popleft()
@@ -384,7 +397,7 @@ class Connection(asyncio.Protocol):
             self.close(DisconnectReason.PROTOCOL_ERROR)
 
     async def _packet(self, packet: Packet) -> None:
-        """A packet `_now` could not handle there and then."""
+        """A packet `_now` could not handle there and then (right after it)."""
         match packet:
             case Connect():
                 await self._connect(packet)
@@ -441,9 +454,11 @@ class Connection(asyncio.Protocol):
                 self.expiry = requested
         else:
             requested = self.expiry = 0 if packet.clean_start else limits.v311_session_expiry
-        self.keep_alive = (
-            limits.server_keep_alive if limits.server_keep_alive is not None else packet.keep_alive
-        )
+        # Server Keep Alive is MQTT 5's (CONNACK property, [MQTT-3.2.2-21]); a
+        # 3.1.1 client is held to its own keep alive, which it cannot be told
+        # otherwise.
+        server_keep_alive = limits.server_keep_alive if v5 else None
+        self.keep_alive = packet.keep_alive if server_keep_alive is None else server_keep_alive
         receive_maximum = props.receive_maximum or 0xFFFF
         window = min(receive_maximum, limits.max_inflight)
         self._client_max_packet = props.maximum_packet_size

@@ -5,8 +5,13 @@ Each subscription of a session reads the log through the session's cursors
 (named subscriptions `$session.<id>.<topic>`, `sessions/store.py`) on every
 topic its filters can reach. `Following` keeps that set in step:
 
-- SUBSCRIBE creates the cursors before the SUBACK (whatever is published after
-  it is after them), then sends the retained messages per Retain Handling;
+- a SUBSCRIBE takes effect when it is read (`take`, before any await): its
+  subscriptions join the session and the trie, and the start positions of the
+  streams the session does not follow yet are taken then, so a message
+  committed after the SUBSCRIBE was read is delivered even if its publisher did
+  not wait for the SUBACK; the cursors at those positions and the
+  subscriptions are durable before the SUBACK (`subscribe`), then the new
+  streams are followed and the retained messages sent per Retain Handling;
 - UNSUBSCRIBE drops the cursors of topics no subscription reaches any more, so
   they do not hold messages back from retention;
 - a stream of a later generation (a topic scaled up) is followed only once its
@@ -20,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from riverbed.errors import InvalidTopicFilter, ProtocolError, RiverbedError, TopicNotFound
@@ -38,7 +43,7 @@ from riverbed.mqtt.codec import (
 )
 from riverbed.mqtt.sharing import is_shared
 from riverbed.sessions.session import Event, Follow, Subscription
-from riverbed.sessions.store import now_us
+from riverbed.sessions.store import SessionRecord, Stored, now_us
 from riverbed.sharedsub.claims import GroupStore
 from riverbed.sharedsub.protocol import GroupId
 
@@ -48,10 +53,29 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True, slots=True)
+class _Taken:
+    """A SUBSCRIBE as `Following.take` left it for `Following.subscribe`."""
+
+    packet: Subscribe
+    codes: tuple[SubackReason, ...]
+    added: list[Subscription]
+    """Its private subscriptions, in effect since it was read."""
+    shared: list[Subscription]
+    wants_retained: list[Subscription]
+    positions: dict[int, int]
+    """Stream key -> where the subscription starts on it, taken when read."""
+    at_us: int
+    """When it was read (a message id's time): where streams not in
+    `positions` start."""
+
+
 class Following:
     """The subscriptions and followed streams of one connection's session."""
 
     __slots__ = (
+        "_retaining",
+        "_taken",
         "_task",
         "conn",
         "lineage_wait",
@@ -62,10 +86,17 @@ class Following:
         self.lineage_wait = False
         """Some stream of the session's topics waits for its lineage."""
         self._task: asyncio.Task[None] | None = None
+        self._taken: _Taken | None = None
+        """The SUBSCRIBE `take` took and `subscribe` has yet to finish."""
+        self._retaining: set[asyncio.Task[None]] | None = None
+        """Retained messages being looked up for new subscriptions (made on
+        first use: most connections never need one)."""
 
     def cancel(self) -> None:
         if self._task is not None:
             self._task.cancel()
+        for task in self._retaining or ():
+            task.cancel()
 
     async def bindings(self) -> list[tuple[str, str | None]]:
         conn = self.conn
@@ -124,25 +155,34 @@ class Following:
         conn = self.conn
         assert conn.stored is not None
         session_id = conn.stored.record.session_id
-        store = conn.broker.store
-        storage = conn.broker.log.storage
         in_memory = conn.session.cursors() if conn.session is not None else {}
+        out, waiting = await asyncio.to_thread(self._readable, session_id, topics, in_memory)
+        self.lineage_wait = waiting
+        return out
+
+    def _readable(
+        self, session_id: str, topics: list[str], in_memory: dict[int, int]
+    ) -> tuple[dict[int, int], bool]:
+        """`readable`, blocking (in a worker thread): the streams and cursors,
+        and whether some stream has to wait for its lineage. `in_memory`: the
+        session's cursors, newer than the stored ones."""
+        store = self.conn.broker.store
+        storage = self.conn.broker.log.storage
         out: dict[int, int] = {}
         waiting = False
         for topic in topics:
             try:
-                generations = await asyncio.to_thread(storage.list_storage_topics, topic)
+                generations = storage.list_storage_topics(topic)
             except TopicNotFound:
                 continue  # deleted since: nothing to follow there
-            topic_heads = await asyncio.to_thread(storage.list_streams, topic)
-            positions = await asyncio.to_thread(store.positions, session_id, topic, topic_heads)
+            topic_heads = storage.list_streams(topic)
+            positions = store.positions(session_id, topic, topic_heads)
             cursors = {k: in_memory.get(k, v) for k, v in positions.items()}
             readable, _ = readable_streams(generations, topic_heads, cursors)
             waiting = waiting or len(readable) < len(topic_heads)
             for head in readable:
                 out[head.key] = positions[head.key]
-        self.lineage_wait = waiting
-        return out
+        return out, waiting
 
     def streams_changed(self) -> None:
         """The router saw new streams (a topic scaled up, or was created): follow
@@ -175,7 +215,15 @@ class Following:
                 conn.handle(Follow(key, cursor, 0))
 
     # --- SUBSCRIBE / UNSUBSCRIBE ---------------------------------------------------
-    async def subscribe(self, packet: Subscribe) -> None:
+    def take(self, packet: Subscribe) -> None:
+        """The part of a SUBSCRIBE that happens when it is read, before any
+        await: checks, and the session's new subscriptions take effect (in the
+        session and the trie: messages of streams it follows match them from
+        now on) with the start positions for the streams it does not follow yet
+        (`Router.start_positions`). So whatever is committed after the SUBSCRIBE
+        was read is delivered, even if its publisher did not wait for the
+        SUBACK. `subscribe` does the rest; nothing else of this connection runs
+        in between."""
         conn = self.conn
         session = conn.require_session()
         broker = conn.broker
@@ -223,41 +271,117 @@ class Following:
             )
             (added if group is None else shared).append(sub)
             codes.append(SubackReason(granted))
-        if shared:
-            # A group member: the group's Leader lends it streams. No retained
-            # messages for a shared subscription (MQTT 5.0 §4.8.2). The group
-            # exists before the SUBACK (its Leader, which would create it,
-            # starts later): what is published after the SUBACK is the group's.
-            groups = GroupStore(broker.log.storage)
-            at = now_us()
-            for sub in shared:
-                await asyncio.to_thread(groups.ensure, GroupId.parse(sub.topic_filter), at)
-            sharing = conn.share()
-            for sub in shared:
-                sharing.subscribe(sub)
-            if not added:
-                await self.save_subscriptions()
+        wants_retained: list[Subscription] = []
+        positions: dict[int, int] = {}
+        current = True
+        at_us = 0
         if added:
-            # Cursors first: whatever is published after the SUBACK is after them.
-            filters = [s.topic_filter for s in (*session.subscriptions, *added)]
-            topics = reachable_topics(filters, await self.bindings())
-            follow = await self.follow(topics, start_us=None, dup={}, crashed=False)
-            wants_retained: list[Subscription] = []
+            # The server may send matching PUBLISHes before the SUBACK (MQTT 5.0
+            # §3.8.4); what must wait for it is only that they survive a crash.
             for sub in added:
                 existed = session.subscribe(sub)
                 broker.trie.add(sub.topic_filter, conn)
                 # Retain Handling 0: always; 1: only for a new subscription; 2: never.
                 if sub.retain_handling == 0 or (sub.retain_handling == 1 and not existed):
                     wants_retained.append(sub)
-            await self.save_subscriptions()
-            for event in follow:
-                conn.handle(event)
-        conn.send(Suback(packet.packet_id, tuple(codes)))
-        if added and broker.config.limits.retain_available:
-            for sub in wants_retained:
-                found = await asyncio.to_thread(broker.retained.matching, sub.topic_filter)
-                if found and conn.session is not None and not conn.closing:
-                    conn.execute(conn.session.retained(sub, found, conn._loop.time()))
+            positions, current = broker.router.start_positions()
+            # Streams the router has not seen, or all of them when its view may be
+            # old: from the first message stamped from now on (this node's ids
+            # only grow, so every message it commits after this is).
+            at_us = broker.log.appender.ids.next_raw()[1]
+            if not current:
+                positions = {}
+        assert self._taken is None, "a SUBSCRIBE taken and not finished"
+        self._taken = _Taken(packet, tuple(codes), added, shared, wants_retained, positions, at_us)
+
+    async def subscribe(self, packet: Subscribe) -> None:
+        """The rest of a SUBSCRIBE `take` took: the subscriptions and the cursors
+        of the topics they newly reach are durable before the SUBACK (a broker
+        restarted after it resumes the session from there); then the streams
+        of those topics are followed, and the retained messages sent."""
+        taken, self._taken = self._taken, None
+        assert taken is not None and taken.packet is packet
+        conn = self.conn
+        broker = conn.broker
+        follow: dict[int, int] = {}
+        if taken.shared:
+            # A group member: the group's Leader lends it streams. No retained
+            # messages for a shared subscription (MQTT 5.0 §4.8.2). The group
+            # exists before the SUBACK (its Leader, which would create it,
+            # starts later): what is published after the SUBACK is the group's.
+            groups = GroupStore(broker.log.storage)
+            at = now_us()
+            for sub in taken.shared:
+                await asyncio.to_thread(groups.ensure, GroupId.parse(sub.topic_filter), at)
+            sharing = conn.share()
+            for sub in taken.shared:
+                sharing.subscribe(sub)
+        if taken.added or taken.shared:
+            async with conn.record_lock:
+                session = conn.session
+                if conn.stored is None or session is None:
+                    return  # closing: the session is being saved or discarded
+                record = replace(conn.record(), subscriptions=conn.subscriptions())
+                filters = [s.topic_filter for s in session.subscriptions]
+                conn.stored, follow, waiting = await asyncio.to_thread(
+                    self._store_subscriptions, record, conn.stored.version, filters, taken
+                )
+            self.lineage_wait = self.lineage_wait or waiting
+        session = conn.session
+        if session is not None and not conn.closing:
+            for key, cursor in follow.items():
+                if key not in session.streams:
+                    conn.handle(Follow(key, cursor, 0))
+        conn.send(Suback(packet.packet_id, taken.codes))
+        if taken.wants_retained and broker.config.limits.retain_available:
+            # Not on this connection's worker: the packets after the SUBSCRIBE
+            # (another SUBSCRIBE, to take effect when read) need not wait for it.
+            if self._retaining is None:
+                self._retaining = set()
+            task = conn._loop.create_task(self._send_retained(taken.wants_retained))
+            self._retaining.add(task)
+            task.add_done_callback(self._retaining.discard)
+
+    async def _send_retained(self, subscriptions: list[Subscription]) -> None:
+        """After the SUBACK: the retained messages new subscriptions asked for
+        (Retain Handling), through the session's window, unless the
+        subscription has gone (UNSUBSCRIBE) or changed (a SUBSCRIBE replaced it)
+        since."""
+        conn = self.conn
+        for sub in subscriptions:
+            try:
+                found = await asyncio.to_thread(conn.broker.retained.matching, sub.topic_filter)
+            except RiverbedError:
+                log.exception("client %s: reading retained messages failed", conn.client_id)
+                return
+            session = conn.session
+            if found and session is not None and not conn.closing and sub in session.subscriptions:
+                conn.execute(session.retained(sub, found, conn._loop.time()))
+
+    def _store_subscriptions(
+        self, record: SessionRecord, version: int, filters: list[str], taken: _Taken
+    ) -> tuple[Stored, dict[int, int], bool]:
+        """In a worker thread: cursors on the topics `filters` newly reach, at
+        the positions `taken` holds; then the record with those topics and its
+        subscriptions (compare-and-set on `version`). Returns what was written,
+        the new topics' streams to follow now with their cursors, and whether
+        some stream of them waits for its lineage."""
+        broker = self.conn.broker
+        store = broker.store
+        follow: dict[int, int] = {}
+        waiting = False
+        new: list[str] = []
+        if taken.added:
+            bindings = [(t.name, t.binding) for t in broker.log.storage.list_topics()]
+            known = set(record.topics)
+            new = [t for t in reachable_topics(filters, bindings) if t not in known]
+            if new:
+                store.ensure_cursors(record.session_id, new, taken.at_us, taken.positions)
+                record = replace(record, topics=(*record.topics, *new))
+        stored = store.write(record, version)
+        if new:
+            follow, waiting = self._readable(record.session_id, new, {})
+        return stored, follow, waiting
 
     async def unsubscribe(self, packet: Unsubscribe) -> None:
         conn = self.conn

@@ -2,9 +2,18 @@
 
 A PUBLISH is committed to the log (the topic `Log.topic_for` picks) before its
 PUBACK/PUBREC goes out, and acknowledgements go out in the order the PUBLISHes
-came in [MQTT-4.6.0-2]. QoS 0 and 1 wait in a batch per log topic for the
-broker's commit pacer (`mqtt/pacer.py`), which commits every connection's
-batches for a topic together.
+came in [MQTT-4.6.0-2], refusals included: a PUBLISH refused on arrival (not
+authorized) waits behind the commits before it, already answered (`_Answered`).
+QoS 0 and 1 wait in a batch per log topic for the broker's commit pacer
+(`mqtt/pacer.py`), which commits every connection's batches for a topic together.
+
+Receive Maximum [MQTT-3.3.4-7]: a QoS 1 PUBLISH counts until its PUBACK is sent,
+a QoS 2 one until its PUBCOMP is sent; QoS 0 never counts. One more is refused
+with DISCONNECT 0x93 (MQTT 3.1.1, which has no Receive Maximum to announce: the
+connection is closed at the same limit). A QoS 2 PUBLISH sent again with the
+packet id of one awaiting PUBREL is the same message: answered, not counted
+again. Packet ids a previous connection of the session left awaiting PUBREL
+are not counted (this connection has not seen them; the markers are in storage).
 
 QoS 2, exactly once across broker restarts (issue 3): the message and a marker
 `(session id, packet id)` are committed in one transaction
@@ -74,6 +83,26 @@ def append_exactly_once(bus: Log, log_topic: str, message: Message, marker: str)
     return None if stream is None else (stream, offset)
 
 
+class _Answered:
+    """An acknowledgement decided when its PUBLISH arrived (a refusal, or the
+    PUBREC of a resent QoS 2 PUBLISH), waiting in `Inbound._acks` behind the
+    commits before it [MQTT-4.6.0-2]: done from the start, like a finished commit."""
+
+    __slots__ = ("answer",)
+
+    def __init__(self, answer: Puback | Pubrec) -> None:
+        self.answer = answer
+
+    def done(self) -> bool:
+        return True
+
+    def cancelled(self) -> bool:
+        return False
+
+    def exception(self) -> BaseException | None:
+        return None
+
+
 class Inbound:
     """The PUBLISHes of one connection, from arrival to acknowledgement."""
 
@@ -83,6 +112,7 @@ class Inbound:
         "_batches",
         "_loop",
         "_qos2",
+        "_unacked",
         "conn",
     )
 
@@ -90,8 +120,10 @@ class Inbound:
         self.conn = conn
         self._loop = asyncio.get_running_loop()
         self._aliases: dict[int, str] = {}
-        self._acks: deque[tuple[Batch | asyncio.Future[Any], Publish]] = deque()
+        self._acks: deque[tuple[Batch | asyncio.Future[Any] | _Answered, Publish]] = deque()
         """Commits not yet acknowledged, in arrival order."""
+        self._unacked = 0
+        """How many of `_acks` are QoS 1/2 (Receive Maximum counts those)."""
         self._batches: dict[str, Batch] = {}
         """QoS 0/1 PUBLISHes by topic that the pacer has not taken yet."""
         self._qos2: set[int] = set()
@@ -112,6 +144,8 @@ class Inbound:
             batch = self._batches[log_topic] = Batch(self, log_topic)
         batch.messages.append(message)
         self._acks.append((batch, packet))
+        if packet.qos:
+            self._unacked += 1
         return True
 
     def flush(self, now: bool = False) -> None:
@@ -136,9 +170,15 @@ class Inbound:
         authorization. Returns (topic name, message), or None when refused here."""
         conn = self.conn
         conn.require_session()
+        properties = packet.properties
+        if properties.subscription_identifiers:
+            raise ProtocolError(
+                DisconnectReason.PROTOCOL_ERROR,
+                "a PUBLISH from a client must not carry a Subscription Identifier [MQTT-3.3.4-6]",
+            )
         limits = conn.broker.config.limits
         topic = packet.topic
-        alias = packet.properties.topic_alias
+        alias = properties.topic_alias
         if alias is not None:
             if alias > limits.topic_alias_maximum:
                 raise ProtocolError(
@@ -156,7 +196,15 @@ class Inbound:
                         f"Topic Alias {alias} was never set on this connection [3.3.2.3.4]",
                     )
                 topic = found
-        if packet.qos and len(self._acks) >= limits.receive_maximum:
+        qos = packet.qos
+        if qos == 2 and packet.packet_id in self._qos2:
+            # A resent QoS 2 PUBLISH whose PUBREC was lost: committed already,
+            # and counted already (not a new PUBLISH for Receive Maximum).
+            self._answer(packet, Pubrec(packet.packet_id or 0))
+            return None
+        # [MQTT-3.3.4-7]: QoS 1/2 PUBLISHes not yet acknowledged (PUBACK, PUBREC
+        # not sent) and QoS 2 ones whose PUBCOMP is not sent; QoS 0 not at all.
+        if qos and self._unacked + len(self._qos2) >= limits.receive_maximum:
             raise ProtocolError(
                 DisconnectReason.RECEIVE_MAXIMUM_EXCEEDED,
                 f"more than Receive Maximum {limits.receive_maximum} QoS 1/2"
@@ -167,21 +215,27 @@ class Inbound:
                 DisconnectReason.RETAIN_NOT_SUPPORTED,
                 "retained messages are not available (CONNACK Retain Available 0) [MQTT-3.2.2-14]",
             )
-        if packet.qos == 2 and packet.packet_id in self._qos2:
-            # A resent QoS 2 PUBLISH whose PUBREC was lost: committed already.
-            conn.send(Pubrec(packet.packet_id or 0))
-            return None
         if not conn.broker.authorizer.can_publish(conn.username, conn.client_id, topic):
             log.info("client %s: not authorized to publish to %r", conn.client_id, topic)
             v5 = conn.level == MQTT_5
-            if packet.qos == 1:
+            if qos == 1:
                 refused = PubackReason.NOT_AUTHORIZED if v5 else PubackReason.SUCCESS
-                conn.send(Puback(packet.packet_id or 0, refused))
-            elif packet.qos == 2:
+                self._answer(packet, Puback(packet.packet_id or 0, refused))
+            elif qos == 2:
                 denied = PubrecReason.NOT_AUTHORIZED if v5 else PubrecReason.SUCCESS
-                conn.send(Pubrec(packet.packet_id or 0, denied))
+                self._answer(packet, Pubrec(packet.packet_id or 0, denied))
             return None
         return topic, message_from_publish(packet, topic, conn.client_id)
+
+    def _answer(self, packet: Publish, answer: Puback | Pubrec) -> None:
+        """Acknowledge `packet` with `answer`, decided now, in arrival order: at
+        once if nothing before it waits for a commit, else behind that
+        [MQTT-4.6.0-2]."""
+        if self._acks:
+            self._acks.append((_Answered(answer), packet))
+            self._unacked += 1
+        else:
+            self.conn.send(answer)
 
     async def publish(self, packet: Publish) -> None:
         """A PUBLISH that waits: retained (stored before the acknowledgement) or QoS 2."""
@@ -203,6 +257,8 @@ class Inbound:
         batch = self._batches[log_topic] = Batch(self, log_topic)
         batch.messages.append(message)
         self._acks.append((batch, packet))
+        if packet.qos:
+            self._unacked += 1
         self.flush(now=True)
 
     async def _publish_exactly_once(
@@ -215,9 +271,11 @@ class Inbound:
         assert self.conn.stored is not None and packet.packet_id is not None
         earlier: dict[int, asyncio.Future[Any]] = {}
         for f, _ in self._acks:
-            if not isinstance(f, Batch):
+            if f.done():
+                continue
+            if isinstance(f, asyncio.Future):
                 earlier[id(f)] = f
-            elif f.future is not None and id(f) not in earlier:
+            elif isinstance(f, Batch) and f.future is not None and id(f) not in earlier:
                 earlier[id(f)] = asyncio.wrap_future(f.future)  # at the writer thread
         if earlier:
             await asyncio.wait(earlier.values())
@@ -226,6 +284,7 @@ class Inbound:
             None, append_exactly_once, self.conn.broker.log, log_topic, message, marker
         )
         self._acks.append((once, packet))
+        self._unacked += 1
 
         def exactly_once(f: asyncio.Future[Position | None]) -> None:
             ok = not f.cancelled() and f.exception() is None
@@ -239,11 +298,12 @@ class Inbound:
         reuse it once it has the PUBCOMP, and a marker left behind would drop
         that new message as a duplicate."""
         known = packet_id in self._qos2
-        self._qos2.discard(packet_id)
         if self.conn.stored is not None:
             marker = qos2_marker(self.conn.stored.record.session_id, packet_id)
             deleted = await asyncio.to_thread(self.conn.broker.log.storage.delete_marker, marker)
             known = known or deleted
+        # It counts toward Receive Maximum until its PUBCOMP is sent [MQTT-3.3.4-7].
+        self._qos2.discard(packet_id)
         if known or self.conn.level != MQTT_5:
             self.conn.send(Pubcomp(packet_id))
         else:
@@ -286,6 +346,11 @@ class Inbound:
         conn = self.conn
         while acks and acks[0][0].done():
             done, packet = acks.popleft()
+            if packet.qos:
+                self._unacked -= 1
+            if type(done) is _Answered:
+                conn.send(done.answer)
+                continue
             failed = done.cancelled() or done.exception() is not None
             refusal = PubackReason.SUCCESS
             if failed:

@@ -170,10 +170,26 @@ class Router:
             heads = self.storage.list_streams()
         else:
             heads = await asyncio.to_thread(self.storage.list_streams)
+        self._look(heads)
+        return self.heads()
+
+    def _look(self, heads: Sequence[StreamHead]) -> None:
         self._learn(heads)
         for routed in self._streams.values():
             self._advance(routed)
-        return self.heads()
+
+    def start_positions(self) -> tuple[dict[int, int], bool]:
+        """Where a subscription that starts now starts: each known stream's head
+        (a message committed after this call lands at or beyond it), and
+        whether they are current. On an embedded database they are read now,
+        on the event loop (the small heads table, as `refresh` does); otherwise
+        they are as last seen: this broker's own commits are in them, others'
+        as of the last look, current while the router watches (refreshed on
+        every wake-up), possibly old while it does not."""
+        if self.storage.appends_inline:
+            self._look(self.storage.list_streams())
+            return self.heads(), True
+        return self.heads(), self._wanted.is_set()
 
     # --- sessions --------------------------------------------------------------------
     def key_of(self, stream: StreamId) -> int | None:

@@ -246,20 +246,33 @@ class SessionStore:
                 self.storage.delete_subscription(cursor_name(session_id, topic))
 
     # --- cursors -----------------------------------------------------------------
-    def ensure_cursors(self, session_id: str, topics: Iterable[str], start_us: int | None) -> None:
+    def ensure_cursors(
+        self,
+        session_id: str,
+        topics: Iterable[str],
+        start_us: int | None,
+        offsets: Mapping[int, int] | None = None,
+    ) -> None:
         """Create the session's cursors on `topics` that do not exist yet: at the
         streams' heads (`start_us` None), or at the first message at or after
-        `start_us` (a topic that appeared while the session was away)."""
+        `start_us` (a topic that appeared while the session was away). A stream
+        in `offsets` starts there instead (within what it holds): the positions
+        a SUBSCRIBE took when it was read (`mqtt/following.py`)."""
         for topic in topics:
             name = cursor_name(session_id, topic)
 
             def initial(heads: list[StreamHead], at: int | None = start_us) -> dict[int, int]:
-                if at is None:
-                    return {h.key: h.next_offset for h in heads}
-                return {
-                    h.key: max(h.start_offset, self.storage.first_offset_at(h.key, at))
-                    for h in heads
-                }
+                out: dict[int, int] = {}
+                for h in heads:
+                    given = None if offsets is None else offsets.get(h.key)
+                    if given is not None:
+                        offset = min(given, h.next_offset)
+                    elif at is None:
+                        offset = h.next_offset
+                    else:
+                        offset = self.storage.first_offset_at(h.key, at)
+                    out[h.key] = max(h.start_offset, offset)
+                return out
 
             record = SubscriptionRecord(
                 name,
