@@ -20,6 +20,7 @@ import pytest
 
 from harness.delivery import by_group, produce_groups, queued, subscribe
 from harness.endpoint import Endpoint, Request
+from harness.waiting import eventually
 from riverbed.storage import open_storage
 from riverbed.subscriptions.definition import ConsumptionPolicy, RetryPolicy
 from riverbed.subscriptions.dlq import parked as parked_in
@@ -107,7 +108,7 @@ def _run_job(url: str, log: Path) -> subprocess.Popen[bytes]:
                 "--max-per-trigger",
                 "200",
                 "--lease-seconds",
-                "3",  # the killed job's lease keeps the next one waiting this long
+                "10",  # the killed job's lease keeps the next one waiting this long
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -278,7 +279,7 @@ def test_a_second_job_waits_and_takes_over(spark: Any, sqlite_url: str) -> None:
     with Endpoint(delay=0.002) as endpoint:
         setup(sqlite_url, endpoint, groups=10, per_group=100)
         first = DeliveryJob(
-            spark, sqlite_url, "billing", trigger_seconds=0.1, max_per_trigger=100, lease_seconds=3
+            spark, sqlite_url, "billing", trigger_seconds=0.1, max_per_trigger=100, lease_seconds=10
         )
         stop_first, stop_second = threading.Event(), threading.Event()
         one = threading.Thread(target=first.run, kwargs={"stop": stop_first})
@@ -292,7 +293,7 @@ def test_a_second_job_waits_and_takes_over(spark: Any, sqlite_url: str) -> None:
                 sqlite_url,
                 "billing",
                 trigger_seconds=0.1,
-                lease_seconds=3,
+                lease_seconds=10,
                 stop=stop_second,
                 on_wait=told.append,
             )
@@ -319,3 +320,33 @@ def test_a_second_job_waits_and_takes_over(spark: Any, sqlite_url: str) -> None:
             two.join(timeout=60)
         delivered = endpoint.delivered()
     check_outcome(delivered, [], [], 10, 100, set())
+
+
+def test_the_lease_is_kept_while_spark_starts_slowly(
+    spark: Any, sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spark's start-up took 30-80 s on a loaded machine, longer than the lease,
+    and nothing renewed it meanwhile: the job stopped itself ("lost its
+    lease") with no other job around. A thread renews it from the moment it is
+    taken."""
+    from riverbed.spark.delivery import DeliveryJob
+
+    started = DeliveryJob._start
+
+    def slow_start(job: DeliveryJob, *args: Any) -> Any:
+        # Spark starting slowly: the start waits until the lease (1 s) was
+        # renewed well past the time it was taken for.
+        first = job._lease.expires_us
+        eventually(
+            lambda: job._lease.expires_us > first + 1_500_000, 60, "renewals during the start"
+        )
+        return started(job, *args)
+
+    monkeypatch.setattr(DeliveryJob, "_start", slow_start)
+    with Endpoint(delay=0.0) as endpoint:
+        setup(sqlite_url, endpoint, groups=2, per_group=10)
+        job = DeliveryJob(spark, sqlite_url, "billing", trigger_seconds=0.1, lease_seconds=1)
+        totals = job.run(until_idle=True)
+        delivered = endpoint.delivered()
+    assert totals.delivered == 20
+    check_outcome(delivered, [], [], 2, 10, set())
