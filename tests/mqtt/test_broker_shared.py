@@ -13,6 +13,7 @@ run in seconds; their defaults are checked in `tests/sharedsub/test_config.py`.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import signal
 import time
@@ -92,16 +93,18 @@ def publish(
     return sent
 
 
-def wait_union(members: Iterable[Client], expected: Iterable[bytes], timeout: float = 20.0) -> None:
+def wait_union(members: Iterable[Client], expected: Iterable[bytes], timeout: float = 60.0) -> None:
     want = set(expected)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if want <= {p for m in members for p in m.payloads()}:
-            return
-        time.sleep(0.05)
-    got = {p for m in members for p in m.payloads()}
-    missing = sorted(want - got)
-    raise AssertionError(f"{len(missing)} of {len(want)} never delivered, e.g. {missing[:5]}")
+
+    def missing() -> list[bytes]:
+        return sorted(want - {p for m in members for p in m.payloads()})
+
+    eventually(
+        lambda: not missing(),
+        timeout,
+        f"all {len(want)} delivered",
+        explain=lambda: f"{len(missing())} never delivered, e.g. {missing()[:5]}",
+    )
 
 
 def check_exactly_once(members: Iterable[Client], expected: Iterable[bytes]) -> None:
@@ -131,6 +134,56 @@ def check_key_order(members: Iterable[Client], *, redelivered: bool = False) -> 
         last[(member_id, key)] = int(n)
 
 
+MARKER_BASE = 10_000_000
+"""Sequence numbers from here on are markers (`settle`), not test messages."""
+_settles = itertools.count()
+
+
+def settle(members: Iterable[Client], pub: Client, topic: str = "w/x") -> None:
+    """Wait until nothing published so far can still arrive: a marker on every
+    key's stream, each after the rest of its stream (what a stream delivers
+    again after a move comes before its marker), instead of a pause."""
+    base = MARKER_BASE + next(_settles) * KEYS
+    markers = [f"k{i}:{base + i}".encode() for i in range(KEYS)]
+    infos = [pub.publish(topic, m, qos=1, key=f"k{i}") for i, m in enumerate(markers)]
+    for info in infos:
+        info.wait_for_publish(30)
+    wait_union(members, markers)
+
+
+def tests_messages(client: Client) -> list[bytes]:
+    """What a member received, markers left out."""
+    return [p for p in client.payloads() if int(p.split(b":")[1]) < MARKER_BASE]
+
+
+def wait_holding(url: str, members: int, text: str = "$share/g/w/#") -> None:
+    """Until `members` Borrowers of the group hold streams (as its Leader last saved)."""
+    group = GroupId.parse(text)
+
+    def holding() -> int:
+        storage = open_storage(url)
+        try:
+            record = GroupStore(storage).get(group)
+        finally:
+            storage.close()
+        return 0 if record is None else sum(1 for held in record.holdings.values() if held)
+
+    eventually(lambda: holding() >= members, what=f"{members} members holding streams")
+
+
+def wait_for_leader(url: str, text: str = "$share/g/w/#") -> None:
+    group = GroupId.parse(text)
+
+    def leader() -> bool:
+        storage = open_storage(url)
+        try:
+            return GroupStore(storage).leader_of(group, time.time_ns() // 1000) is not None
+        finally:
+            storage.close()
+
+    eventually(leader, what="the group's Leader")
+
+
 def keys_of(client: Client, since: float = 0.0) -> set[str]:
     return {r.payload.decode().split(":")[0] for r in client.received if r.at >= since}
 
@@ -150,7 +203,7 @@ def test_one_member_gets_what_the_group_holds_before_and_after_it_subscribed(
         pub = Client(broker.port, "pub")
         pub.connect()
         publish(pub, 0, 30)  # before the group's start: not the group's
-        time.sleep(0.05)
+        time.sleep(0.05)  # the start is a time: after these messages' timestamps
         storage = open_storage(storage_url)
         try:
             GroupStore(storage).create(
@@ -158,14 +211,14 @@ def test_one_member_gets_what_the_group_holds_before_and_after_it_subscribed(
             )
         finally:
             storage.close()
-        time.sleep(0.05)
+        time.sleep(0.05)  # ... and these after it
         before = publish(pub, 30, 60)
         a = member(broker.port, "a")
         after = publish(pub, 90, 60)
         wait_union([a], before + after)
-        time.sleep(0.5)
+        settle([a], pub)
         check_exactly_once([a], before + after)
-        assert len(a.payloads()) == 120  # nothing from before the group's start
+        assert len(tests_messages(a)) == 120  # nothing from before the group's start
         check_key_order([a])
         close_all(a, pub)
 
@@ -173,12 +226,12 @@ def test_one_member_gets_what_the_group_holds_before_and_after_it_subscribed(
 def test_two_members_split_the_work_without_loss_or_duplicate(broker: BrokerProcess) -> None:
     a = member(broker.port, "a")
     b = member(broker.port, "b")
-    time.sleep(1.0)  # both hold their streams
+    wait_holding(broker.db_url, 2)
     pub = Client(broker.port, "pub")
     pub.connect()
     sent = publish(pub, 0, 480)
     wait_union([a, b], sent)
-    time.sleep(0.5)
+    settle([a, b], pub)
     check_exactly_once([a, b], sent)
     check_key_order([a, b])
     assert a.payloads() and b.payloads()
@@ -191,12 +244,12 @@ def test_mqtt_311_members_and_queue_groups(broker: BrokerProcess) -> None:
     a.connect()
     assert a.subscribe("$queue/w/#", qos=1) == [1]
     b = member(broker.port, "b", "$queue/w/#")
-    time.sleep(1.0)
+    wait_holding(broker.db_url, 2, "$queue/w/#")
     pub = Client(broker.port, "pub")
     pub.connect()
     sent = publish(pub, 0, 200)
     wait_union([a, b], sent)
-    time.sleep(0.3)
+    settle([a, b], pub)
     check_exactly_once([a, b], sent)
     assert a.payloads() and b.payloads()
     close_all(a, b, pub)
@@ -205,7 +258,7 @@ def test_mqtt_311_members_and_queue_groups(broker: BrokerProcess) -> None:
 def test_a_dead_members_streams_move_to_the_survivor(broker: BrokerProcess) -> None:
     a = member(broker.port, "a", keepalive=2)
     b = member(broker.port, "b")
-    time.sleep(1.0)
+    wait_holding(broker.db_url, 2)
     pub = Client(broker.port, "pub")
     pub.connect()
     first = publish(pub, 0, 200)
@@ -230,7 +283,7 @@ def test_a_new_member_takes_streams_over_by_revoke(broker: BrokerProcess) -> Non
     joined = time.monotonic()
     sent += publish(pub, 150, 300, pace=0.004)
     wait_union([a, b], sent)
-    time.sleep(0.3)
+    settle([a, b], pub)
     check_exactly_once([a, b], sent)
     check_key_order([a, b])
     b_first = min(r.at for r in b.received)
@@ -241,7 +294,7 @@ def test_a_new_member_takes_streams_over_by_revoke(broker: BrokerProcess) -> Non
 def test_a_graceful_unsubscribe_rebalances_within_two_seconds(broker: BrokerProcess) -> None:
     a = member(broker.port, "a")
     b = member(broker.port, "b")
-    time.sleep(1.0)
+    wait_holding(broker.db_url, 2)
     pub = Client(broker.port, "pub")
     pub.connect()
     sent = publish(pub, 0, 200)
@@ -250,7 +303,7 @@ def test_a_graceful_unsubscribe_rebalances_within_two_seconds(broker: BrokerProc
     left = time.monotonic()
     sent += publish(pub, 200, 600, pace=0.005)
     wait_union([a, b], sent)
-    time.sleep(0.3)
+    settle([a, b], pub)
     check_exactly_once([a, b], sent)
     # From 2 s after the UNSUBACK on, a receives every key.
     assert keys_of(a, since=left + 2.0) == {f"k{n}" for n in range(KEYS)}
@@ -267,7 +320,7 @@ def test_two_members_joining_during_200_publishes(broker: BrokerProcess) -> None
     c = member(broker.port, "c")
     sent += publish(pub, 130, 70, pace=0.01)
     wait_union([a, b, c], sent)
-    time.sleep(0.3)
+    settle([a, b, c], pub)
     check_exactly_once([a, b, c], sent)
     check_key_order([a, b, c])
     close_all(a, b, c, pub)
@@ -290,7 +343,7 @@ def test_quick_unsubscribe_resubscribe_cycles_under_load(broker: BrokerProcess) 
         for info in infos:
             info.wait_for_publish(15)
     wait_union([a, b], sent, timeout=30)
-    time.sleep(0.5)
+    settle([a, b], pub)
     check_exactly_once([a, b], sent)
     check_key_order([a, b])
     close_all(a, b, pub)
@@ -316,9 +369,7 @@ def test_20000_messages_with_a_member_leaving_mid_replay(storage_url: str, confi
             info.wait_for_publish(60)
         a = member(broker.port, "a")
         b = member(broker.port, "b")
-        deadline = time.monotonic() + 30
-        while len(a.payloads()) < 3000 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        eventually(lambda: len(a.payloads()) >= 3000, what="a mid-replay", interval=0.005)
         a.drop()  # mid-replay, messages in flight
         wait_union([a, b], sent, timeout=60)
         check_key_order([a, b], redelivered=True)
@@ -420,12 +471,13 @@ def test_leader_lookup_failing_then_recovering(storage_url: str, config: Path) -
         pub = Client(broker.port, "pub")
         pub.connect()
         sent = publish(pub, 0, 50)
+        # The claim lasts 4 s: a second of it passing is the point here.
         time.sleep(1.0)
         assert not a.payloads()  # no Leader yet
         wait_union([a], sent, timeout=15)
         sent += publish(pub, 50, 50)
         wait_union([a], sent)
-        time.sleep(0.3)
+        settle([a], pub)
         check_exactly_once([a], sent)
         close_all(a, pub)
 
@@ -439,7 +491,7 @@ def test_leader_state_survives_a_broker_restart(storage_url: str, config: Path) 
         pub.connect()
         first = publish(pub, 0, 100)
         wait_union([a], first)
-        time.sleep(0.3)
+        settle([a], pub)
         pub.close()
         a.close()
         broker.restart()  # saves the group's progress
@@ -449,7 +501,7 @@ def test_leader_state_survives_a_broker_restart(storage_url: str, config: Path) 
         pub.connect()
         rest = publish(pub, 100, 100)
         wait_union([a], rest)
-        time.sleep(0.3)
+        settle([a], pub)
         check_exactly_once([a], rest)
         assert not set(a.payloads()) & set(first)  # progress resumed, nothing again
         close_all(a, pub)
@@ -464,7 +516,7 @@ def test_a_killed_leader_is_replaced_and_resumes_from_its_progress(
     dead Leader had not saved yet may come again)."""
     with shared_broker(postgres_url, config) as one, shared_broker(postgres_url, config) as two:
         a = member(one.port, "a")  # the Leader starts on node one
-        time.sleep(0.5)
+        wait_for_leader(postgres_url)
         b = member(two.port, "b")
         pub = Client(two.port, "pub")
         pub.connect()
@@ -494,15 +546,16 @@ def test_concurrent_candidates_elect_exactly_one_leader(postgres_url: str, confi
         assert a.paho is not None and b.paho is not None
         a.paho.subscribe("$share/g/w/#", 1)
         b.paho.subscribe("$share/g/w/#", 1)
-        time.sleep(1.5)
-        logs = one.tail(400) + two.tail(400)
-        assert logs.count("leading as") == 1, logs
+        eventually(lambda: "leading as" in one.tail(400) + two.tail(400), what="a Leader")
         pub = Client(one.port, "pub")
         pub.connect()
         sent = publish(pub, 0, 300)
         wait_union([a, b], sent)
-        time.sleep(0.3)
+        settle([a, b], pub)
         check_exactly_once([a, b], sent)
+        # Both members were served by then: a second Leader would have said so.
+        logs = one.tail(400) + two.tail(400)
+        assert logs.count("leading as") == 1, logs
         assert a.payloads() and b.payloads()
         close_all(a, b, pub)
 
