@@ -100,6 +100,12 @@ class Broker:
         self._sweeper: asyncio.Task[None] | None = None
         self.shared: SharedRuntime | None = None
         """Durable shared subscriptions (`sharedsub/`), unless disabled."""
+        self.qos0_dropped = 0
+        """QoS 0 messages dropped for clients not reading fast enough (their
+        write buffer over `limits.write_buffer_limit`; docs/broker.md)."""
+        self.slow_consumers_disconnected = 0
+        """Connections aborted because their write buffer stayed full for
+        `limits.slow_consumer_timeout`."""
 
     async def start(self) -> None:
         """Start the router and listen on `config.listeners.mqtt` (and `.tls` if set)."""

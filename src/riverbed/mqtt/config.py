@@ -34,6 +34,8 @@ A complete file, with the defaults:
     session_queue_limit = 1000       # messages queued in memory for one online session
     max_inflight = 100               # QoS 1/2 messages sent to a client and unacknowledged
     retain_available = true          # keep retained messages
+    write_buffer_limit = 1048576     # bytes waiting to go to one client before QoS 0 is dropped
+    slow_consumer_timeout = 60       # seconds a client's write buffer may stay full
 
     [shared_subscriptions]           # $share/GROUP/FILTER and $queue/FILTER (sharedsub/)
     enabled = true
@@ -84,6 +86,16 @@ Why the defaults are what they are:
 - `session_queue_limit` 1000: messages routed to an online session wait in
   memory until its in-flight window has room; a session that falls this far
   behind reads on from the log instead, so nothing is dropped for being slow.
+- `write_buffer_limit` 1 MiB and `slow_consumer_timeout` 60 s: a client that
+  stops reading fills the kernel's socket buffers, then the broker's own
+  buffer for its connection. Past this many bytes there, QoS 0 messages for it
+  are dropped (and counted) until it drains to a quarter of it, as mosquitto
+  drops past `max_queued_messages` (1,000); QoS 1/2 messages wait in the
+  in-flight window and the log. So one stuck client costs at most about this
+  much memory, not a copy of everything published since it stopped. If the
+  buffer stays full this long the connection is closed (its session stays):
+  a client paused for a minute is gone, and should reconnect. At least 4 KiB
+  (a few messages), at most 1 GiB; the timeout from 1 s to a day.
 - `commit_interval_ms` 3: every commit of PUBLISHes costs a transaction, a
   PUBACK write, a delivery write and their wake-ups, whatever it holds. The
   commit pacer (`mqtt/pacer.py`) commits at once after a quiet spell, and under
@@ -122,6 +134,9 @@ SESSION_NEVER_EXPIRES = 0xFFFF_FFFF
 MIN_PACKET_SIZE = 128
 """The smallest `maximum_packet_size` accepted (why: the module docstring)."""
 DAY = 24 * 3600
+MIN_WRITE_BUFFER = 4096
+MAX_WRITE_BUFFER = 1 << 30
+"""The bounds of `limits.write_buffer_limit` (why: the module docstring)."""
 
 
 # --------------------------------------------------------------------- values
@@ -268,6 +283,8 @@ class Limits:
     session_queue_limit: int = 1000
     max_inflight: int = 100
     retain_available: bool = True
+    write_buffer_limit: int = 1 << 20
+    slow_consumer_timeout: int = 60
 
     def __post_init__(self) -> None:
         _check_fields("limits", self)
@@ -372,9 +389,9 @@ def _as_int(value: object) -> int | None:
     return None
 
 
-def _seconds(high: int, never: bool = False) -> Callable[[str, object], int]:
+def _seconds(high: int, never: bool = False, low: int = 0) -> Callable[[str, object], int]:
     rule = (
-        f"must be whole seconds from 0 to {high}, as an integer or with a unit"
+        f"must be whole seconds from {low} to {high}, as an integer or with a unit"
         ' (90, "15m", "12h", "7d")' + (' or "never"' if never else "")
     )
 
@@ -390,7 +407,7 @@ def _seconds(high: int, never: bool = False) -> Callable[[str, object], int]:
             if micros % 1_000_000:
                 raise _fail(key, value, rule)
             number = micros // 1_000_000
-        if number is None or number > high:
+        if number is None or number < low or number > high:
             raise _fail(key, value, rule)
         return number
 
@@ -523,6 +540,13 @@ KEYS: dict[str, Key] = {
         _integer(1, MAX_UINT16), "QoS 1/2 messages sent to a client and unacknowledged"
     ),
     "limits.retain_available": Key(_boolean, "keep retained messages"),
+    "limits.write_buffer_limit": Key(
+        _integer(MIN_WRITE_BUFFER, MAX_WRITE_BUFFER, " bytes"),
+        "bytes waiting to go to one client before its QoS 0 messages are dropped",
+    ),
+    "limits.slow_consumer_timeout": Key(
+        _seconds(DAY, low=1), "seconds a client's write buffer may stay full"
+    ),
     "shared_subscriptions.enabled": Key(_boolean, "accept $share/ and $queue/ subscriptions"),
     **{
         f"shared_subscriptions.{f.name}": Key(_positive_seconds, f"seconds: {f.name}")
