@@ -22,6 +22,7 @@ from harness.broker import BrokerProcess, Client
 from harness.raw_mqtt import RawClient
 from harness.waiting import eventually
 from riverbed.mqtt.codec import (
+    Disconnect,
     Puback,
     Publish,
     Suback,
@@ -66,14 +67,11 @@ def _gone(broker: BrokerProcess, client_id: str) -> bool:
     return any(m[1] == client_id for m in _lines(broker, GONE))
 
 
-def _stuck(
-    port: int, client_id: str, *filters: tuple[str, int], expiry: int = 0, keep_alive: int = 0
-) -> RawClient:
-    """A client that subscribes and then reads nothing (by default with keep
-    alive 0: the broker never times it out for silence)."""
+def _stuck(port: int, client_id: str, *filters: tuple[str, int], expiry: int = 0) -> RawClient:
+    """A client that subscribes and then reads nothing (keep alive 0: the broker
+    never times it out for silence)."""
     client = RawClient(port, receive_buffer=4096)
-    connack = client.connect(client_id, clean=True, expiry=expiry, keep_alive=keep_alive)
-    assert connack.reason_code == 0
+    assert client.connect(client_id, clean=True, expiry=expiry, keep_alive=0).reason_code == 0
     topics = tuple(SubscribeTopic(f, qos) for f, qos in filters)
     client.send(Subscribe(1, topics))
     assert [int(r) for r in client.expect(Suback).reason_codes] == [q for _, q in filters]
@@ -89,6 +87,14 @@ def _read_until_marker(client: RawClient, indexes: list[int], failed: list[BaseE
             indexes.append(_index(packet.payload))
     except BaseException as exc:  # reported by the test
         failed.append(exc)
+
+
+def _fill(port: int, topic: str, count: int = 200) -> None:
+    """Publish `count` 64 KiB messages: over the kernel's socket buffers on
+    loopback (a few MB) and a 1 MiB write buffer, for a client that reads nothing."""
+    with RawClient(port) as publisher:
+        publisher.connect("filler", clean=True)
+        publisher.publish_many((topic, _payload(n, 64 * 1024)) for n in range(count))
 
 
 def _config(tmp_path: Path, text: str) -> tuple[str, ...]:
@@ -179,11 +185,10 @@ def test_a_buffer_full_past_the_timeout_aborts_the_connection_and_keeps_the_sess
 ) -> None:
     stuck = _stuck(broker.port, "stuck", ("zero/#", 0), ("one/#", 1), expiry=600)
     publisher = RawClient(broker.port)
-    publisher.connect("publisher", clean=True)
+    publisher.connect("filler", clean=True)  # one publisher: one stream, in order
     try:
-        # QoS 0 fills its buffers (several MB of kernel buffers on loopback) ...
-        big = 64 * 1024
-        publisher.publish_many(("zero/x", _payload(n, big)) for n in range(200))
+        # QoS 0 fills its buffers ...
+        publisher.publish_many(("zero/x", _payload(n, 64 * 1024)) for n in range(200))
         # ... then QoS 1 messages: these wait for the window, never dropped.
         publisher.publish_many(("one/x", _payload(n)) for n in range(300))
         aborted = eventually(lambda: _lines(broker, ABORTED), 30, "the stuck client aborted")
@@ -221,18 +226,12 @@ def test_a_client_taking_over_a_stuck_connection_does_not_wait_for_it(
 ) -> None:
     """Closing a connection whose buffer is full aborts it: a graceful close
     would wait for a drain that never comes (here: the takeover's CONNACK)."""
-    stuck = _stuck(broker.port, "stuck", ("zero/#", 0), expiry=600)
-    publisher = RawClient(broker.port)
-    publisher.connect("publisher", clean=True)
-    try:
-        publisher.publish_many(("zero/x", _payload(n, 64 * 1024)) for n in range(200))
+    with _stuck(broker.port, "stuck", ("zero/#", 0), expiry=600):
+        _fill(broker.port, "zero/x")
         eventually(lambda: _lines(broker, DROPPING), 30, "QoS 0 messages dropped")
         with RawClient(broker.port) as again:
             assert again.connect("stuck", clean=False, expiry=600).session_present
         assert not _lines(broker, ABORTED)  # closed at the takeover, not by the timeout
-    finally:
-        stuck.close()
-        publisher.close()
 
 
 @pytest.mark.parametrize(
@@ -242,19 +241,14 @@ def test_a_closed_connection_whose_buffer_does_not_drain_is_aborted(
     broker: BrokerProcess,
 ) -> None:
     """A close waits for the write buffer to drain, for at most the timeout:
-    here a keep-alive timeout closes a client that stopped reading, with some
-    MB waiting for it (under the mark, so it was never paused)."""
-    stuck = _stuck(broker.port, "stuck", ("zero/#", 0), keep_alive=1)
-    publisher = RawClient(broker.port)
-    publisher.connect("publisher", clean=True)
-    try:
-        publisher.publish_many(("zero/x", _payload(n, 64 * 1024)) for n in range(200))
+    here a client that stopped reading sends DISCONNECT with some MB waiting for
+    it (under the mark, so it was never paused)."""
+    with _stuck(broker.port, "stuck", ("zero/#", 0)) as stuck:
+        _fill(broker.port, "zero/x")
+        stuck.send(Disconnect())
         eventually(lambda: _lines(broker, ABORTED), 30, "the closing client aborted")
         eventually(lambda: _gone(broker, "stuck"), 30, "its teardown")
         assert not _lines(broker, DROPPING)
-    finally:
-        stuck.close()
-        publisher.close()
 
 
 def test_a_reader_that_keeps_up_loses_nothing_at_qos_0(broker: BrokerProcess) -> None:
