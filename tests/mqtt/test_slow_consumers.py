@@ -11,16 +11,21 @@ meanwhile.
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import re
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from harness.broker import BrokerProcess, Client
 from harness.raw_mqtt import RawClient
-from harness.waiting import eventually
+from harness.waiting import DEFAULT_TIMEOUT, eventually
+from riverbed.log.log import Log
+from riverbed.mqtt.broker import Broker
 from riverbed.mqtt.codec import (
     Disconnect,
     Puback,
@@ -29,6 +34,8 @@ from riverbed.mqtt.codec import (
     Subscribe,
     SubscribeTopic,
 )
+from riverbed.mqtt.config import Address, AuthConfig, BrokerConfig, Limits, Listeners
+from riverbed.mqtt.connection import Connection
 
 MIB = 1 << 20
 RSS_LIMIT = 20 * MIB
@@ -264,3 +271,45 @@ def test_a_reader_that_keeps_up_loses_nothing_at_qos_0(broker: BrokerProcess) ->
     assert [_index(m.payload) for m in reader.received] == list(range(2000))
     assert not _lines(broker, DROPPING)
     reader.disconnect()
+
+
+def test_the_connection_of_a_stuck_client_is_freed_when_it_goes(sqlite_url: str) -> None:
+    """In process: the drops are counted on the broker, and once the stuck client
+    closes its socket nothing holds its connection any more (no timer, router
+    fetch, trie entry or registry), so its buffers go with it."""
+
+    async def scenario() -> None:
+        config = BrokerConfig(
+            listeners=Listeners(Address("127.0.0.1", 0)),
+            limits=Limits(slow_consumer_timeout=3600),
+            auth=AuthConfig(allow_anonymous=True),
+        )
+        with Log.open(sqlite_url) as log:
+            broker = Broker(config, log)
+            await broker.start()
+            try:
+                stuck = await asyncio.to_thread(_stuck, broker.port, "stuck", ("t/#", 0))
+                await asyncio.to_thread(_fill, broker.port, "t/x")
+                await _until(lambda: broker.qos0_dropped > 0, "QoS 0 messages dropped")
+                assert "stuck" in broker.connections
+                await asyncio.to_thread(stuck.close)
+                await _until(lambda: not broker.connections, "the stuck client's teardown")
+                await _until(lambda: _connections() == 0, "no Connection left")
+                assert broker.slow_consumers_disconnected == 0
+            finally:
+                await broker.stop()
+
+    asyncio.run(scenario())
+
+
+def _connections() -> int:
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if type(o) is Connection)
+
+
+async def _until(check: Callable[[], object], what: str) -> None:
+    """`eventually` for a test running on the event loop: waits without blocking it."""
+    deadline = time.monotonic() + DEFAULT_TIMEOUT
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)

@@ -1006,8 +1006,8 @@ class Connection(asyncio.Protocol):
 
     def _slow_consumer(self) -> None:
         """The write buffer stayed full (or, closing, did not drain) for
-        `limits.slow_consumer_timeout`: abort the connection. Its session
-        persists as after any lost connection; its Will goes."""
+        `limits.slow_consumer_timeout`: abort the connection. Its session and
+        Will are then handled as for any lost connection (`_teardown`)."""
         self._slow_timer = None
         transport = self.transport
         if transport is None:
