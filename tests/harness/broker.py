@@ -9,8 +9,9 @@
 `start()` runs `python -m riverbed.cli serve --mqtt 127.0.0.1:PORT --db URL
 --allow-anonymous` on a free loopback port and waits until the port accepts
 connections. `stop()` sends SIGTERM and waits (SIGKILL after `timeout`);
-`kill()` sends SIGKILL. The broker's output goes to a log file whose tail is
-shown when the broker fails to start or exits with an error.
+`kill()` sends SIGKILL; `rss()` reads its resident memory. The broker's
+output goes to a log file whose tail is shown when the broker fails to start or
+exits with an error.
 """
 
 from __future__ import annotations
@@ -106,6 +107,14 @@ class BrokerProcess:
         code = self.stop()
         assert code == 0, f"broker exited with {code}:\n{self.tail()}"
         self.start()
+
+    def rss(self) -> int:
+        """The broker process's resident memory (VmRSS), in bytes."""
+        assert self.process is not None and self.process.poll() is None, "not running"
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise AssertionError(f"no VmRSS for {self.process.pid}")
 
     def tail(self, lines: int = 60) -> str:
         try:

@@ -5,6 +5,7 @@ that must send exactly the packets a real client would send only by accident
 from __future__ import annotations
 
 import socket
+from collections.abc import Iterable
 from typing import TypeVar
 
 from riverbed.mqtt.codec import (
@@ -13,6 +14,8 @@ from riverbed.mqtt.codec import (
     Connect,
     Decoder,
     Packet,
+    Puback,
+    Publish,
     encode,
 )
 from riverbed.mqtt.codec.properties import ConnectProperties
@@ -24,20 +27,68 @@ class RawClient:
     """One MQTT 5 connection (`level=MQTT_3_1_1`: 3.1.1); `expect` returns the
     next packet, of a given type."""
 
-    def __init__(self, port: int, timeout: float = 10.0, level: int = MQTT_5) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    def __init__(
+        self,
+        port: int,
+        timeout: float = 10.0,
+        level: int = MQTT_5,
+        *,
+        receive_buffer: int | None = None,
+    ) -> None:
+        """`receive_buffer`: SO_RCVBUF, set before connecting (a small one makes
+        a client that stops reading fill the broker's buffers sooner)."""
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if receive_buffer is not None:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+        self.sock.settimeout(timeout)
+        self.sock.connect(("127.0.0.1", port))
         self.level = level
         self.decoder = Decoder(level)
         self.pending: list[Packet] = []
 
     def connect(
-        self, client_id: str, *, clean: bool, expiry: int = 0, alias_maximum: int = 0
+        self,
+        client_id: str,
+        *,
+        clean: bool,
+        expiry: int = 0,
+        alias_maximum: int = 0,
+        keep_alive: int = 60,
     ) -> Connack:
         props = ConnectProperties(
             session_expiry_interval=expiry or None, topic_alias_maximum=alias_maximum or None
         )
-        self.send(Connect(client_id, clean, 60, properties=props))
+        self.send(Connect(client_id, clean, keep_alive, properties=props))
         return self.expect(Connack)
+
+    def publish_many(self, messages: Iterable[tuple[str, bytes]], window: int = 100) -> int:
+        """PUBLISH each (topic, payload) at QoS 1, up to `window` unacknowledged
+        at a time (the broker's Receive Maximum is 100), sent in batches; return
+        once every one is acknowledged. Returns how many were published."""
+        inflight: set[int] = set()
+        next_id = 0
+        count = 0
+        pending = iter(messages)
+        exhausted = False
+        while not exhausted or inflight:
+            batch = []
+            while not exhausted and len(inflight) < window:
+                item = next(pending, None)
+                if item is None:
+                    exhausted = True
+                    break
+                next_id = next_id % 0xFFFF + 1
+                inflight.add(next_id)
+                batch.append(encode(Publish(item[0], item[1], 1, packet_id=next_id), MQTT_5))
+                count += 1
+            if batch:
+                self.sock.sendall(b"".join(batch))
+            while inflight and (len(inflight) > window // 2 or exhausted):
+                packet = self.next()
+                assert isinstance(packet, Puback), f"expected PUBACK, got {packet!r}"
+                assert packet.reason_code < 0x80, f"PUBLISH refused: {packet!r}"
+                inflight.remove(packet.packet_id)
+        return count
 
     def send(self, packet: Packet) -> None:
         self.sock.sendall(encode(packet, self.level))

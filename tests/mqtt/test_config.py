@@ -62,6 +62,8 @@ def test_defaults() -> None:
         session_queue_limit=1000,
         max_inflight=100,
         retain_available=True,
+        write_buffer_limit=1048576,
+        slow_consumer_timeout=60,
     )
     assert config.limits.v311_session_expiry == 7 * 24 * 3600
     assert config.auth == AuthConfig(allow_anonymous=True)
@@ -227,6 +229,13 @@ RULES: list[tuple[str, object, str]] = [
     ("limits.max_inflight", 65536, "from 1 to 65535"),
     ("limits.retain_available", "maybe", "must be true or false"),
     ("limits.retain_available", 1, "must be true or false"),
+    ("limits.write_buffer_limit", 4095, "must be an integer from 4096 to 1073741824 bytes"),
+    ("limits.write_buffer_limit", 2**30 + 1, "from 4096 to 1073741824 bytes"),
+    ("limits.write_buffer_limit", "1MB", "from 4096 to 1073741824 bytes"),
+    ("limits.slow_consumer_timeout", 0, "must be whole seconds from 1 to 86400"),
+    ("limits.slow_consumer_timeout", "2d", "whole seconds from 1 to 86400"),
+    ("limits.slow_consumer_timeout", "0.5s", "whole seconds from 1 to 86400"),
+    ("limits.slow_consumer_timeout", "never", "whole seconds from 1 to 86400"),
     ("auth.allow_anonymous", "sometimes", "must be true or false"),
     ("listeners.mqtt", 1883, "must be HOST:PORT as a string"),
     ("storage.url", 5, "must be a database URL string"),
@@ -284,6 +293,10 @@ def test_a_bad_url_never_shows_its_password() -> None:
         ("limits.max_session_expiry", "4294967295"),
         ("limits.session_queue_limit", 10**7),
         ("limits.retain_available", "Yes"),
+        ("limits.write_buffer_limit", 4096),
+        ("limits.write_buffer_limit", "1073741824"),
+        ("limits.slow_consumer_timeout", 1),
+        ("limits.slow_consumer_timeout", "24h"),
         ("auth.allow_anonymous", "1"),
         ("storage.url", "sqlite:////var/lib/riverbed/riverbed.db?synchronous=full"),
         ("storage.url", "postgres://u@h:5432/d"),
@@ -511,6 +524,8 @@ def test_missing_and_unreadable_config_files(tmp_path: Path) -> None:
     [
         (lambda: Limits(receive_maximum=0), "limits.receive_maximum = 0: must be"),
         (lambda: Limits(max_inflight=70000), "limits.max_inflight = 70000"),
+        (lambda: Limits(slow_consumer_timeout=0), "limits.slow_consumer_timeout = 0: must"),
+        (lambda: Limits(write_buffer_limit=100), "limits.write_buffer_limit = 100: must"),
         (lambda: Limits(default_session_expiry=10, max_session_expiry=5), "more than"),
         (lambda: StorageConfig("ftp://x"), "storage.url = 'ftp://x'"),
         (lambda: AuthConfig(password_file=Path("/nonexistent")), "no such file"),

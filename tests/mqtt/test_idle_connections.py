@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import socket
 import time
-from pathlib import Path
 
 import pytest
 
@@ -28,14 +27,6 @@ WARM_UP = 200
 """Connections opened before the first reading: the first ones grow pools that
 later ones reuse (the event loop's selector, the session store's caches)."""
 PINGREQ, PINGRESP = b"\xc0\x00", b"\xd0\x00"
-
-
-def _rss(pid: int) -> int:
-    """Resident memory of `pid`, in bytes."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for {pid}")
 
 
 def _open_files(pid: int) -> int:
@@ -66,12 +57,12 @@ def test_ten_thousand_idle_connections_in_bounded_memory(sqlite_url: str) -> Non
         idle: list[socket.socket] = []
         try:
             time.sleep(0.5)
-            before = _rss(pid)
+            before = broker.rss()
             started = time.monotonic()
             idle = open_idle(broker.port, COUNT)
             opened = time.monotonic() - started
             time.sleep(1.0)  # let the last CONNECTs' work settle
-            per_connection = (_rss(pid) - before) / COUNT
+            per_connection = (broker.rss() - before) / COUNT
             print(
                 f"{COUNT} idle connections opened in {opened:.1f} s;"
                 f" broker RSS +{per_connection / 1024:.1f} KiB per connection"

@@ -112,6 +112,12 @@ class Broker:
         """Durable shared subscriptions (`sharedsub/`), unless disabled."""
         self.retainer: Retainer | None = None
         """Retention on a schedule (`[retention]`), unless its interval is 0."""
+        self.qos0_dropped = 0
+        """QoS 0 messages dropped for clients not reading fast enough (their
+        write buffer over `limits.write_buffer_limit`; docs/broker.md)."""
+        self.slow_consumers_disconnected = 0
+        """Connections aborted because their write buffer stayed full for
+        `limits.slow_consumer_timeout`."""
 
     async def start(self) -> None:
         """Start the router and listen on `config.listeners.mqtt` (and `.tls` if set)."""

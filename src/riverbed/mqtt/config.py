@@ -35,6 +35,8 @@ A complete file, with the defaults:
     max_inflight = 100               # QoS 1/2 messages sent to a client and unacknowledged
     retain_available = true          # keep retained messages
     stop_grace = 20                  # seconds: SIGTERM to exit at most (then exits anyway)
+    write_buffer_limit = 1048576     # bytes waiting to go to one client before QoS 0 is dropped
+    slow_consumer_timeout = 60       # seconds a client's write buffer may stay full
 
     [shared_subscriptions]           # $share/GROUP/FILTER and $queue/FILTER (sharedsub/)
     enabled = true
@@ -90,6 +92,16 @@ Why the defaults are what they are:
 - `session_queue_limit` 1000: messages routed to an online session wait in
   memory until its in-flight window has room; a session that falls this far
   behind reads on from the log instead, so nothing is dropped for being slow.
+- `write_buffer_limit` 1 MiB and `slow_consumer_timeout` 60 s: a client that
+  stops reading fills the kernel's socket buffers, then the broker's own
+  buffer for its connection. Past this many bytes there, QoS 0 messages for it
+  are dropped (and counted) until it drains to a quarter of it, as mosquitto
+  drops past `max_queued_messages` (1,000); QoS 1/2 messages wait in the
+  in-flight window and the log. So one stuck client costs at most about this
+  much memory, not a copy of everything published since it stopped. If the
+  buffer stays full this long the connection is closed (its session stays):
+  a client paused for a minute is gone, and should reconnect. At least 4 KiB
+  (a few messages), at most 1 GiB; the timeout from 1 s to a day.
 - `commit_interval_ms` 3: every commit of PUBLISHes costs a transaction, a
   PUBACK write, a delivery write and their wake-ups, whatever it holds. The
   commit pacer (`mqtt/pacer.py`) commits at once after a quiet spell, and under
@@ -137,6 +149,9 @@ SESSION_NEVER_EXPIRES = 0xFFFF_FFFF
 MIN_PACKET_SIZE = 128
 """The smallest `maximum_packet_size` accepted (why: the module docstring)."""
 DAY = 24 * 3600
+MIN_WRITE_BUFFER = 4096
+MAX_WRITE_BUFFER = 1 << 30
+"""The bounds of `limits.write_buffer_limit` (why: the module docstring)."""
 
 
 # --------------------------------------------------------------------- values
@@ -284,6 +299,8 @@ class Limits:
     max_inflight: int = 100
     retain_available: bool = True
     stop_grace: int = 20
+    write_buffer_limit: int = 1 << 20
+    slow_consumer_timeout: int = 60
 
     def __post_init__(self) -> None:
         _check_fields("limits", self)
@@ -565,6 +582,13 @@ KEYS: dict[str, Key] = {
     "limits.retain_available": Key(_boolean, "keep retained messages"),
     "limits.stop_grace": Key(
         _seconds(3600, low=1), "seconds a stopping broker may take before it exits anyway"
+    ),
+    "limits.write_buffer_limit": Key(
+        _integer(MIN_WRITE_BUFFER, MAX_WRITE_BUFFER, " bytes"),
+        "bytes waiting to go to one client before its QoS 0 messages are dropped",
+    ),
+    "limits.slow_consumer_timeout": Key(
+        _seconds(DAY, low=1), "seconds a client's write buffer may stay full"
     ),
     "shared_subscriptions.enabled": Key(_boolean, "accept $share/ and $queue/ subscriptions"),
     **{

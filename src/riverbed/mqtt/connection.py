@@ -24,6 +24,14 @@ run in worker threads.
   across broker restarts through a durable marker per packet id
   (`mqtt/inbound.py`). Outbound QoS 2 keeps its window in the session record
   (`sessions/qos2.py`): written (`Persist`) before a PUBLISH or PUBREL goes out.
+- Slow consumers: the transport's write buffer is capped at
+  `limits.write_buffer_limit` (asyncio's `pause_writing`/`resume_writing`).
+  While it is over the mark, QoS 0 messages for the connection are dropped and
+  counted (`Broker.qos0_dropped`; one log line when an episode starts, one with
+  the count when it ends); QoS 1/2 messages wait in the session's in-flight
+  window and the log, as for any client that acknowledges slowly. A buffer that
+  stays full for `limits.slow_consumer_timeout` seconds gets the connection
+  aborted (no DISCONNECT could get through it); its session persists as usual.
 - Retained messages (`mqtt/retained.py`) go out after the SUBACK per Retain
   Handling; a Will (`mqtt/wills.py`) is left to the broker when the connection
   closes without DISCONNECT 0x00; a message whose Message Expiry Interval has
@@ -105,6 +113,10 @@ _NO_BACKLOG: deque[Packet] = deque()
 """The empty backlog of every connection with nothing waiting (never appended to)."""
 MAX_BACKLOG = 1000
 """Packets queued behind a slow one before reading pauses."""
+DROP_EPISODE_GAP = 1.0
+"""Seconds a drained write buffer must stay below its mark before a drop
+episode ends (logged with its count): a client reading slowly hovers around
+the mark, and should cost two log lines per spell, not two per crossing."""
 _QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
 _TCP = (socket.AF_INET, socket.AF_INET6)
 
@@ -134,13 +146,18 @@ class Connection(asyncio.Protocol):
         "_checkpointing",
         "_client_max_packet",
         "_done",
+        "_drop_end",
+        "_dropped",
+        "_dropping_since",
         "_finished",
+        "_full",
         "_last_read",
         "_loop",
         "_normal",
         "_out",
         "_paused",
         "_persisting",
+        "_slow_timer",
         "_sock",
         "_teardown_task",
         "_timer",
@@ -210,6 +227,15 @@ class Connection(asyncio.Protocol):
         self._acked: list[Event] = []
         """PUBACK/PUBREC/PUBCOMP of the current read, handed to the session together."""
         self._out: list[bytes] = []
+        self._full = False
+        """The transport's write buffer is over its high-water mark (`pause_writing`)."""
+        self._slow_timer: asyncio.TimerHandle | None = None
+        """Aborts the connection if its write buffer stays full (`limits.slow_consumer_timeout`)."""
+        self._dropped = 0
+        """QoS 0 messages dropped in the current drop episode."""
+        self._dropping_since = 0.0
+        self._drop_end: asyncio.TimerHandle | None = None
+        """Ends the drop episode once the buffer has stayed below its mark a while."""
         self._last_read = self._loop.time()
         self._alive: asyncio.TimerHandle | None = None
         self._teardown_task: asyncio.Task[None] | None = None
@@ -228,6 +254,8 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
         self.peer = str(transport.get_extra_info("peername"))
+        limit = self.broker.config.limits.write_buffer_limit
+        self.transport.set_write_buffer_limits(high=limit, low=limit // 4)
         sock = transport.get_extra_info("socket")
         if _QUICKACK is not None and sock is not None and sock.family in _TCP:
             # Our own object on the transport's descriptor (uvloop's makes a
@@ -276,6 +304,7 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
+        self._stop_slow_consumer_timers()
         if self._sock is not None:
             self._sock.detach()
             self._sock = None
@@ -698,6 +727,13 @@ class Connection(asyncio.Protocol):
         self._loop.call_soon(self.handle, Offered(stream, messages, upto))  # type: ignore[arg-type]
 
     def _deliver(self, effect: Deliver) -> None:
+        if self._full and effect.qos == 0:
+            # The client is not keeping up: its write buffer is over the mark.
+            # A QoS 0 message may be lost (MQTT 5.0 §4.3.1: at most once); queued,
+            # it would grow the broker without bound (mosquitto drops past
+            # max_queued_messages too). QoS 1/2 wait in the window and the log.
+            self._drop_qos0()
+            return
         message = effect.message
         expiry = remaining_expiry(message, now_us)
         if expiry is not None and expiry <= 0:
@@ -831,8 +867,20 @@ class Connection(asyncio.Protocol):
         self.closing = True
         transport = self.transport
         if transport is not None and not transport.is_closing():
+            if self._full:
+                # Nothing more gets through a full buffer (not even a DISCONNECT),
+                # and a graceful close would wait for it to drain, perhaps forever.
+                self._out.clear()
+                transport.abort()
+                return
             self._flush()
             transport.close()
+            if transport.get_write_buffer_size() and self._slow_timer is None:
+                # The close waits for the buffer to drain: no longer than a
+                # full buffer is tolerated.
+                self._slow_timer = self._loop.call_later(
+                    self.broker.config.limits.slow_consumer_timeout, self._slow_consumer
+                )
 
     async def _teardown(self) -> None:
         self.closing = True
@@ -922,3 +970,80 @@ class Connection(asyncio.Protocol):
         out.clear()
         if transport is not None and not transport.is_closing():
             transport.write(data)
+
+    # --- slow consumers -------------------------------------------------------------------
+    def pause_writing(self) -> None:
+        """The transport's buffer passed `limits.write_buffer_limit` (asyncio calls
+        this): QoS 0 messages are dropped until it drains, and if it stays full
+        for `limits.slow_consumer_timeout` the connection is aborted."""
+        self._full = True
+        if self._drop_end is not None:
+            self._drop_end.cancel()  # the episode goes on
+            self._drop_end = None
+        if self._slow_timer is None:
+            self._slow_timer = self._loop.call_later(
+                self.broker.config.limits.slow_consumer_timeout, self._slow_consumer
+            )
+
+    def resume_writing(self) -> None:
+        """The transport's buffer drained below a quarter of the limit."""
+        self._full = False
+        if self._slow_timer is not None and not self.closing:
+            self._slow_timer.cancel()
+            self._slow_timer = None
+        if self._dropped and self._drop_end is None:
+            self._drop_end = self._loop.call_later(DROP_EPISODE_GAP, self._end_drop_episode)
+
+    def _drop_qos0(self) -> None:
+        self.broker.qos0_dropped += 1
+        if not self._dropped:
+            self._dropping_since = self._loop.time()
+            log.warning(
+                "client %s (%s): not reading fast enough (write buffer over %d bytes);"
+                " dropping QoS 0 messages for it",
+                self.client_id or "-",
+                self.peer,
+                self.broker.config.limits.write_buffer_limit,
+            )
+        self._dropped += 1
+
+    def _end_drop_episode(self) -> None:
+        self._drop_end = None
+        if self._dropped:
+            log.warning(
+                "client %s (%s): %d QoS 0 messages dropped in %.1f s while it did not keep up",
+                self.client_id or "-",
+                self.peer,
+                self._dropped,
+                self._loop.time() - self._dropping_since,
+            )
+            self._dropped = 0
+
+    def _slow_consumer(self) -> None:
+        """The write buffer stayed full (or, closing, did not drain) for
+        `limits.slow_consumer_timeout`: abort the connection. Its session and
+        Will are then handled as for any lost connection (`_teardown`)."""
+        self._slow_timer = None
+        transport = self.transport
+        if transport is None:
+            return
+        self.broker.slow_consumers_disconnected += 1
+        log.warning(
+            "client %s (%s): its write buffer did not drain for %ss; disconnecting it",
+            self.client_id or "-",
+            self.peer,
+            self.broker.config.limits.slow_consumer_timeout,
+        )
+        self.closing = True
+        self._out.clear()
+        transport.abort()
+
+    def _stop_slow_consumer_timers(self) -> None:
+        """The connection is gone: cancel its timers (they hold it), log the
+        drop episode it was in."""
+        if self._slow_timer is not None:
+            self._slow_timer.cancel()
+            self._slow_timer = None
+        if self._drop_end is not None:
+            self._drop_end.cancel()
+        self._end_drop_episode()
