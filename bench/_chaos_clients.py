@@ -11,7 +11,7 @@ paho sends again is acknowledged: paho would let a new PUBLISH overtake them
 (it sends one made while it reconnects before those).
 A message counts as acknowledged only when paho reports its PUBACK (QoS 1) or
 PUBCOMP (QoS 2) with a success reason code; one refused (reason code 0x80 or
-above) is published again. `wire` keeps paho's log of what it sent.
+above) is published again after REFUSED_BACKOFF. `wire` keeps paho's log of what it sent.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 from _chaos_tally import Delivery
 
 SESSION_EXPIRY = 3600
+REFUSED_BACKOFF = 0.2
+"""Seconds before a refused message is published again."""
 
 
 def _client(client_id: str) -> paho.Client:
@@ -155,9 +157,14 @@ class Publisher:
                 self.acknowledged.setdefault(message, time.monotonic())
                 return
             self.refused.append((message, code))
-        # Refused (e.g. the store is down): not accepted, so publish it again,
-        # off paho's thread.
-        threading.Thread(target=self._publish, args=(message,), daemon=True).start()
+        # Refused (e.g. the store is down): not accepted, so publish it again a
+        # moment later, off paho's thread, and nothing new until it is accepted.
+        # A later message already in flight may be accepted first: the log then
+        # holds the two out of order (counted apart: after a refusal).
+        self._resync.set()
+        timer = threading.Timer(REFUSED_BACKOFF, self._publish, args=(message,))
+        timer.daemon = True
+        timer.start()
 
     def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
         self.connects += 1

@@ -71,6 +71,12 @@ def parse_id(message: str) -> tuple[str, int]:
     return publisher + key, int(seq)
 
 
+def message_id(key: str, seq: int) -> str:
+    """(`pPkK`, S) -> `pP.kK.S`."""
+    publisher, _, k = key.partition("k")
+    return f"{publisher}.k{k}.{seq}"
+
+
 @dataclass(slots=True)
 class Counts:
     """What `tally` found for one consumer."""
