@@ -16,8 +16,9 @@ Against one store (SQLite, or PostgreSQL with `--nodes` broker nodes):
   with two nodes, clients are spread over both;
 - a chaos loop SIGKILLs a broker node, a worker process or the Spark job's
   whole process group (its JVM and Python workers with it) every
-  `--duration / --kills` seconds on average (the first kills take each kind
-  once), and starts it again at once; with `--pg-restart N` (PostgreSQL) it also
+  `0.8 * --duration / --kills` seconds on average after the previous one is
+  back (the first kills take each kind once, the job first), and starts it
+  again at once, until `--kills` kills; with `--pg-restart N` (PostgreSQL) it also
   restarts the PostgreSQL server N times (`pg_ctl restart -m fast`: every
   connection dropped, a second or two without a server). Something that exits
   by itself is logged as an unexpected exit and started again.
@@ -347,7 +348,7 @@ class Run:
 
     # --- chaos -------------------------------------------------------------------
     def chaos(self) -> int:
-        """Kill and restart until `kills` kills or `duration` seconds; returns the kills."""
+        """Kill and restart until `kills` kills (or 3x `duration`); returns the kills."""
         o = self.options
         rng = random.Random(o.seed)
         # Kills spread over 80% of the duration: the last one has time to heal.
@@ -362,7 +363,9 @@ class Run:
                 self.supervise()
                 time.sleep(0.2)
             self.note("job", "delivering")
-        end = time.monotonic() + o.duration
+        # Kills are paced to spread over `duration`; restarts take time too, so
+        # the run goes on past it until the kills are done (at most 3x).
+        end = time.monotonic() + 3 * o.duration
         pg_times = sorted(
             time.monotonic() + o.duration * (i + rng.uniform(0.2, 0.8)) / o.pg_restarts
             for i in range(o.pg_restarts)
@@ -742,7 +745,9 @@ def report(run: Run, kills: int, drained: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kills", type=int, default=100)
-    parser.add_argument("--duration", type=float, default=600.0, help="most seconds of chaos")
+    parser.add_argument(
+        "--duration", type=float, default=600.0, help="seconds the kills are spread over"
+    )
     parser.add_argument("--backend", choices=("sqlite", "postgres"), default="sqlite")
     parser.add_argument("--nodes", type=int, choices=(1, 2), default=None)
     parser.add_argument(
