@@ -18,7 +18,7 @@ merged by time) `tally` counts:
     consumers a repeat not explained by a disruption is charged to the log's
     extra copies first;
   - *in window*: the consumer acknowledged the message's previous delivery at
-    most `window` seconds before a disruption on its path (a kill or restart of
+    most `window` seconds before (or `SLACK` after) a disruption on its path (a kill or restart of
     a broker node, a worker, the delivery job, or the PostgreSQL server) that
     came before this delivery: the window the kill cut off before its
     acknowledgement was committed (session checkpoints, a worker's position, a
@@ -36,6 +36,9 @@ import itertools
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+
+SLACK = 1.0
+"""Seconds an acknowledgement may be recorded after the disruption that cut it off."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +165,10 @@ def tally(
                 continue
             # The first disruption after the previous acknowledgement, if it came
             # before this delivery.
-            i = bisect.bisect_left(times, before.at)
+            # (From SLACK before it: an acknowledgement the consumer sent as
+            # its process was being killed, such as an HTTP 200 to a job that
+            # died waiting for it, is recorded a moment after the kill.)
+            i = bisect.bisect_left(times, before.at - SLACK)
             if i < len(times) and times[i] <= again.at and times[i] - before.at <= window:
                 counts.in_window += 1
                 counts.largest_window = max(counts.largest_window, times[i] - before.at)

@@ -310,7 +310,7 @@ class Run:
                 "job",
                 [sys.executable, "-m", "riverbed.cli", "subscription", "run", "deliver",
                  "--db", self.url, "--master", "local[2]", "--trigger-interval", "0.2",
-                 "--max-per-trigger", "500", "--lease-seconds", "10", "--stop-grace", "30"],
+                 "--max-per-trigger", "500", "--lease-seconds", "30", "--stop-grace", "30"],
                 self.directory / "job.log",
                 # A killed job cannot remove its Spark checkpoint: keep it in the run's directory.
                 {"TMPDIR": str(self.directory)},
@@ -643,6 +643,12 @@ def report(run: Run, kills: int, drained: dict[str, Any]) -> dict[str, Any]:
         c.order_violations = kept
     log_refused = [v for v in log_disorder if message_id(v[0], v[1]) in refused]
     log_disorder = [v for v in log_disorder if v not in log_refused]
+    with (run.directory / "deliveries.jsonl").open("w") as raw:  # to count again later
+        for deliveries in (shared, *(s.deliveries for s in run.subscribers["session"])):
+            for d in deliveries:
+                raw.write(json.dumps([d.consumer, d.message, d.at, d.order, d.dup, d.copy]) + "\n")
+        for d in run.worker_deliveries() + (run.endpoint_deliveries() if o.spark else []):
+            raw.write(json.dumps([d.consumer, d.message, d.at, d.order, d.dup, d.copy]) + "\n")
     kills_by_target = Counter(e.target for e in run.events if e.what == "kill")
     sent = sum(len(p.sent) for p in run.publishers)
     lost = sum(len(c.lost) for c in per_kind.values())
@@ -796,6 +802,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         directory = Path(tempfile.mkdtemp(prefix="riverbed-chaos-"))
     run = Run(options, directory)
+
+    def terminate(signum: int, frame: object) -> None:
+        raise SystemExit(f"stopped by signal {signum}")  # runs `finally`: stop everything
+
+    signal.signal(signal.SIGTERM, terminate)
     kills = 0
     try:
         run.start()

@@ -54,7 +54,7 @@ def test_a_repeat_acknowledged_long_before_the_kill_is_stale() -> None:
 
 
 def test_a_repeat_with_no_disruption_between_is_stale() -> None:
-    counts = tally("c", [d("p0.k0.0", 11), d("p0.k0.0", 12)], set(), Counter(), KILL, 5)
+    counts = tally("c", [d("p0.k0.0", 12), d("p0.k0.0", 13)], set(), Counter(), KILL, 5)
     assert len(counts.stale) == 1
 
 
@@ -74,3 +74,9 @@ def test_a_second_log_copy_is_a_republished_copy() -> None:
 
 def test_message_id_undoes_parse_id() -> None:
     assert message_id(*parse_id("p12.k3.40")) == "p12.k3.40"
+
+
+def test_an_acknowledgement_recorded_just_after_the_kill_is_in_window() -> None:
+    # An HTTP 200 answered to a job killed while it waited: recorded after the kill.
+    counts = tally("c", [d("p0.k0.0", 10.3), d("p0.k0.0", 60)], set(), Counter(), KILL, 5)
+    assert (counts.in_window, counts.stale) == (1, [])
