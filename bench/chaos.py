@@ -1,0 +1,829 @@
+"""Chaos run (issue 14): every consumer kind at once on one store, with things
+SIGKILLed at random moments; counts what was lost, duplicated, reordered.
+
+Against one store (SQLite, or PostgreSQL with `--nodes` broker nodes):
+
+- publishers `p0..p3` (QoS 1 and QoS 2 alternately, 4 keys each, `--rate`
+  msg/s each) publish `pP.kK.S` to `chaos/pP` with the user property `key`
+  `pPkK`; persistent sessions, paho reconnects and sends again what was not
+  acknowledged (bench/_chaos_clients.py);
+- consumers of topic `chaos` (binding `chaos/#`, 4 partitions, kept forever):
+  two persistent MQTT sessions (`sess-q1` subscribed with QoS 1, `sess-q2`
+  with QoS 2), a shared group `$share/g/chaos/#` of two members, two
+  competing-consumer workers (`riverbed worker work`, bench/_chaos_handler.py)
+  and the named subscription `deliver` delivering to a local HTTP endpoint
+  through its Spark job (`riverbed subscription run deliver`);
+  with two nodes, clients are spread over both;
+- a chaos loop SIGKILLs a broker node, a worker process or the Spark job's
+  whole process group (its JVM and Python workers with it) every
+  `0.8 * --duration / --kills` seconds on average after the previous one is
+  back (the first kills take each kind once, the job first), and starts it
+  again at once, until `--kills` kills; with `--pg-restart N` (PostgreSQL) it also
+  restarts the PostgreSQL server N times (`pg_ctl restart -m fast`: every
+  connection dropped, a second or two without a server). Something that exits
+  by itself is logged as an unexpected exit and started again.
+
+At the end the publishers stop, every message sent waits for its
+acknowledgement, every consumer waits (per message, with a deadline) for every
+acknowledged message, the log is read (how many copies of each message it
+holds), and per consumer kind the run prints lost, order violations, duplicates
+(republished copies / within a kill's window / stale) and the DUP flag, as
+defined in bench/_chaos_tally.py, with a verdict against the target: the kills
+asked for, 0 lost, 0 stale, 0 order violations, 0 false acknowledgements (an
+acknowledged message that is not in the log).
+
+    .venv/bin/python bench/chaos.py [--kills 100] [--duration 600]
+        [--backend sqlite|postgres] [--nodes 1|2] [--pg-restart N] [--seed S]
+        [--short] [--no-spark] [--json FILE] [--keep DIR]
+
+`--short` (what tests/chaos runs): 6 kills in 45 s. Exit status 0 when the
+target is met, 1 when not. Process logs (brokers, workers, the job,
+PostgreSQL) and the run's events are kept in `--keep DIR` (default: a temporary
+directory, named at the end).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(BENCH))
+
+from _chaos_clients import Publisher, Subscriber  # noqa: E402
+from _chaos_tally import Counts, Delivery, Disruption, message_id, parse_id, tally  # noqa: E402
+from harness.broker import BrokerProcess  # noqa: E402
+from harness.endpoint import Endpoint  # noqa: E402
+from harness.postgres import PostgresServer  # noqa: E402
+
+TOPIC = "chaos"
+PARTITIONS = 4
+PUBLISHERS = 4
+KEYS = 4
+SHARDS = 2
+WORKERS = 2
+SHARED_TIMERS = """
+[shared_subscriptions]
+find_leader_retry = 0.3
+ping_interval = 1.0
+ping_timeout = 1.0
+unsubscribe_timeout = 0.5
+leader_borrower_timeout = 2.0
+fence_margin = 0.5
+leader_periodic = 0.5
+leader_resend = 0.5
+leader_claim_lease = 6.0
+leader_idle_stop = 5.0
+"""
+"""Shortened shared-subscription timers (as tests/mqtt/test_broker_shared.py), so a
+killed member's streams move within seconds."""
+
+KIND_TARGETS = {
+    "session": ("node", "postgres"),
+    "shared": ("node", "postgres"),
+    "workers": ("worker", "postgres"),
+    "delivery": ("job", "postgres"),
+}
+"""Which disruptions are on each consumer kind's path (by target name prefix)."""
+
+
+def _env() -> dict[str, str]:
+    path = os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))
+    return dict(os.environ, PYTHONPATH=path, PYTHONUNBUFFERED="1")
+
+
+def riverbed(*args: str, db: str) -> None:
+    """Run a `riverbed` command to completion (setup)."""
+    command = [sys.executable, "-m", "riverbed.cli", *args, "--db", db]
+    result = subprocess.run(command, env=_env(), capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} failed:\n{result.stdout}{result.stderr}")
+
+
+# --------------------------------------------------------------------- components
+
+
+class Process:
+    """A `riverbed` command in a process group of its own, logging to a file."""
+
+    def __init__(
+        self, name: str, argv: list[str], log: Path, env: dict[str, str], cwd: Path | None = None
+    ) -> None:
+        self.name = name
+        self.argv = argv
+        self.log = log
+        self.env = env
+        self.cwd = cwd
+        self.process: subprocess.Popen[bytes] | None = None
+        self.started_at = 0.0
+
+    def start(self) -> None:
+        with self.log.open("ab") as out:
+            out.write(f"--- start at {time.monotonic():.3f}\n".encode())
+            out.flush()
+            self.process = subprocess.Popen(
+                self.argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**_env(), **self.env},
+                cwd=self.cwd,
+                start_new_session=True,
+            )
+        self.started_at = time.monotonic()
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def exit_code(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group (a JVM and Python workers too)."""
+        if self.process is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+    def stop(self, timeout: float = 90) -> int | None:
+        """SIGTERM to the command's own process (docs/delivery.md: not the group,
+        which would reach Spark's JVM), then SIGKILL the group after `timeout`."""
+        if not self.alive():
+            return self.exit_code()
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return None
+
+    def tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+class ChaosPostgres(PostgresServer):
+    """The harness's throwaway server, with a restart (`pg_ctl restart -m fast`)."""
+
+    def restart(self) -> None:
+        assert self._bindir is not None
+        self._run(
+            [
+                str(self._bindir / "pg_ctl"),
+                "restart",
+                "--pgdata",
+                str(self._data),
+                "--log",
+                str(self._log),
+                "--mode",
+                "fast",
+                "--wait",
+                "--timeout",
+                "60",
+            ],
+            timeout=90,
+        )
+
+    def log_text(self) -> str:
+        try:
+            return self._log.read_text(errors="replace")
+        except OSError:
+            return ""
+
+
+# --------------------------------------------------------------------- the run
+
+
+@dataclass
+class Options:
+    backend: str = "sqlite"
+    nodes: int = 1
+    kills: int = 100
+    duration: float = 600.0
+    pg_restarts: int = 0
+    seed: int = 1
+    spark: bool = True
+    rate: float = 25.0
+    window: float = 10.0
+    drain: float = 180.0
+    keep: Path | None = None
+
+
+@dataclass
+class Event:
+    at: float
+    target: str
+    what: str
+    detail: str = ""
+
+
+@dataclass
+class Run:
+    options: Options
+    directory: Path
+    url: str = ""
+    postgres: ChaosPostgres | None = None
+    brokers: list[BrokerProcess] = field(default_factory=list)
+    workers: list[Process] = field(default_factory=list)
+    job: Process | None = None
+    endpoint: Endpoint | None = None
+    publishers: list[Publisher] = field(default_factory=list)
+    subscribers: dict[str, list[Subscriber]] = field(default_factory=dict)
+    events: list[Event] = field(default_factory=list)
+    unexpected: list[Event] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    t0: float = field(default_factory=time.monotonic)
+    job_requests_at_start: int = 0
+
+    def note(self, target: str, what: str, detail: str = "") -> None:
+        event = Event(time.monotonic(), target, what, detail)
+        with self.lock:
+            self.events.append(event)
+            if what == "exit":
+                self.unexpected.append(event)
+        print(f"  [{event.at - self.t0:7.1f} s] {target}: {what} {detail}".rstrip(), flush=True)
+
+    # --- start -------------------------------------------------------------------
+    def start(self) -> None:
+        o = self.options
+        if o.backend == "postgres":
+            # Commits wait for the WAL (synchronous_commit on): a server restart
+            # must not take back what the broker acknowledged.
+            self.postgres = ChaosPostgres(settings={"synchronous_commit": "on"})
+            self.postgres.start()
+            self.url = self.postgres.url
+        else:
+            self.url = f"sqlite:///{self.directory}/riverbed.db"
+        riverbed(
+            "topic", "create", TOPIC, "--partitions", str(PARTITIONS),
+            "--binding", f"{TOPIC}/#", "--retention", "none", db=self.url,
+        )  # fmt: skip
+        riverbed("subscription", "create", "work", "--topic", TOPIC, db=self.url)
+        self.endpoint = Endpoint()
+        if o.spark:
+            riverbed(
+                "subscription", "create", "deliver", "--topic", TOPIC,
+                "--endpoint", self.endpoint.url, "--shards", str(SHARDS), "--grouped",
+                db=self.url,
+            )  # fmt: skip
+        config = self.directory / "riverbed.toml"
+        config.write_text(SHARED_TIMERS)
+        for _ in range(o.nodes):
+            broker = BrokerProcess(self.url, extra_args=("--config", str(config)))
+            broker.start(timeout=60)
+            self.brokers.append(broker)
+        for n in range(WORKERS):
+            worker = Process(
+                f"worker{n}",
+                [sys.executable, "-m", "riverbed.cli", "worker", "work",
+                 "--handler", "_chaos_handler:record", "--db", self.url,
+                 "--poll-interval", "0.2", "--batch-size", "20"],
+                self.directory / f"worker{n}.log",
+                {"CHAOS_WORKER_OUT": str(self.directory / "worker-calls.txt")},
+                cwd=BENCH,  # the handler module's directory
+            )  # fmt: skip
+            worker.start()
+            self.workers.append(worker)
+        if o.spark:
+            self.job = Process(
+                "job",
+                [sys.executable, "-m", "riverbed.cli", "subscription", "run", "deliver",
+                 "--db", self.url, "--master", "local[2]", "--trigger-interval", "0.2",
+                 "--max-per-trigger", "500", "--lease-seconds", "30", "--stop-grace", "30"],
+                self.directory / "job.log",
+                # A killed job cannot remove its Spark checkpoint: keep it in the run's directory.
+                {"TMPDIR": str(self.directory)},
+            )  # fmt: skip
+            self._start_job()
+        ports = [b.port for b in self.brokers]
+
+        def port(i: int) -> int:
+            return ports[i % len(ports)]
+
+        self.subscribers = {
+            "session": [
+                Subscriber("sess-q1", port(0), f"{TOPIC}/#", 1),
+                Subscriber("sess-q2", port(1), f"{TOPIC}/#", 2),
+            ],
+            "shared": [
+                Subscriber("share-a", port(0), f"$share/g/{TOPIC}/#", 1),
+                Subscriber("share-b", port(1), f"$share/g/{TOPIC}/#", 1),
+            ],
+        }
+        for group in self.subscribers.values():
+            for subscriber in group:
+                subscriber.start()
+        self.publishers = [
+            Publisher(n, port(n), qos_of(f"p{n}."), KEYS, o.rate) for n in range(PUBLISHERS)
+        ]
+        for publisher in self.publishers:
+            publisher.start()
+        self.note("run", "started", f"store {o.backend}, {o.nodes} node(s), {self.url}")
+
+    def _start_job(self) -> None:
+        assert self.job is not None and self.endpoint is not None
+        self.job.start()
+        self.job_requests_at_start = len(self.endpoint.requests)
+
+    # --- chaos -------------------------------------------------------------------
+    def chaos(self) -> int:
+        """Kill and restart until `kills` kills (or 3x `duration`); returns the kills."""
+        o = self.options
+        rng = random.Random(o.seed)
+        # Kills spread over 80% of the duration: the last one has time to heal.
+        gap = 0.8 * o.duration / max(o.kills, 1)
+        kinds = ["node", "worker"] + (["job"] if o.spark else [])
+        # Each kind once first, the job (slowest to come back) first of all.
+        first = (["job"] if o.spark else []) + rng.sample(kinds[:2], 2)
+        if o.spark:
+            # The clock starts once the job delivers (Spark takes 10-40 s to start).
+            deadline = time.monotonic() + 300
+            while not self.job_delivering() and time.monotonic() < deadline:
+                self.supervise()
+                time.sleep(0.2)
+            self.note("job", "delivering")
+        # Kills are paced to spread over `duration`; restarts take time too, so
+        # the run goes on past it until the kills are done (at most 3x).
+        end = time.monotonic() + 3 * o.duration
+        pg_times = sorted(
+            time.monotonic() + o.duration * (i + rng.uniform(0.2, 0.8)) / o.pg_restarts
+            for i in range(o.pg_restarts)
+        )
+        kills = 0
+        next_kill = time.monotonic() + gap * rng.uniform(0.5, 1.5)
+        while kills < o.kills and time.monotonic() < end:
+            self.supervise()
+            now = time.monotonic()
+            if pg_times and now >= pg_times[0]:
+                pg_times.pop(0)
+                self.restart_postgres()
+                continue
+            if now < next_kill:
+                time.sleep(0.1)
+                continue
+            kind = first[0] if first else rng.choices(kinds, [5, 3, 2][: len(kinds)])[0]
+            if self.kill(kind, rng):
+                if first:
+                    first.pop(0)
+                kills += 1
+                next_kill = time.monotonic() + gap * rng.uniform(0.5, 1.5)
+            else:
+                time.sleep(0.1)
+        return kills
+
+    def kill(self, kind: str, rng: random.Random) -> bool:
+        """SIGKILL one `kind` that is up and start it again; False if none was up."""
+        if kind == "node":
+            up = [i for i, b in enumerate(self.brokers) if b.process and b.process.poll() is None]
+            if not up:
+                return False
+            i = rng.choice(up)
+            self.brokers[i].kill()
+            self.note(f"node{i}", "kill")
+            self._start_broker(i)
+            return True
+        if kind == "worker":
+            up = [w for w in self.workers if w.alive()]
+            if not up:
+                return False
+            worker = rng.choice(up)
+            worker.kill()
+            self.note(worker.name, "kill")
+            worker.start()
+            self.note(worker.name, "restart")
+            return True
+        assert self.job is not None and self.endpoint is not None
+        # Mid-stream: once the job has delivered since it started (Spark takes
+        # 10-20 s to start), or after two minutes whatever it did.
+        if not self.job.alive() or not (
+            self.job_delivering() or time.monotonic() - self.job.started_at > 120
+        ):
+            return False
+        self.job.kill()
+        self.note("job", "kill", f"after {time.monotonic() - self.job.started_at:.1f} s")
+        self._start_job()
+        self.note("job", "restart")
+        return True
+
+    def job_delivering(self) -> bool:
+        """Has the job delivered something since it (last) started?"""
+        assert self.endpoint is not None
+        return len(self.endpoint.requests) > self.job_requests_at_start
+
+    def _start_broker(self, i: int) -> None:
+        try:
+            self.brokers[i].start(timeout=60)
+            self.note(f"node{i}", "restart")
+        except RuntimeError as exc:
+            self.note(f"node{i}", "exit", f"failed to start: {str(exc)[-2000:]}")
+
+    def restart_postgres(self) -> None:
+        assert self.postgres is not None
+        self.note("postgres", "pg-restart", "begin")
+        self.postgres.restart()
+        self.note("postgres", "restart", "server up again")
+
+    def supervise(self) -> None:
+        """Start again whatever exited by itself (logged as unexpected)."""
+        for i, broker in enumerate(self.brokers):
+            process = broker.process
+            if process is not None and process.poll() is not None:
+                self.note(f"node{i}", "exit", f"code {process.returncode}:\n{broker.tail(40)}")
+                self._start_broker(i)
+        for worker in self.workers:
+            if not worker.alive():
+                self.note(worker.name, "exit", f"code {worker.exit_code()}:\n{worker.tail(40)}")
+                worker.start()
+        if self.job is not None and not self.job.alive():
+            self.note("job", "exit", f"code {self.job.exit_code()}:\n{self.job.tail(40)}")
+            self._start_job()
+
+    # --- the end -----------------------------------------------------------------
+    def drain(self) -> dict[str, Any]:
+        """Stop publishing, wait for acknowledgements and deliveries (per message,
+        with a deadline); returns what did not arrive in time."""
+        o = self.options
+        for publisher in self.publishers:
+            publisher.stop()
+        self.note("run", "publishers stopped")
+        deadline = time.monotonic() + o.drain
+        while time.monotonic() < deadline and any(p.outstanding() for p in self.publishers):
+            self.supervise()
+            time.sleep(0.2)
+        unacknowledged = sum(p.outstanding() for p in self.publishers)
+        acked = self.acknowledged()
+        pending: dict[str, int] = {}
+        for kind, received in self.receivers().items():
+            while time.monotonic() < deadline:
+                self.supervise()
+                if not acked - received():
+                    break
+                time.sleep(0.2)
+            pending[kind] = len(acked - received())
+        self.note("run", "drained", f"unacknowledged {unacknowledged}, missing {pending}")
+        return {"unacknowledged": unacknowledged, "missing_at_deadline": pending}
+
+    def acknowledged(self) -> set[str]:
+        out: set[str] = set()
+        for publisher in self.publishers:
+            with publisher.lock:
+                out.update(publisher.acknowledged)
+        return out
+
+    def receivers(self) -> dict[str, Callable[[], set[str]]]:
+        def union(subs: list[Subscriber]) -> Callable[[], set[str]]:
+            return lambda: set().union(*(s.received() for s in subs))
+
+        out: dict[str, Callable[[], set[str]]] = {
+            s.name: (lambda s=s: s.received()) for s in self.subscribers["session"]
+        }
+        out["shared"] = union(self.subscribers["shared"])
+        out["workers"] = lambda: {d.message for d in self.worker_deliveries()}
+        if self.options.spark:
+            out["delivery"] = lambda: {d.message for d in self.endpoint_deliveries()}
+        return out
+
+    def worker_deliveries(self) -> list[Delivery]:
+        path = self.directory / "worker-calls.txt"
+        out: list[Delivery] = []
+        if not path.exists():
+            return out
+        for line in path.read_text().splitlines():
+            at, _pid, stream, offsets, payloads = line.split(" ")
+            for n, (offset, message) in enumerate(
+                zip(offsets.split(","), payloads.split(","), strict=True)
+            ):
+                out.append(Delivery("workers", message, float(at), n, copy=f"{stream}@{offset}"))
+        return out
+
+    def endpoint_deliveries(self) -> list[Delivery]:
+        assert self.endpoint is not None
+        return [
+            Delivery("delivery", r.payload.decode(), r.at, copy=r.message_id)
+            for r in self.endpoint.delivered()
+        ]
+
+    def log_copies(self) -> tuple[Counter[str], list[tuple[str, int, int]]]:
+        """How many times the log holds each message, and per-key order in the log
+        (first copies)."""
+        from riverbed.storage import open_storage
+
+        storage = open_storage(self.url)
+        copies: Counter[str] = Counter()
+        disorder: list[tuple[str, int, int]] = []
+        try:
+            for head in storage.list_streams(TOPIC):
+                offset = head.start_offset
+                highest: dict[str, int] = {}
+                while offset < head.next_offset:
+                    batch = storage.read(head.key, offset, 10_000)
+                    if not batch:
+                        break
+                    for m in batch:
+                        message = m.payload.decode()
+                        copies[message] += 1
+                        if copies[message] == 1:
+                            key, seq = parse_id(message)
+                            if seq < highest.get(key, -1):
+                                disorder.append((key, seq, highest[key]))
+                            highest[key] = max(seq, highest.get(key, -1))
+                    offset = batch[-1].offset + 1
+        finally:
+            storage.close()
+        return copies, disorder
+
+    def stop(self) -> None:
+        for group in self.subscribers.values():
+            for subscriber in group:
+                subscriber.close()
+        for publisher in self.publishers:
+            publisher.close()
+            wire = self.directory / f"publisher-{publisher.name}.log"
+            wire.write_text("\n".join(publisher.wire) + "\n")
+        if self.job is not None:
+            self.job.stop()
+        for worker in self.workers:
+            worker.stop(30)
+        for i, broker in enumerate(self.brokers):
+            try:
+                broker.stop(30)
+            except RuntimeError as exc:
+                self.note(f"node{i}", "stop failed", str(exc)[-2000:])
+            broker.kill()
+            shutil.copy(broker.log_path, self.directory / f"node{i}.log")
+        if self.endpoint is not None:
+            self.endpoint.close()
+        if self.postgres is not None:
+            (self.directory / "postgres.log").write_text(self.postgres.log_text())
+            self.postgres.stop()
+
+
+def qos_of(message: str) -> int:
+    """The QoS publisher `pP` publishes at (odd P: 2)."""
+    return 1 + int(message.split(".", 1)[0][1:]) % 2
+
+
+def disruptions(run: Run, kind: str) -> list[Disruption]:
+    prefixes = KIND_TARGETS[kind]
+    return [
+        Disruption(e.at, e.target, e.what)
+        for e in run.events
+        if e.target.startswith(prefixes) and e.what in ("kill", "restart", "exit", "pg-restart")
+    ]
+
+
+def report(run: Run, kills: int, drained: dict[str, Any]) -> dict[str, Any]:
+    o = run.options
+    acked = run.acknowledged()
+    copies, log_disorder = run.log_copies()
+    false_acks = sorted(acked - copies.keys())
+    per_kind: dict[str, Counts] = {}
+    for sub in run.subscribers["session"]:
+        with sub.lock:
+            deliveries = list(sub.deliveries)
+        per_kind[sub.name] = tally(
+            sub.name, deliveries, acked, copies, disruptions(run, "session"), o.window
+        )
+    shared: list[Delivery] = []
+    for sub in run.subscribers["shared"]:
+        with sub.lock:
+            shared.extend(sub.deliveries)
+    per_kind["shared"] = tally(
+        "shared", shared, acked, copies, disruptions(run, "shared"), o.window
+    )
+    per_kind["workers"] = tally(
+        "workers", run.worker_deliveries(), acked, copies, disruptions(run, "workers"), o.window
+    )
+    if o.spark:
+        per_kind["delivery"] = tally(
+            "delivery",
+            run.endpoint_deliveries(),
+            acked,
+            copies,
+            disruptions(run, "delivery"),
+            o.window,
+        )
+    # QoS 2 end to end (a QoS 2 publisher, the QoS 2 subscription): exactly once
+    # (DESIGN.md, guarantee 3): any repeat beyond the log's copies breaks it.
+    qos2_repeats: dict[str, int] = {}
+    for sub in run.subscribers["session"]:
+        if sub.qos == 2:
+            with sub.lock:
+                got = Counter(d.message for d in sub.deliveries if qos_of(d.message) == 2)
+            qos2_repeats[sub.name] = sum(max(0, n - copies.get(m, 1)) for m, n in got.items())
+    # A publisher republishes a refused message; a later one of its key already in
+    # flight may have been accepted first: order violations after a refusal are
+    # the publisher's (counted apart, in the report and not in the target).
+    refused = {m for p in run.publishers for m, _ in p.refused}
+    after_refusal = 0
+    for c in per_kind.values():
+        kept = [v for v in c.order_violations if message_id(v[0], v[1]) not in refused]
+        after_refusal += len(c.order_violations) - len(kept)
+        c.order_violations = kept
+    log_refused = [v for v in log_disorder if message_id(v[0], v[1]) in refused]
+    log_disorder = [v for v in log_disorder if v not in log_refused]
+    with (run.directory / "deliveries.jsonl").open("w") as raw:  # to count again later
+        for deliveries in (shared, *(s.deliveries for s in run.subscribers["session"])):
+            for d in deliveries:
+                raw.write(json.dumps([d.consumer, d.message, d.at, d.order, d.dup, d.copy]) + "\n")
+        for d in run.worker_deliveries() + (run.endpoint_deliveries() if o.spark else []):
+            raw.write(json.dumps([d.consumer, d.message, d.at, d.order, d.dup, d.copy]) + "\n")
+    kills_by_target = Counter(e.target for e in run.events if e.what == "kill")
+    sent = sum(len(p.sent) for p in run.publishers)
+    lost = sum(len(c.lost) for c in per_kind.values())
+    stale = sum(len(c.stale) for c in per_kind.values())
+    disorder = sum(len(c.order_violations) for c in per_kind.values())
+    met = (
+        kills >= o.kills
+        and lost == 0
+        and stale == 0
+        and disorder == 0
+        and not false_acks
+        and not log_disorder
+        and not any(qos2_repeats.values())
+    )
+    print()
+    print(
+        f"chaos run: {o.backend}, {o.nodes} node(s), seed {o.seed}, {kills} kills"
+        f" ({dict(sorted(kills_by_target.items()))}), {o.pg_restarts} PostgreSQL restart(s),"
+        f" {time.monotonic() - run.t0:.0f} s"
+    )
+    print(
+        f"  published {sent}, acknowledged {len(acked)}, unacknowledged at the end"
+        f" {drained['unacknowledged']}; refused {sum(len(p.refused) for p in run.publishers)};"
+        f" the log holds {sum(copies.values())} ({sum(1 for c in copies.values() if c > 1)}"
+        f" messages twice or more)"
+    )
+    print(f"  false acknowledgements (acknowledged, not in the log): {len(false_acks)}")
+    print(
+        f"  per-key order violations in the log: {len(log_disorder)}"
+        f" (and {len(log_refused)} after a refusal: a refused message republished"
+        " after a later one of its key was accepted)"
+    )
+    print(f"  unexpected exits: {len(run.unexpected)}")
+    print(f"  QoS 2 messages delivered twice to a QoS 2 subscription: {qos2_repeats}")
+    header = (
+        f"  {'consumer':10} {'expected':>8} {'lost':>5} {'order':>5} {'dups':>6}"
+        f" {'repub':>6} {'window':>6} {'w/DUP':>6} {'stale':>5} {'1st DUP':>7} {'max w':>6}"
+    )
+    print(header)
+    for c in per_kind.values():
+        print(
+            f"  {c.consumer:10} {c.expected:8} {len(c.lost):5} {len(c.order_violations):5}"
+            f" {c.duplicates:6} {c.republished:6} {c.in_window:6} {c.in_window_dup_flag:6}"
+            f" {len(c.stale):5} {c.first_with_dup_flag:7} {c.largest_window:6.1f}"
+        )
+    sessions_lost = {s.name: s.sessions_lost for g in run.subscribers.values() for s in g}
+    if any(sessions_lost.values()):
+        print(f"  sessions found gone at a reconnect: {sessions_lost}")
+    print(
+        f"  target ({o.kills} kills, 0 lost, 0 stale, 0 order violations, 0 false"
+        f" acknowledgements, QoS 2 exactly once): {'met' if met else 'NOT met'}"
+    )
+    for c in per_kind.values():
+        if c.lost:
+            print(f"  {c.consumer} lost (first 20): {c.lost[:20]}")
+        if c.stale:
+            print(f"  {c.consumer} stale (first 10): {c.stale[:10]}")
+        if c.order_violations:
+            print(f"  {c.consumer} order violations (first 10): {c.order_violations[:10]}")
+    if false_acks:
+        print(f"  false acknowledgements (first 20): {false_acks[:20]}")
+    return {
+        "backend": o.backend,
+        "nodes": o.nodes,
+        "seed": o.seed,
+        "kills": kills,
+        "kills_by_target": dict(kills_by_target),
+        "pg_restarts": o.pg_restarts,
+        "published": sent,
+        "acknowledged": len(acked),
+        "refused": sum(len(p.refused) for p in run.publishers),
+        **drained,
+        "false_acknowledgements": false_acks,
+        "log_order_violations": log_disorder,
+        "log_order_violations_after_refusal": log_refused,
+        "order_violations_after_refusal": after_refusal,
+        "unexpected_exits": [
+            {"at": round(e.at - run.t0, 1), "target": e.target, "detail": e.detail}
+            for e in run.unexpected
+        ],
+        "sessions_lost": sessions_lost,
+        "qos2_repeats": qos2_repeats,
+        "consumers": {
+            name: {
+                **c.summary(),
+                "lost_ids": c.lost[:200],
+                "stale_ids": [
+                    (m, round(a - run.t0, 2), round(b - run.t0, 2)) for m, a, b in c.stale[:200]
+                ],
+                "order_violation_ids": c.order_violations[:200],
+            }
+            for name, c in per_kind.items()
+        },
+        "target_met": met,
+        "directory": str(run.directory),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kills", type=int, default=100)
+    parser.add_argument(
+        "--duration", type=float, default=600.0, help="seconds the kills are spread over"
+    )
+    parser.add_argument("--backend", choices=("sqlite", "postgres"), default="sqlite")
+    parser.add_argument("--nodes", type=int, choices=(1, 2), default=None)
+    parser.add_argument(
+        "--pg-restart",
+        type=int,
+        nargs="?",
+        const=3,
+        default=0,
+        metavar="N",
+        help="restart the PostgreSQL server N times (default with the flag: 3)",
+    )
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--short", action="store_true", help="6 kills in 45 s (CI)")
+    parser.add_argument("--no-spark", action="store_true", help="without the delivery job")
+    parser.add_argument("--rate", type=float, default=25.0, help="msg/s per publisher")
+    parser.add_argument(
+        "--window", type=float, default=10.0, help="seconds of a kill's in-flight window"
+    )
+    parser.add_argument("--drain", type=float, default=None, help="seconds to wait at the end")
+    parser.add_argument("--json", type=Path, default=None, help="write the counts here")
+    parser.add_argument("--keep", type=Path, default=None, help="directory for logs")
+    args = parser.parse_args(argv)
+    nodes = args.nodes or (2 if args.backend == "postgres" else 1)
+    if nodes > 1 and args.backend == "sqlite":
+        parser.error(f"--nodes {nodes} needs --backend postgres (one SQLite file, one node)")
+    if args.pg_restart and args.backend != "postgres":
+        parser.error("--pg-restart needs --backend postgres")
+    if args.pg_restart < 0:
+        parser.error(f"--pg-restart {args.pg_restart}: must be 0 or more")
+    options = Options(
+        backend=args.backend,
+        nodes=nodes,
+        kills=6 if args.short else args.kills,
+        duration=45.0 if args.short else args.duration,
+        pg_restarts=args.pg_restart,
+        seed=args.seed,
+        spark=not args.no_spark,
+        rate=20.0 if args.short else args.rate,
+        window=args.window,
+        drain=args.drain if args.drain is not None else (90.0 if args.short else 180.0),
+        keep=args.keep,
+    )
+    if args.keep is not None:
+        args.keep.mkdir(parents=True, exist_ok=True)
+        directory = args.keep
+    else:
+        directory = Path(tempfile.mkdtemp(prefix="riverbed-chaos-"))
+    run = Run(options, directory)
+
+    def terminate(signum: int, frame: object) -> None:
+        raise SystemExit(f"stopped by signal {signum}")  # runs `finally`: stop everything
+
+    signal.signal(signal.SIGTERM, terminate)
+    kills = 0
+    try:
+        run.start()
+        kills = run.chaos()
+        run.note("run", "chaos over", f"{kills} kills")
+        drained = run.drain()
+        result = report(run, kills, drained)
+    finally:
+        run.stop()
+        (directory / "events.json").write_text(
+            json.dumps([e.__dict__ for e in run.events], indent=1)
+        )
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=1))
+    print(f"  logs and events: {directory}")
+    return 0 if result["target_met"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
