@@ -6,6 +6,8 @@ PY = $(VENV)/bin/python
 # Extras installed into the venv; add more comma-separated (e.g. dev,spark).
 EXTRAS ?= dev,spark
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test` (0: in this process, one test at a time).
+TEST_WORKERS ?= 3
 
 # ruff fails on a path that does not exist, so lint only the directories that do.
 LINT_PATHS := $(wildcard src tests bench examples)
@@ -30,7 +32,7 @@ test: venv
 	$(VENV)/bin/ruff format --check $(LINT_PATHS)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # Fix what ruff can fix by itself (imports, formatting).
 fmt: venv

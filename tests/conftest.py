@@ -38,6 +38,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.get_closest_marker("postgres") is None
         ):
             item.add_marker(pytest.mark.postgres)
+        if "spark" in fixtures:
+            # Run in parallel (`make test`: pytest-xdist, --dist loadgroup), the
+            # tests sharing a Spark session stay on one worker: one JVM (~1.3 GB,
+            # 5-11 s to start) instead of one per worker.
+            item.add_marker(pytest.mark.xdist_group("spark"))
 
 
 # --------------------------------------------------------------------- PostgreSQL
