@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from harness.storage import create_topic, numbered_rows
+from harness.storage import accept_any, create_topic, numbered_rows, topic_record
 from riverbed.errors import AlreadyExists, InvalidInput, LeaseHeld, NotFound, PreconditionFailed
+from riverbed.log.retention import apply_retention
 from riverbed.model import StreamId
 from riverbed.sharedsub.claims import GroupStore, Save, start_offsets
 from riverbed.sharedsub.protocol import GroupId
 from riverbed.storage import Storage
+from riverbed.storage.base import RetentionPolicy
 
 S = 1_000_000
 G = GroupId("g", "t/#")
@@ -137,3 +139,38 @@ def test_ensure_creates_a_group_once_and_keeps_an_existing_start(storage: Storag
     store.ensure(past, now_us=300)
     kept = store.get(past)
     assert kept is not None and kept.start_us is None
+
+
+def test_retention_keeps_what_a_group_has_not_consumed(storage: Storage) -> None:
+    """A group's progress lives in its record; its named subscription per topic
+    pins retention at the group's position (it used to pin nothing: a group's
+    unread messages went at once with the `consumed` policy)."""
+    storage.create_topic(
+        topic_record("t", binding="t/#", retention_policy=RetentionPolicy.CONSUMED),
+        1,
+        accept_any,
+    )
+    (head,) = storage.list_streams("t")
+    groups = GroupStore(storage)
+    groups.create(G, start_us=None, now_us=0)
+    storage.append({head.key: numbered_rows(10)})
+    apply_retention(storage, "t")
+    assert [m.offset for m in storage.read(head.key, 0, 100)] == list(range(10))
+    claim = groups.claim(G, "leader-1", ttl_us=60 * S, now_us=1 * S)
+    claim = groups.save(claim, {head.stream: 4}, now_us=2 * S)
+    apply_retention(storage, "t")
+    assert [m.offset for m in storage.read(head.key, 0, 100)] == list(range(4, 10))
+    # In one transaction for several groups too.
+    (saved,) = groups.save_many([Save(claim, {head.stream: 7}, [])], now_us=3 * S)
+    assert not isinstance(saved, PreconditionFailed)
+    apply_retention(storage, "t")
+    assert [m.offset for m in storage.read(head.key, 0, 100)] == [7, 8, 9]
+    # A refused save moves nothing.
+    (refused,) = groups.save_many([Save(claim, {head.stream: 9}, [])], now_us=4 * S)
+    assert isinstance(refused, PreconditionFailed)
+    apply_retention(storage, "t")
+    assert [m.offset for m in storage.read(head.key, 0, 100)] == [7, 8, 9]
+    # Deleting the group lets go of its topics.
+    groups.delete(G)
+    apply_retention(storage, "t")
+    assert storage.read(head.key, 0, 100) == []

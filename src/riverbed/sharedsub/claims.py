@@ -15,6 +15,15 @@ own last write left. So once a new Leader has claimed the group, a stale
 Leader's save fails with `PreconditionFailed` whatever its clock says — the
 record's version is the fencing token, like the lease's.
 
+Retention: a group's progress lives in its record, which retention does not
+read, so each group also holds a named subscription per topic its filter
+reaches (`cursor_name`: `$share.<hash of GROUP/FILTER>.<topic>`), created with
+the group at the group's start and moved with every save (in the save's
+transaction). Retention keeps what any subscription has not consumed, so it
+keeps what the group has not; a stream the group has no cursor on yet is kept
+whole. Without them a group's unread messages went at the topic's retention
+time, or at once with the `consumed` policy.
+
 Synchronous and small: the Leader's runtime calls it from a worker thread.
 Times are µs since the epoch, passed in.
 """
@@ -23,17 +32,31 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from riverbed.errors import AlreadyExists, InvalidInput, NotFound, PreconditionFailed
+from riverbed.errors import (
+    AlreadyExists,
+    InvalidInput,
+    NotFound,
+    PreconditionFailed,
+    TopicNotFound,
+)
 from riverbed.log.topics import reachable_topics
 from riverbed.model import StreamId
 from riverbed.sharedsub.protocol import GroupId, LeaderId, stream_order
-from riverbed.storage.base import KVEntry, Storage, StorageTopicRecord, StreamHead
+from riverbed.storage.base import (
+    KVEntry,
+    StartKind,
+    Storage,
+    StorageTopicRecord,
+    StreamHead,
+    SubscriptionRecord,
+)
 from riverbed.storage.leases import Lease, Leases
-from riverbed.storage.transactions import kv_put_in, transaction
+from riverbed.storage.transactions import commit_cursors_in, kv_put_in, transaction
 
 NAMESPACE = "sharedsub"
 LEASE_PREFIX = "sharedsub/"
@@ -68,6 +91,17 @@ class Claim:
         return self.lease.owner
 
 
+CURSOR_PREFIX = "$share."
+"""Named subscriptions holding the groups' positions for retention."""
+
+
+def cursor_name(group: GroupId, topic: str) -> str:
+    """The named subscription holding `group`'s position on `topic` (the group
+    key holds `/`, `+`, `#`: a hash of it names the group)."""
+    digest = hashlib.sha256(group.key.encode()).hexdigest()[:16]
+    return f"{CURSOR_PREFIX}{digest}.{topic}"
+
+
 @dataclass(frozen=True, slots=True)
 class Save:
     """One Leader's save for `GroupStore.save_many`."""
@@ -85,6 +119,9 @@ class GroupStore:
         self.storage = storage
         self.namespace = namespace
         self.leases = Leases(storage)
+        self._held: set[str] = set()
+        """Named subscriptions known to exist (`_hold`)."""
+        self._keys: dict[StreamId, int] = {}
 
     # ----------------------------------------------------------------- groups
 
@@ -94,6 +131,8 @@ class GroupStore:
         if start_us is not None and (not isinstance(start_us, int) or start_us < 0):
             raise InvalidInput(f"group start {start_us!r} must be µs since the epoch (>= 0)")
         record = GroupRecord(group, start_us, now_us, {}, frozenset(), None, 0)
+        # The cursors first: a group whose record exists is always pinned.
+        self._hold(record, [t for t in reachable_topics([group.topic_filter], self._bindings())])
         try:
             entry = self.storage.kv_put_if_absent(self.namespace, group.key, _encode(record))
         except PreconditionFailed:
@@ -121,6 +160,11 @@ class GroupStore:
         if entry is None:
             raise NotFound(f"shared subscription group {group} does not exist")
         self.storage.kv_delete_if_version(self.namespace, group.key, entry.version)
+        prefix = cursor_name(group, "")
+        for sub in self.storage.list_subscriptions():
+            if sub.name.startswith(prefix):
+                with contextlib.suppress(NotFound):
+                    self.storage.delete_subscription(sub.name)
         lease = self.leases.get(LEASE_PREFIX + group.key)
         if lease is not None:
             # Renewed meanwhile: it expires, and its Leader is fenced off anyway.
@@ -173,11 +217,10 @@ class GroupStore:
         """Persist progress. Raises `PreconditionFailed` if this Leader was fenced
         off (another claimed the group, or the group was deleted) or its own clock
         says its claim expired."""
-        record = self._saved(claim, progress, consumed, now_us, holdings)
-        written = self.storage.kv_compare_and_set(
-            self.namespace, record.group.key, claim.record.version, _encode(record)
-        )
-        return Claim(claim.lease, replace(record, version=written.version))
+        (result,) = self.save_many([Save(claim, progress, consumed, holdings)], now_us=now_us)
+        if isinstance(result, PreconditionFailed):
+            raise result
+        return result
 
     def save_many(
         self, saves: Sequence[Save], *, now_us: int
@@ -200,16 +243,71 @@ class GroupStore:
             writes.append((len(out) - 1, record, _encode(record)))
         if not writes:
             return out
+        positions = {i: self._positions(record) for i, record, _ in writes}
         with transaction(self.storage) as tx:
             for i, record, value in writes:
                 expected = record.version
                 if kv_put_in(tx, self.namespace, record.group.key, value, expected):
                     out[i] = Claim(saves[i].claim.lease, replace(record, version=expected + 1))
+                    for name, offsets in positions[i].items():
+                        commit_cursors_in(tx, name, offsets)
                 else:
                     out[i] = PreconditionFailed(
                         f"key {self.namespace}/{record.group.key} is not at version {expected}"
                     )
         return out
+
+    def _positions(self, record: GroupRecord) -> dict[str, dict[int, int]]:
+        """The group's progress as cursors of its named subscriptions (created
+        for topics that have none yet)."""
+        by_topic: dict[str, dict[int, int]] = {}
+        for stream, offset in record.progress.items():
+            key = self._stream_key(stream)
+            if key is not None:
+                by_topic.setdefault(cursor_name(record.group, stream.topic), {})[key] = offset
+        self._hold(record, [s.topic for s in record.progress])
+        return by_topic
+
+    def _hold(self, record: GroupRecord, topics: Iterable[str]) -> None:
+        """Make sure the group has its named subscription on each of `topics`,
+        starting where the group starts (`start_offsets`)."""
+        for topic in topics:
+            name = cursor_name(record.group, topic)
+            if name in self._held:
+                continue
+
+            def initial(
+                heads: list[StreamHead], start_us: int | None = record.start_us
+            ) -> dict[int, int]:
+                offsets = start_offsets(self.storage, heads, start_us)
+                return {h.key: offsets[h.stream] for h in heads}
+
+            sub = SubscriptionRecord(
+                name,
+                topic,
+                None,
+                StartKind.EARLIEST if record.start_us is None else StartKind.TIME,
+                record.start_us,
+                record.created_us,
+            )
+            try:
+                self.storage.create_subscription(sub, initial)
+            except TopicNotFound:
+                continue  # nothing to hold (the built-in `mqtt` where not made yet)
+            except AlreadyExists:
+                pass
+            self._held.add(name)
+
+    def _stream_key(self, stream: StreamId) -> int | None:
+        key = self._keys.get(stream)
+        if key is None:
+            for head in self.storage.list_streams(stream.topic):
+                self._keys[head.stream] = head.key
+            key = self._keys.get(stream)
+        return key
+
+    def _bindings(self) -> builtins.list[tuple[str, str | None]]:
+        return [(t.name, t.binding) for t in self.storage.list_topics()]
 
     def _saved(
         self,
