@@ -327,17 +327,24 @@ class Router:
     async def _catch_up(self, routed: _Routed) -> None:
         try:
             while routed.upto < routed.head and routed.waiters:
-                rows = await asyncio.to_thread(
-                    self.storage.read, routed.key, routed.upto, READ_BATCH
-                )
-                rows = [r for r in rows if r.offset >= routed.upto]
+                start = routed.upto
+                rows = await asyncio.to_thread(self.storage.read, routed.key, start, READ_BATCH)
+                if routed.upto != start:
+                    # Local commits were routed while we read: only what lies past
+                    # them is new, and nothing here says anything about what lies
+                    # past the read (it was read before the newer head was known).
+                    rows = [r for r in rows if r.offset >= routed.upto]
+                    if rows:
+                        self._route(routed, rows)
+                    continue
                 if not rows:
-                    # Retention deleted what lay between: nothing to route there.
+                    # Nothing at or after `start` although the head is past it:
+                    # retention deleted it all; nothing to route there.
                     routed.upto = routed.head
                     routed.buffer.clear()
                     break
-                if rows[0].offset > routed.upto:
-                    routed.buffer.clear()
+                if rows[0].offset > start:
+                    routed.buffer.clear()  # retention deleted up to rows[0]
                     routed.upto = rows[0].offset
                 self._route(routed, rows)
         except RiverbedError:
