@@ -161,7 +161,7 @@ def test_outgoing_qos2_window_survives_crashes(broker: BrokerProcess) -> None:
         assert [int(c) for c in sub.expect(Suback).reason_codes] == [2]
         pub = Client(broker.port, "out2-pub")
         pub.connect()
-        pub.publish("o/1", b"x", qos=2).wait_for_publish(10)
+        pub.publish("o/1", b"x", qos=2).wait_for_publish(30)
         pub.disconnect()
         first = sub.expect(Publish)
         assert (first.payload, first.qos, first.dup) == (b"x", 2, False)

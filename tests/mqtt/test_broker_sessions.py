@@ -30,7 +30,7 @@ def _publish(port: int, topic: str, payloads: list[bytes], client_id: str = "pub
     pub.connect()
     infos = [pub.publish(topic, p, qos=1) for p in payloads]
     for info in infos:
-        info.wait_for_publish(10)
+        info.wait_for_publish(30)
     pub.disconnect()
 
 
