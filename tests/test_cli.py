@@ -560,7 +560,7 @@ def test_bad_subscription_create_changes_nothing(
 def test_start_latest_and_time(db: str) -> None:
     make_topic(db)
     produce_n(db, 10)
-    time.sleep(0.01)
+    time.sleep(0.01)  # the scenario: a moment strictly between two writes
     middle = datetime.now(UTC)
     time.sleep(0.01)
     ok(db, "subscription", "create", "latest", "--topic", "orders", "--start", "latest")
@@ -609,7 +609,7 @@ def test_lag_shows_streams_waiting_for_an_earlier_generation(db: str) -> None:
 def test_reset_to_earliest_latest_time_and_offsets(db: str) -> None:
     make_topic(db, "orders", "2")
     produce_n(db, 10, keys=0)
-    time.sleep(0.01)
+    time.sleep(0.01)  # the scenario: a moment strictly between two writes
     middle = datetime.now(UTC).isoformat()
     time.sleep(0.01)
     produce_n(db, 6, keys=0)

@@ -16,7 +16,9 @@ exits with an error.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shutil
 import signal
 import ssl
@@ -37,6 +39,15 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from harness.net import free_port, wait_listening
+from harness.waiting import DEFAULT_TIMEOUT, SLOW, eventually
+from riverbed.sessions.store import SessionRecord, SessionStore
+from riverbed.storage import open_storage
+
+START_TIMEOUT = 60.0 * SLOW
+"""Seconds a broker may take to listen (imports and storage on a loaded machine)."""
+STOP_TIMEOUT = 45.0 * SLOW
+"""Seconds `stop` waits after SIGTERM: longer than the broker's own bound
+(`limits.stop_grace` 20 s + 5 s), so a slow stop is the broker's to report."""
 
 
 class BrokerProcess:
@@ -51,7 +62,7 @@ class BrokerProcess:
         self.log_path = self._log_dir / "broker.log"
         self.starts = 0
 
-    def start(self, timeout: float = 20.0) -> None:
+    def start(self, timeout: float = START_TIMEOUT) -> None:
         assert self.process is None or self.process.poll() is not None, "already running"
         self.starts += 1
         log = self.log_path.open("ab")
@@ -80,7 +91,7 @@ class BrokerProcess:
         log.close()
         wait_listening(self.process, self.port, timeout, "broker", self.tail, self.kill)
 
-    def stop(self, timeout: float = 15.0) -> int:
+    def stop(self, timeout: float = STOP_TIMEOUT) -> int:
         """SIGTERM, then wait; SIGKILL if it takes longer than `timeout`."""
         process = self.process
         if process is None or process.poll() is not None:
@@ -115,6 +126,36 @@ class BrokerProcess:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
         raise AssertionError(f"no VmRSS for {self.process.pid}")
+
+    def session(self, client_id: str) -> SessionRecord | None:
+        """The session record the broker keeps for `client_id` (None: none), read
+        from its database: for tests that wait for the broker to have recorded a
+        disconnect, or for a session's expiry interval to have passed."""
+        storage = open_storage(self.db_url)
+        try:
+            stored = SessionStore(storage).load(client_id)
+        finally:
+            storage.close()
+        return None if stored is None else stored.record
+
+    def logged(self, pattern: str) -> int:
+        """How many lines of the broker's log (every start) match the regular
+        expression `pattern`."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return 0
+        found = re.compile(pattern)
+        return sum(1 for line in text.splitlines() if found.search(line))
+
+    def wait_logged(self, pattern: str, count: int = 1, timeout: float = DEFAULT_TIMEOUT) -> None:
+        """Wait until `count` lines of the broker's log match `pattern`."""
+        eventually(
+            lambda: self.logged(pattern) >= count,
+            timeout,
+            f"{count} broker log line(s) matching {pattern!r}",
+            interval=0.05,
+        )
 
     def tail(self, lines: int = 60) -> str:
         try:
@@ -197,7 +238,7 @@ class Client:
         clean: bool = True,
         expiry: int | None = None,
         keepalive: int = 60,
-        timeout: float = 10.0,
+        timeout: float = DEFAULT_TIMEOUT,
         will: tuple[str, bytes, int, bool] | None = None,
         will_delay: int | None = None,
     ) -> bool:
@@ -252,7 +293,7 @@ class Client:
         self,
         *filters: str,
         qos: int = 1,
-        timeout: float = 10.0,
+        timeout: float = DEFAULT_TIMEOUT,
         retain_handling: int = 0,
         retain_as_published: bool = False,
         no_local: bool = False,
@@ -276,13 +317,7 @@ class Client:
         else:
             result, mid = self.paho.subscribe([(f, qos) for f in filters])
         assert result == paho.MQTT_ERR_SUCCESS and mid is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with self._lock:
-                if mid in self._subacks:
-                    return self._subacks.pop(mid)
-            time.sleep(0.01)
-        raise AssertionError(f"no SUBACK within {timeout}s")
+        return self._ack(mid, timeout, "SUBACK")
 
     def publish(
         self,
@@ -304,18 +339,23 @@ class Client:
                 properties.UserProperty = [("key", key)]
         return self.paho.publish(topic, payload, qos, retain, properties)
 
-    def unsubscribe(self, *filters: str, timeout: float = 10.0) -> list[int]:
+    def unsubscribe(self, *filters: str, timeout: float = DEFAULT_TIMEOUT) -> list[int]:
         """UNSUBSCRIBE and wait for the UNSUBACK; its reason codes (MQTT 5)."""
         assert self.paho is not None
         result, mid = self.paho.unsubscribe(list(filters))
         assert result == paho.MQTT_ERR_SUCCESS and mid is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        return self._ack(mid, timeout, "UNSUBACK")
+
+    def _ack(self, mid: int, timeout: float, kind: str) -> list[int]:
+        """The reason codes of the SUBACK or UNSUBACK for `mid`, once it came."""
+
+        def came() -> tuple[list[int]] | None:
+            # In a tuple: an MQTT 3.1.1 UNSUBACK has no reason codes ([] is falsy).
             with self._lock:
-                if mid in self._subacks:
-                    return self._subacks.pop(mid)
-            time.sleep(0.01)
-        raise AssertionError(f"no UNSUBACK within {timeout}s")
+                return (self._subacks.pop(mid),) if mid in self._subacks else None
+
+        (codes,) = eventually(came, timeout, f"the {kind} of {self.client_id!r}")
+        return codes
 
     def disconnect(self, expiry: int | None = None) -> None:
         if self.paho is None:
@@ -325,7 +365,7 @@ class Client:
             properties = Properties(PacketTypes.DISCONNECT)
             properties.SessionExpiryInterval = expiry
         self.paho.disconnect(properties=properties)
-        self._disconnected.wait(5)
+        self._disconnected.wait(10)
         self.close()
 
     def drop(self) -> None:
@@ -346,16 +386,30 @@ class Client:
     def wait_disconnected(self, timeout: float) -> bool:
         return self._disconnected.wait(timeout)
 
-    def wait_for(self, count: int, timeout: float = 15.0) -> list[Received]:
-        """Wait until at least `count` messages were received; return them all."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with self._lock:
-                if len(self.received) >= count:
-                    return list(self.received)
-            time.sleep(0.02)
-        with self._lock:
-            return list(self.received)
+    def wait_for(self, count: int, timeout: float = DEFAULT_TIMEOUT) -> list[Received]:
+        """Wait until at least `count` messages were received; return them all
+        (fewer if `timeout` passes first: the caller's assertion says what is
+        missing). A count includes duplicates: to know that every message
+        arrived, wait for each (`wait_payloads`)."""
+        with contextlib.suppress(AssertionError):
+            eventually(lambda: len(self.received_now()) >= count, timeout)
+        return self.received_now()
+
+    def wait_payloads(self, *payloads: bytes, timeout: float = DEFAULT_TIMEOUT) -> list[Received]:
+        """Wait until each of `payloads` has arrived (at least once); return
+        everything received so far."""
+
+        def missing() -> list[bytes]:
+            have = set(self.payloads())
+            return [p for p in payloads if p not in have]
+
+        eventually(
+            lambda: not missing(),
+            timeout,
+            f"{len(payloads)} payloads at {self.client_id!r}",
+            explain=lambda: f"missing {missing()[:10]!r}",
+        )
+        return self.received_now()
 
     def received_now(self) -> list[Received]:
         """A copy of what arrived so far (paho's thread keeps appending)."""

@@ -20,6 +20,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from urllib.parse import unquote
 
+from harness.waiting import DEFAULT_TIMEOUT, eventually
+
 
 @dataclass(frozen=True, slots=True)
 class Request:
@@ -124,16 +126,16 @@ class Endpoint:
         with self.lock:
             return [r for r in self.requests if 200 <= r.status < 300]
 
-    def wait_for(self, count: int, timeout: float = 30.0) -> list[Request]:
+    def wait_for(self, count: int, timeout: float = DEFAULT_TIMEOUT) -> list[Request]:
         """Wait until `count` requests were answered 2xx; return them."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            done = self.delivered()
-            if len(done) >= count:
-                return done
-            time.sleep(0.02)
-        done = self.delivered()
-        raise AssertionError(f"{len(done)} of {count} deliveries after {timeout} s")
+
+        def done() -> list[Request] | None:
+            answered = self.delivered()
+            return answered if len(answered) >= count else None
+
+        return eventually(
+            done, timeout, f"{count} deliveries", explain=lambda: len(self.delivered())
+        )
 
     def close(self) -> None:
         self.httpd.shutdown()

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import time
 from collections.abc import Callable
+
+from harness.waiting import eventually
 
 
 def free_port() -> int:
@@ -29,14 +30,18 @@ def wait_listening(
     Raises RuntimeError (with the tail of its log) if it exits first or is not
     listening within `timeout` seconds, after `kill()`ing it in the latter case.
     """
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def accepts() -> bool:
         if process.poll() is not None:
             raise RuntimeError(f"{name} exited with {process.returncode}:\n{tail()}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
+                return True
         except OSError:
-            time.sleep(0.05)
-    kill()
-    raise RuntimeError(f"{name} did not listen within {timeout}s:\n{tail()}")
+            return False
+
+    try:
+        eventually(accepts, timeout, f"{name} to listen on 127.0.0.1:{port}", interval=0.05)
+    except AssertionError:
+        kill()
+        raise RuntimeError(f"{name} did not listen within {timeout}s:\n{tail()}") from None

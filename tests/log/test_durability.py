@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+from harness.waiting import eventually
 from riverbed.log.log import Log
 from riverbed.model import StreamId
 from riverbed.storage import open_storage
@@ -56,7 +57,7 @@ def test_kill_9_loses_no_acknowledged_message(storage_url: str, seed: int) -> No
     setup.topics.create("t", 4)
     setup.close()
 
-    kill_after = random.Random(seed).uniform(0.2, 1.0)
+    kill_after = random.Random(seed).uniform(0, 0.8)
     with subprocess.Popen(
         [sys.executable, "-c", PRODUCER, storage_url, str(seed)],
         stdout=subprocess.PIPE,
@@ -68,9 +69,11 @@ def test_kill_9_loses_no_acknowledged_message(storage_url: str, seed: int) -> No
             stdout = proc.stdout
             chunks: list[bytes] = []
             # Keep the pipe drained so that the child never blocks writing to it.
-            reader = threading.Thread(target=lambda: chunks.append(stdout.read()))
+            reader = threading.Thread(target=lambda: chunks.extend(stdout))
             reader.start()
-            time.sleep(kill_after)
+            # Enough acknowledged to test something, then a random moment more.
+            eventually(lambda: len(chunks) > 20, what="20 acknowledged messages")
+            time.sleep(kill_after)  # the scenario: a random point to kill at
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
             reader.join(timeout=30)

@@ -30,7 +30,7 @@ def test_publish_subscribe(broker: BrokerProcess, protocol: int, qos: int) -> No
     pub.connect()
     infos = [pub.publish(f"a/{i % 3}", f"m{i}".encode(), qos=qos) for i in range(20)]
     for info in infos:
-        info.wait_for_publish(5)
+        info.wait_for_publish(30)
     got = sub.wait_for(20)
     assert [m.payload for m in got] == [f"m{i}".encode() for i in range(20)]
     assert {m.qos for m in got} == {qos}
@@ -46,10 +46,10 @@ def test_qos_is_the_lower_of_message_and_subscription(broker: BrokerProcess) -> 
     assert sub.subscribe("high/#", qos=2) == [2]
     pub = Client(broker.port, "pub")
     pub.connect()
-    pub.publish("low/x", b"a", qos=1).wait_for_publish(5)
-    pub.publish("high/x", b"b", qos=0).wait_for_publish(5)
-    pub.publish("high/x", b"c", qos=1).wait_for_publish(5)
-    pub.publish("high/x", b"d", qos=2).wait_for_publish(5)
+    pub.publish("low/x", b"a", qos=1).wait_for_publish(30)
+    pub.publish("high/x", b"b", qos=0).wait_for_publish(30)
+    pub.publish("high/x", b"c", qos=1).wait_for_publish(30)
+    pub.publish("high/x", b"d", qos=2).wait_for_publish(30)
     got = sub.wait_for(4)
     assert [(m.payload, m.qos) for m in got] == [(b"a", 0), (b"b", 0), (b"c", 1), (b"d", 2)]
     pub.disconnect()
@@ -63,11 +63,12 @@ def test_overlapping_subscriptions_deliver_one_copy(broker: BrokerProcess) -> No
     sub.subscribe("o/+", qos=1)
     pub = Client(broker.port, "pub")
     pub.connect()
-    pub.publish("o/x", b"one", qos=1).wait_for_publish(5)
-    got = sub.wait_for(1)
-    time.sleep(0.3)
-    assert [(m.payload, m.qos) for m in sub.received] == [(b"one", 1)]
-    assert got
+    pub.publish("o/x", b"one", qos=1).wait_for_publish(30)
+    # A marker from the same publisher (key, stream): a second copy of "one"
+    # would come before it.
+    pub.publish("o/x", b"end", qos=1).wait_for_publish(30)
+    sub.wait_payloads(b"one", b"end")
+    assert [(m.payload, m.qos) for m in sub.received_now()] == [(b"one", 1), (b"end", 1)]
     pub.disconnect()
     sub.disconnect()
 
@@ -79,11 +80,13 @@ def test_dollar_topics_not_matched_by_leading_wildcards(broker: BrokerProcess) -
     sub.subscribe("$app/+", qos=1)
     pub = Client(broker.port, "pub")
     pub.connect()
-    pub.publish("$app/x", b"dollar", qos=1).wait_for_publish(5)
-    pub.publish("plain", b"plain", qos=1).wait_for_publish(5)
-    sub.wait_for(2)
-    time.sleep(0.3)
-    assert sorted(sub.payloads()) == [b"dollar", b"plain"]
+    pub.publish("$app/x", b"dollar", qos=1).wait_for_publish(30)
+    pub.publish("plain", b"plain", qos=1).wait_for_publish(30)
+    # A marker from the same publisher (key, stream): a second copy of
+    # "dollar" (were "#" to match it) would come before it.
+    pub.publish("end", b"end", qos=1).wait_for_publish(30)
+    sub.wait_payloads(b"dollar", b"plain", b"end")
+    assert sub.payloads() == [b"dollar", b"plain", b"end"]
     pub.disconnect()
     sub.disconnect()
 
@@ -94,14 +97,15 @@ def test_unsubscribe_stops_delivery(broker: BrokerProcess) -> None:
     sub.subscribe("u/#", qos=1)
     pub = Client(broker.port, "pub")
     pub.connect()
-    pub.publish("u/1", b"before", qos=1).wait_for_publish(5)
-    sub.wait_for(1)
-    assert sub.paho is not None
-    sub.paho.unsubscribe("u/#")
-    time.sleep(0.3)
-    pub.publish("u/1", b"after", qos=1).wait_for_publish(5)
-    time.sleep(0.5)
-    assert sub.payloads() == [b"before"]
+    pub.publish("u/1", b"before", qos=1).wait_for_publish(30)
+    sub.wait_payloads(b"before")
+    sub.unsubscribe("u/#")  # waits for the UNSUBACK
+    sub.subscribe("marker/#")
+    pub.publish("u/1", b"after", qos=1).wait_for_publish(30)
+    # A marker from the same publisher (key, stream), after "after".
+    pub.publish("marker/1", b"end", qos=1).wait_for_publish(30)
+    sub.wait_payloads(b"end")
+    assert sub.payloads() == [b"before", b"end"]
     pub.disconnect()
     sub.disconnect()
 
@@ -121,21 +125,23 @@ def test_takeover(broker: BrokerProcess, protocol: int) -> None:
     first.subscribe("t/#")
     second = Client(broker.port, "same", protocol=protocol)
     assert second.connect(clean=False, expiry=300) is True
-    assert first.wait_disconnected(5)
+    assert first.wait_disconnected(30)
     if protocol == paho.MQTTv5:
         assert 0x8E in first.disconnects  # Session taken over
     first.close()
     pub = Client(broker.port, "pub")
     pub.connect()
-    pub.publish("t/x", b"to-second", qos=1).wait_for_publish(5)
+    pub.publish("t/x", b"to-second", qos=1).wait_for_publish(30)
     assert [m.payload for m in second.wait_for(1)] == [b"to-second"]
     second.disconnect()
     pub.disconnect()
 
 
 def test_keep_alive_timeout(broker: BrokerProcess) -> None:
-    # A raw client that says keep alive 1 s and then stays silent: closed after 1.5 s.
-    with socket.create_connection(("127.0.0.1", broker.port), timeout=5) as sock:
+    # A raw client that says keep alive 1 s and then stays silent: closed after
+    # 1.5 s [MQTT-3.1.2-22]. Time passing is the scenario; the upper bound only
+    # tells "closed for keep alive" from "never", with room for a loaded machine.
+    with socket.create_connection(("127.0.0.1", broker.port), timeout=30) as sock:
         sock.sendall(_connect_v5("silent", keep_alive=1))
         assert sock.recv(100)[:1] == b"\x20"  # CONNACK
         started = time.monotonic()
@@ -144,26 +150,26 @@ def test_keep_alive_timeout(broker: BrokerProcess) -> None:
         assert data[:1] == b"\xe0"  # DISCONNECT
         assert data[2] == 0x8D  # Keep Alive timeout
         assert sock.recv(100) == b""
-        assert 1.2 < elapsed < 3.5
+        assert 1.2 < elapsed < 20
 
 
 def test_malformed_bytes_close_only_that_connection(broker: BrokerProcess) -> None:
     healthy = Client(broker.port, "healthy")
     healthy.connect()
     healthy.subscribe("h/#")
-    with socket.create_connection(("127.0.0.1", broker.port), timeout=5) as sock:
+    with socket.create_connection(("127.0.0.1", broker.port), timeout=30) as sock:
         sock.sendall(_connect_v5("bad", keep_alive=60))
         assert sock.recv(100)[:1] == b"\x20"
         sock.sendall(b"\x36\x00")  # PUBLISH with QoS 3: malformed [MQTT-3.3.1-4]
         data = sock.recv(100)
         assert data[:1] == b"\xe0" and data[2] == 0x81  # DISCONNECT Malformed Packet
         assert sock.recv(100) == b""
-    with socket.create_connection(("127.0.0.1", broker.port), timeout=5) as sock:
+    with socket.create_connection(("127.0.0.1", broker.port), timeout=30) as sock:
         sock.sendall(b"\x10\x05garbage")  # not even a CONNECT
         assert sock.recv(100) in (b"", b"\x20\x03\x00\x81\x00", b"\x20\x03\x00\x82\x00")
     pub = Client(broker.port, "pub")
     pub.connect()
-    pub.publish("h/1", b"still-here", qos=1).wait_for_publish(5)
+    pub.publish("h/1", b"still-here", qos=1).wait_for_publish(30)
     assert [m.payload for m in healthy.wait_for(1)] == [b"still-here"]
     pub.disconnect()
     healthy.disconnect()

@@ -27,20 +27,26 @@ def test_expired_messages_are_not_delivered_to_a_returning_session(
     sub.disconnect()
     pub = Client(broker.port, "e-pub")
     pub.connect()
-    pub.publish("e/1", b"short", expiry=1).wait_for_publish(5)
-    pub.publish("e/1", b"long", expiry=100).wait_for_publish(5)
-    pub.publish("e/1", b"never").wait_for_publish(5)
-    pub.disconnect()
+    pub.publish("e/1", b"short", expiry=1).wait_for_publish(30)
+    before_long = time.monotonic()
+    pub.publish("e/1", b"long", expiry=100).wait_for_publish(30)
+    pub.publish("e/1", b"never").wait_for_publish(30)
+    # The scenario is time passing: "short" (stamped before its PUBACK) has
+    # expired 1 s after it; the sleep is well past that.
     time.sleep(2.5)
 
     again = Client(broker.port, "away")
     assert again.connect(clean=False, expiry=300) is True
-    got = again.wait_for(2)
-    time.sleep(0.3)
-    got = again.wait_for(0)
+    # A marker from the same publisher (key, stream) after the three.
+    pub.publish("e/1", b"end").wait_for_publish(30)
+    pub.disconnect()
+    got = [m for m in again.wait_payloads(b"end") if m.payload != b"end"]
     assert [m.payload for m in got] == [b"long", b"never"]
     long, never = got
-    assert long.expiry is not None and 95 <= long.expiry <= 98  # what is left of 100
+    # What is left of 100: at least 2 s went (the sleep), at most the time
+    # from before its PUBLISH to its arrival (rounded up).
+    assert long.expiry is not None
+    assert 100 - (long.at - before_long) - 1 <= long.expiry <= 98
     assert never.expiry is None
     again.disconnect()
 
@@ -53,15 +59,22 @@ def test_live_delivery_carries_the_interval_and_retained_messages_expire(
     sub.subscribe("x/#")
     pub = Client(broker.port, "x-pub")
     pub.connect()
-    pub.publish("x/1", b"live", expiry=30).wait_for_publish(5)
-    pub.publish("x/kept", b"brief", retain=True, expiry=1).wait_for_publish(5)
-    got = sub.wait_for(2)
-    assert (got[0].payload, got[0].expiry) in ((b"live", 30), (b"live", 29))
+    before_live = time.monotonic()
+    pub.publish("x/1", b"live", expiry=30).wait_for_publish(30)
+    pub.publish("x/kept", b"brief", retain=True, expiry=1).wait_for_publish(30)
+    got = sub.wait_payloads(b"live", b"brief")
+    assert got[0].payload == b"live" and got[0].expiry is not None
+    # What is left of 30 (whole seconds): no more than it took to get here.
+    assert 30 - (got[0].at - before_live) - 1 <= got[0].expiry <= 30
+    # Retained messages go out in topic name order, so this one after "x/kept".
+    pub.publish("x/zz-marker", b"marker", retain=True).wait_for_publish(30)
+    # The scenario is time passing: "brief" (stamped before its PUBACK) has
+    # expired 1 s after it; the sleep is well past that.
     time.sleep(2.0)
     late = Client(broker.port, "late")
     late.connect()
     late.subscribe("x/#")
-    time.sleep(0.5)
-    assert late.payloads() == []  # the retained message expired
+    late.wait_payloads(b"marker")
+    assert late.payloads() == [b"marker"]  # the retained message expired
     for client in (sub, pub, late):
         client.disconnect()

@@ -9,9 +9,7 @@ go out again, PUBRELs are resent, completed messages are not.
 
 from __future__ import annotations
 
-import contextlib
 import threading
-import time
 from collections.abc import Iterator
 
 import paho.mqtt.client as paho
@@ -19,7 +17,9 @@ import pytest
 
 from harness.broker import BrokerProcess, Client
 from harness.raw_mqtt import RawClient
+from harness.waiting import eventually
 from riverbed.mqtt.codec import (
+    Puback,
     Pubcomp,
     PubcompReason,
     Publish,
@@ -91,14 +91,19 @@ def test_qos2_publish_resent_after_a_crash_is_committed_once(
 
     again = Client(broker.port, "q2-sub")
     assert again.connect(clean=False, expiry=300) is True
-    again.wait_for(1)
-    time.sleep(0.5)
+    # A marker from the same client id (key, stream) after both: once it is
+    # here, everything before it in the log came.
+    with RawClient(broker.port) as pub:
+        pub.connect("q2-pub", clean=True, expiry=0)
+        pub.send(Publish("q2/a", b"end", qos=1, packet_id=8))
+        assert pub.expect(Puback).packet_id == 8
+    again.wait_payloads(b"end")
     # "once" may come again only as a QoS 1 redelivery (DUP=1: its PUBACK may not
     # have been checkpointed before the crash), never as a new message.
-    assert [m.payload for m in again.wait_for(0) if not m.dup] == [b"again"]
+    assert [m.payload for m in again.received_now() if not m.dup] == [b"again", b"end"]
     again.disconnect()
     broker.stop()
-    assert _log_payloads(storage_url) == [b"once", b"again"]  # appended once each
+    assert _log_payloads(storage_url) == [b"once", b"again", b"end"]  # appended once each
     assert _markers(storage_url) == 0  # PUBREL deleted them
 
 
@@ -123,7 +128,8 @@ def test_unreleased_qos2_markers_go_with_the_session(
         pub.send(Publish("q2/b", b"x", qos=2, packet_id=1))
         pub.expect(Pubrec)
         # No PUBREL: the session (expiry 0) ends with the connection.
-    time.sleep(0.5)
+    # Logged once the connection is torn down, the session (markers too) ended.
+    broker.wait_logged(r"client q2-gone \(.*\) disconnected")
     broker.stop()
     assert _markers(storage_url) == 0
 
@@ -136,11 +142,12 @@ def test_qos2_publishes_from_paho_arrive_once(broker: BrokerProcess, storage_url
     pub.connect(clean=True, expiry=60)
     payloads = [b"m%d" % i for i in range(200)]
     infos = [pub.publish("p/1", p, qos=2) for p in payloads]
+    # A marker from the same publisher: after it, nothing of theirs is to come.
+    infos.append(pub.publish("p/1", b"end", qos=2))
     for info in infos:
-        info.wait_for_publish(10)
-    sub.wait_for(200)
-    time.sleep(0.3)
-    assert sub.payloads() == payloads
+        info.wait_for_publish(30)
+    sub.wait_payloads(b"end")
+    assert sub.payloads() == [*payloads, b"end"]
     pub.disconnect()
     sub.disconnect()
     broker.stop()
@@ -154,7 +161,7 @@ def test_outgoing_qos2_window_survives_crashes(broker: BrokerProcess) -> None:
         assert [int(c) for c in sub.expect(Suback).reason_codes] == [2]
         pub = Client(broker.port, "out2-pub")
         pub.connect()
-        pub.publish("o/1", b"x", qos=2).wait_for_publish(10)
+        pub.publish("o/1", b"x", qos=2).wait_for_publish(30)
         pub.disconnect()
         first = sub.expect(Publish)
         assert (first.payload, first.qos, first.dup) == (b"x", 2, False)
@@ -175,18 +182,38 @@ def test_outgoing_qos2_window_survives_crashes(broker: BrokerProcess) -> None:
         # [MQTT-4.4.0-1]: the PUBREL again, never the PUBLISH (the client released it).
         assert sub.expect(Pubrel).packet_id == first.packet_id
         sub.send(Pubcomp(first.packet_id or 0))
-        sub.nothing(0.5)
+        # Nothing but a marker from the same publisher (key, stream) after it.
+        _publish_marker(broker.port, b"marker 1")
+        marker = sub.expect(Publish)
+        assert marker.payload == b"marker 1"
+        sub.send(Puback(marker.packet_id or 0))
     broker.kill()  # completed, but perhaps before a checkpoint moved the cursor
     broker.start()
     with RawClient(broker.port) as sub:
         assert sub.connect("out2", clean=False, expiry=300).session_present
-        sub.sock.settimeout(1.0)
-        with contextlib.suppress(TimeoutError):
-            # The PUBCOMP may not have been persisted yet: a PUBREL is allowed.
-            extra = sub.next()
-            assert isinstance(extra, Pubrel) and extra.packet_id == first.packet_id
-            sub.send(Pubcomp(first.packet_id or 0))
-        sub.nothing(1.0)  # never the PUBLISH again
+        _publish_marker(broker.port, b"marker 2")
+        # Until the second marker (after everything of that stream): the PUBCOMP
+        # or the PUBACK may not have been persisted, so a PUBREL or the first
+        # marker again (DUP) may come; never the PUBLISH.
+        while True:
+            packet = sub.next()
+            match packet:
+                case Publish(payload=b"marker 2"):
+                    break
+                case Pubrel(packet_id=first.packet_id):
+                    sub.send(Pubcomp(packet.packet_id))
+                case Publish(payload=b"marker 1", dup=True):
+                    sub.send(Puback(packet.packet_id or 0))
+                case _:
+                    raise AssertionError(f"unexpected {packet!r}")
+
+
+def _publish_marker(port: int, payload: bytes) -> None:
+    """PUBLISH `payload` to o/1 (QoS 1) as the publisher of the o/ tests."""
+    pub = Client(port, "out2-pub")
+    pub.connect()
+    pub.publish("o/1", payload, qos=1).wait_for_publish(30)
+    pub.disconnect()
 
 
 @pytest.mark.slow
@@ -211,23 +238,21 @@ def test_crash_during_a_qos2_stream_loses_and_duplicates_nothing(broker: BrokerP
 
     producer = threading.Thread(target=produce)
     producer.start()
-    deadline = time.monotonic() + 30
-    while len(pub.acked) < total // 3 and time.monotonic() < deadline:
-        time.sleep(0.002)
+    eventually(lambda: len(pub.acked) >= total // 3, what=f"{total // 3} PUBCOMPs", interval=0.002)
     broker.kill()
-    producer.join(30)
+    producer.join(60)
     broker.start()
-    deadline = time.monotonic() + 60  # paho reconnects by itself (1 s, 2 s, ...)
-    while len(pub.acked) < total and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert len(pub.acked) == total, f"only {len(pub.acked)} of {total} completed"
+    # paho reconnects by itself (1 s, 2 s, ...) and completes the rest.
+    eventually(lambda: len(pub.acked) >= total, 120, f"{total} PUBCOMPs")
+    assert len(pub.acked) == total, f"{len(pub.acked)} of {total} completed"
+    # A marker from the same publisher (key, stream), after all of them.
+    pub.publish("k/1", b"end", qos=2).wait_for_publish(30)
     pub.disconnect()
 
     again = Client(broker.port, "q2-durable")
     assert again.connect(clean=False, expiry=600) is True
-    again.wait_for(total, timeout=30)
-    time.sleep(0.5)
-    got = again.wait_for(0)
+    again.wait_payloads(b"end", timeout=120)
+    got = again.received_now()
     again.disconnect()
-    assert [m.payload for m in got] == payloads  # none lost, none twice, in order
+    assert [m.payload for m in got] == [*payloads, b"end"]  # none lost, none twice, in order
     assert all(m.qos == 2 for m in got)

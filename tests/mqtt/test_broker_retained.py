@@ -4,7 +4,6 @@ Handling, Retain As Published for live messages, deleted by an empty payload,
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import paho.mqtt.client as paho
 import pytest
 
 from harness.broker import BrokerProcess, Client
+from harness.waiting import eventually
 
 PROTOCOLS = [pytest.param(paho.MQTTv5, id="mqtt5"), pytest.param(paho.MQTTv311, id="mqtt311")]
 
@@ -25,7 +25,7 @@ def broker(storage_url: str) -> Iterator[BrokerProcess]:
 def _retain(port: int, topic: str, payload: bytes, qos: int = 1) -> None:
     pub = Client(port, "retainer")
     pub.connect()
-    pub.publish(topic, payload, qos=qos, retain=True).wait_for_publish(10)
+    pub.publish(topic, payload, qos=qos, retain=True).wait_for_publish(30)
     pub.disconnect()
 
 
@@ -38,18 +38,22 @@ def test_retained_message_survives_a_restart_and_comes_on_subscribe(
     _retain(broker.port, "r/b", b"b", qos=2)
     _retain(broker.port, "r/gone", b"x")
     _retain(broker.port, "r/gone", b"")  # an empty payload deletes it
+    # Retained messages go out in topic name order, those at QoS 2 after their
+    # window is saved: these come last of each QoS.
+    _retain(broker.port, "r/zz-1", b"marker 1")
+    _retain(broker.port, "r/zz-2", b"marker 2", qos=2)
     broker.kill()
     broker.start()
 
     sub = Client(broker.port, "rsub", protocol=protocol)
     sub.connect()
     sub.subscribe("r/#", qos=2)
-    got = sub.wait_for(2)
-    time.sleep(0.3)
-    got = sub.wait_for(0)
+    got = sub.wait_payloads(b"marker 1", b"marker 2")
     assert sorted((m.topic, m.payload, m.qos, m.retain) for m in got) == [
         ("r/a", b"second", 1, True),
         ("r/b", b"b", 2, True),
+        ("r/zz-1", b"marker 1", 1, True),
+        ("r/zz-2", b"marker 2", 2, True),
     ]
     sub.disconnect()
 
@@ -59,14 +63,18 @@ def test_retain_handling_and_retain_as_published(broker: BrokerProcess) -> None:
     sub = Client(broker.port, "rh")
     assert sub.connect() is False
     assert sub.connack_properties.RetainAvailable == 1
-    sub.subscribe("h/#", retain_handling=1)
+    # Subscription Identifiers tell which SUBSCRIBE a retained message answers.
+    sub.subscribe("h/#", retain_handling=1, identifier=1)
     assert [m.payload for m in sub.wait_for(1)] == [b"kept"]
-    sub.subscribe("h/#", retain_handling=1)  # exists already: not again
-    sub.subscribe("h/+", retain_handling=2)  # never
-    time.sleep(0.5)
-    assert sub.payloads() == [b"kept"]
-    sub.subscribe("h/1", retain_handling=0)  # always
-    assert sub.wait_for(2)[-1].payload == b"kept"
+    sub.subscribe("h/#", retain_handling=1, identifier=2)  # exists already: not again
+    sub.subscribe("h/+", retain_handling=2, identifier=3)  # never
+    sub.subscribe("h/1", retain_handling=0, identifier=4)  # always
+    # Answering the last SUBSCRIBE, after the two before had their turn.
+    eventually(lambda: any(m.identifiers == (4,) for m in sub.received_now()), what="h/1's")
+    assert [(m.payload, m.identifiers) for m in sub.received_now()] == [
+        (b"kept", (1,)),
+        (b"kept", (4,)),
+    ]
 
     live = Client(broker.port, "rap")
     live.connect()
@@ -87,12 +95,22 @@ def test_dollar_topics_are_not_matched_by_leading_wildcards(broker: BrokerProces
     _retain(broker.port, "plain", b"p")
     sub = Client(broker.port, "dollar")
     sub.connect()
-    sub.subscribe("#")
-    sub.subscribe("$SYS/#")
-    got = sub.wait_for(2)
-    time.sleep(0.3)
-    assert sorted(m.payload for m in sub.wait_for(0)) == [b"p", b"sys"]
-    assert len(got) <= 2
+    # Each SUBSCRIBE's retained messages go out together, in topic name order
+    # ("$SYS/x" before "plain"): had "#" matched "$SYS/x", it would be here
+    # before "plain" came for "#".
+    sub.subscribe("#", identifier=1)
+    sub.subscribe("$SYS/#", identifier=2)
+    eventually(
+        lambda: (
+            {(b"p", (1,)), (b"sys", (2,))}
+            <= {(m.payload, m.identifiers) for m in sub.received_now()}
+        ),
+        what="the retained messages",
+    )
+    assert sorted((m.payload, m.identifiers) for m in sub.received_now()) == [
+        (b"p", (1,)),
+        (b"sys", (2,)),
+    ]
     sub.disconnect()
 
 
@@ -106,9 +124,9 @@ def test_retain_can_be_switched_off(sqlite_url: str, tmp_path: Path) -> None:
         sub.subscribe("o/#")
         pub = Client(off.port, "off-pub")
         pub.connect()
-        pub.publish("o/1", b"r", retain=True).wait_for_publish(5)
+        pub.publish("o/1", b"r", retain=True)  # never acknowledged:
         # [MQTT-3.2.2-14]: a retained PUBLISH is then a protocol error (0x9A).
-        assert pub.wait_disconnected(5) and pub.disconnects[0] == 0x9A
+        assert pub.wait_disconnected(30) and pub.disconnects[0] == 0x9A
         pub.close()
         sub.disconnect()
 
@@ -118,18 +136,20 @@ def test_no_local_live_and_retained(broker: BrokerProcess) -> None:
     # published, neither live nor from the retained store; others get it all.
     me = Client(broker.port, "nl-me")
     me.connect()
-    me.publish("nl/kept", b"mine, retained", qos=1, retain=True).wait_for_publish(10)
+    me.publish("nl/kept", b"mine, retained", qos=1, retain=True).wait_for_publish(30)
     _retain(broker.port, "nl/other", b"theirs, retained")
     me.subscribe("nl/#", no_local=True)
+    me.subscribe("marker/#")  # without No Local
     other = Client(broker.port, "nl-other")
     other.connect()
     other.subscribe("nl/#")
     assert sorted(m.payload for m in other.wait_for(2)) == [b"mine, retained", b"theirs, retained"]
-    me.publish("nl/live", b"mine, live", qos=1).wait_for_publish(10)
+    me.publish("nl/live", b"mine, live", qos=1).wait_for_publish(30)
     _retain(broker.port, "nl/other", b"theirs, live")
     assert [m.payload for m in other.wait_for(4)][2:] == [b"mine, live", b"theirs, live"]
-    assert [m.payload for m in me.wait_for(2)] == [b"theirs, retained", b"theirs, live"]
-    time.sleep(0.3)
-    assert me.payloads() == [b"theirs, retained", b"theirs, live"]
+    # A marker of its own (its key, so its stream), after "mine, live".
+    me.publish("marker/1", b"marker", qos=1).wait_for_publish(30)
+    me.wait_payloads(b"theirs, live", b"marker")
+    assert me.payloads() == [b"theirs, retained", b"theirs, live", b"marker"]
     me.disconnect()
     other.disconnect()

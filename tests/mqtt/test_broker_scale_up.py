@@ -10,7 +10,6 @@ backlog in both generations.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -48,9 +47,14 @@ def _publish(port: int, first: int, count: int) -> None:
     for seq in range(first, first + count):
         infos = [c.publish("s/x", f"{p}:{seq}".encode(), qos=1) for p, c in enumerate(clients)]
         for info in infos:
-            info.wait_for_publish(10)
+            info.wait_for_publish(30)
     for c in clients:
         c.disconnect()
+
+
+def _round(first: int, count: int) -> list[bytes]:
+    """The payloads of `count` rounds from `first` on."""
+    return [f"{p}:{seq}".encode() for seq in range(first, first + count) for p in range(PUBLISHERS)]
 
 
 def _check_order(payloads: list[bytes], rounds: int) -> None:
@@ -70,13 +74,13 @@ def test_an_online_session_follows_the_new_generation(
     sub.connect(clean=True, expiry=300)
     sub.subscribe("s/#", qos=1)
     _publish(broker.port, 0, 20)
-    sub.wait_for(20 * PUBLISHERS)
+    sub.wait_payloads(*_round(0, 20))
     _scale_up(storage_url, 32)
-    _publish(broker.port, 20, 20)
-    got = sub.wait_for(40 * PUBLISHERS, timeout=20)
-    time.sleep(0.3)
-    _check_order(sub.payloads(), 40)
-    assert len(got) == 40 * PUBLISHERS
+    # Round 40 is the marker: each publisher's last, after all of its others.
+    _publish(broker.port, 20, 21)
+    sub.wait_payloads(*_round(20, 21), timeout=60)
+    _check_order(sub.payloads(), 41)
+    assert len(sub.payloads()) == 41 * PUBLISHERS
     sub.disconnect()
 
 
@@ -92,7 +96,8 @@ def test_a_resumed_session_reads_generations_in_lineage_order(
     _publish(broker.port, 30, 30)  # generation 1
     back = Client(broker.port, "resumer")
     assert back.connect(clean=False, expiry=300) is True
-    back.wait_for(60 * PUBLISHERS, timeout=30)
-    time.sleep(0.3)
-    _check_order(back.payloads(), 60)
+    # Round 60 is the marker: each publisher's last, after all of its others.
+    _publish(broker.port, 60, 1)
+    back.wait_payloads(*_round(0, 61), timeout=60)
+    _check_order(back.payloads(), 61)
     back.disconnect()

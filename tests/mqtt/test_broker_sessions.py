@@ -7,13 +7,14 @@ both storage backends.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 
 import paho.mqtt.client as paho
 import pytest
 
 from harness.broker import BrokerProcess, Client
+from harness.waiting import eventually
+from riverbed.sessions.store import now_us
 
 PROTOCOLS = [pytest.param(paho.MQTTv5, id="mqtt5"), pytest.param(paho.MQTTv311, id="mqtt311")]
 
@@ -29,12 +30,25 @@ def _publish(port: int, topic: str, payloads: list[bytes], client_id: str = "pub
     pub.connect()
     infos = [pub.publish(topic, p, qos=1) for p in payloads]
     for info in infos:
-        info.wait_for_publish(10)
+        info.wait_for_publish(30)
     pub.disconnect()
 
 
 def _numbered(prefix: str, count: int) -> list[bytes]:
     return [f"{prefix}{i}".encode() for i in range(count)]
+
+
+def _wait_expired(broker: BrokerProcess, client_id: str) -> None:
+    """Wait until the broker has recorded `client_id`'s disconnect and the
+    session's expiry interval has passed since, by the broker's own record:
+    time passing is the scenario, but counted from when the broker saw it."""
+    eventually(
+        lambda: (
+            (r := broker.session(client_id)) is None or (not r.connected and r.expired(now_us()))
+        ),
+        what=f"the session of {client_id!r} to expire",
+        interval=0.1,
+    )
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -46,20 +60,23 @@ def test_resume_delivers_what_was_published_while_offline(
     assert sub.connect(clean=protocol == paho.MQTTv5, expiry=300) is False
     sub.subscribe("s/#")
     _publish(broker.port, "s/1", _numbered("online", 5))
-    assert sub.wait_for(5)[-1].payload == b"online4"
+    sub.wait_payloads(*_numbered("online", 5))
+    assert sub.payloads() == _numbered("online", 5)
     sub.disconnect()
 
     _publish(broker.port, "s/1", _numbered("offline", 50))
 
     again = Client(broker.port, "sub", protocol=protocol)
     assert again.connect(clean=False, expiry=300) is True  # [MQTT-3.1.2-5]
-    got = again.wait_for(50)
-    time.sleep(0.3)
-    assert again.payloads() == _numbered("offline", 50)  # in order, none twice, no old ones
-    assert not any(m.dup for m in got)
-    # The subscription survived: live messages still arrive.
+    again.wait_payloads(*_numbered("offline", 50))
+    # The subscription survived: live messages still arrive. From the same
+    # publisher (one key, one stream), so "live" also comes after anything
+    # of the backlog that would come twice.
     _publish(broker.port, "s/2", [b"live"])
-    assert again.wait_for(51)[-1].payload == b"live"
+    got = again.wait_payloads(b"live")
+    # In order, none twice, no old ones.
+    assert again.payloads() == [*_numbered("offline", 50), b"live"]
+    assert not any(m.dup for m in got)
     again.disconnect()
 
 
@@ -72,13 +89,18 @@ def test_clean_start_discards_the_session(broker: BrokerProcess) -> None:
     fresh = Client(broker.port, "sub")
     assert fresh.connect(clean=True, expiry=300) is False  # [MQTT-3.1.2-4]
     _publish(broker.port, "c/1", [b"after"])
-    time.sleep(0.5)
-    assert fresh.payloads() == []  # no subscriptions any more
+    # A marker from the same publisher (one key, one stream), after "after":
+    # once it is here, "after" would have been too.
+    fresh.subscribe("marker/#")
+    _publish(broker.port, "marker/1", [b"marker 1"])
+    fresh.wait_payloads(b"marker 1")
+    assert fresh.payloads() == [b"marker 1"]  # no c/# subscription any more
     fresh.disconnect()
     again = Client(broker.port, "sub")
     assert again.connect(clean=False, expiry=300) is True
-    time.sleep(0.3)
-    assert again.payloads() == []
+    _publish(broker.port, "marker/1", [b"marker 2"])
+    again.wait_payloads(b"marker 2")
+    assert again.payloads() == [b"marker 2"]  # neither "missed" nor "after"
     again.disconnect()
 
 
@@ -90,7 +112,7 @@ def test_mqtt311_clean_session_0_persists(broker: BrokerProcess) -> None:
     _publish(broker.port, "v3/x", _numbered("m", 10))
     again = Client(broker.port, "old", protocol=paho.MQTTv311)
     assert again.connect(clean=False) is True
-    again.wait_for(10)
+    again.wait_payloads(*_numbered("m", 10))
     assert again.payloads() == _numbered("m", 10)
     again.disconnect()
 
@@ -100,7 +122,7 @@ def test_session_expiry(broker: BrokerProcess) -> None:
     sub.connect(clean=True, expiry=1)
     sub.subscribe("e/#")
     sub.disconnect()
-    time.sleep(1.5)
+    _wait_expired(broker, "brief")
     again = Client(broker.port, "brief")
     assert again.connect(clean=False, expiry=1) is False  # [MQTT-4.1.0-2]
     again.disconnect()
@@ -111,7 +133,7 @@ def test_expiry_changed_at_disconnect(broker: BrokerProcess) -> None:
     sub.connect(clean=True, expiry=300)
     sub.subscribe("d/#")
     sub.disconnect(expiry=1)
-    time.sleep(1.5)
+    _wait_expired(broker, "changer")
     again = Client(broker.port, "changer")
     assert again.connect(clean=False, expiry=300) is False
     again.disconnect()
@@ -140,12 +162,13 @@ def test_session_and_expiry_survive_a_restart(broker: BrokerProcess) -> None:
     _publish(broker.port, "r/1", _numbered("before", 5))
     broker.restart()
     _publish(broker.port, "r/1", _numbered("after", 5))
-    time.sleep(2.0)
+    _wait_expired(broker, "brief")
     again = Client(broker.port, "keeper")
     assert again.connect(clean=False, expiry=300) is True
-    again.wait_for(10)
-    time.sleep(0.3)
-    assert again.payloads() == _numbered("before", 5) + _numbered("after", 5)
+    # The marker comes after every message of the same publisher.
+    _publish(broker.port, "r/1", [b"marker"])
+    again.wait_payloads(b"marker")
+    assert again.payloads() == [*_numbered("before", 5), *_numbered("after", 5), b"marker"]
     again.disconnect()
     expired = Client(broker.port, "brief")
     assert expired.connect(clean=False, expiry=2) is False  # expired while the broker was down
@@ -162,7 +185,7 @@ def test_crash_loses_nothing_acknowledged(broker: BrokerProcess, online: bool) -
     sub.connect(clean=True, expiry=600)
     sub.subscribe("k/#")
     _publish(broker.port, "k/1", _numbered("early", 20), client_id="warmup")
-    sub.wait_for(20)
+    sub.wait_payloads(*_numbered("early", 20))
     if not online:
         sub.disconnect()
 
@@ -181,11 +204,9 @@ def test_crash_loses_nothing_acknowledged(broker: BrokerProcess, online: bool) -
 
     producer = threading.Thread(target=produce)
     producer.start()
-    deadline = time.monotonic() + 30
-    while len(pub.acked) < total // 3 and time.monotonic() < deadline:
-        time.sleep(0.005)
+    eventually(lambda: len(pub.acked) >= total // 3, what=f"{total // 3} PUBACKs", interval=0.005)
     broker.kill()
-    producer.join(30)
+    producer.join(60)
     pub.close()
     sub.close()
     acked = {sent[mid] for mid in list(pub.acked) if mid in sent}
@@ -196,13 +217,11 @@ def test_crash_loses_nothing_acknowledged(broker: BrokerProcess, online: bool) -
     broker.start()
     again = Client(broker.port, "durable")
     assert again.connect(clean=False, expiry=600) is True
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if acked <= had | set(again.payloads()):
-            break
-        time.sleep(0.1)
-    time.sleep(0.5)
-    received = again.wait_for(0)
+    # A marker from the crashed publisher's client id (its key: its stream),
+    # after everything it got into the log: once here, all of that came.
+    _publish(broker.port, "k/1", [b"end"], client_id="crash-pub")
+    again.wait_payloads(b"end", timeout=120)
+    received = [m for m in again.received_now() if m.payload != b"end"]
     again.disconnect()
 
     missing = acked - had - {m.payload for m in received}

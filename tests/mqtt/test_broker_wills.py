@@ -13,6 +13,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.reasoncodes import ReasonCode
 
 from harness.broker import BrokerProcess, Client
+from harness.waiting import eventually
 
 PROTOCOLS = [pytest.param(paho.MQTTv5, id="mqtt5"), pytest.param(paho.MQTTv311, id="mqtt311")]
 
@@ -30,13 +31,38 @@ def _watcher(port: int) -> Client:
     return watcher
 
 
+def _marker(port: int, client_id: str, watcher: Client) -> bytes:
+    """Publish a marker as `client_id` and wait for `watcher` to get it.
+
+    A Will goes out like a PUBLISH from its client: its key is the client id,
+    so it is in the same stream as this marker, before it if it was published
+    before, and the watcher gets it first. Connecting with clean start would
+    also publish a Will still pending [MQTT-3.1.3-9]."""
+    marker = f"marker of {client_id}".encode()
+    client = Client(port, client_id)
+    client.connect(clean=True, expiry=0)
+    client.publish(f"will/marker/{client_id}", marker, qos=1).wait_for_publish(30)
+    client.disconnect()
+    watcher.wait_payloads(marker)
+    return marker
+
+
+def _disconnect_seen(broker: BrokerProcess, client_id: str) -> None:
+    """Wait until the broker has recorded that `client_id`'s connection closed."""
+    eventually(
+        lambda: (r := broker.session(client_id)) is not None and not r.connected,
+        what=f"the broker to see {client_id!r} go",
+        interval=0.05,
+    )
+
+
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_a_lost_connection_sends_the_will(broker: BrokerProcess, protocol: int) -> None:
     watcher = _watcher(broker.port)
     client = Client(broker.port, "dies", protocol=protocol)
     client.connect(will=("will/dies", b"gone", 2, False))
     client.drop()
-    got = watcher.wait_for(1)
+    got = watcher.wait_payloads(b"gone")
     assert [(m.topic, m.payload, m.qos) for m in got] == [("will/dies", b"gone", 2)]
     watcher.disconnect()
 
@@ -50,30 +76,38 @@ def test_normal_disconnect_sends_no_will_and_0x04_does(broker: BrokerProcess) ->
     asks.connect(will=("will/asks", b"yes", 1, False))
     assert asks.paho is not None
     asks.paho.disconnect(reasoncode=ReasonCode(PacketTypes.DISCONNECT, identifier=0x04))
-    asks.wait_disconnected(5)
+    asks.wait_disconnected(30)
     asks.close()
-    time.sleep(0.5)
-    assert watcher.payloads() == [b"yes"]
+    watcher.wait_payloads(b"yes")
+    marker = _marker(broker.port, "polite", watcher)
+    assert sorted(watcher.payloads()) == sorted([b"yes", marker])  # never b"no"
     watcher.disconnect()
 
 
 def test_will_delay_and_a_reconnect_within_it(broker: BrokerProcess) -> None:
+    # Both wills are delayed DELAY seconds: "back" reconnects well within it (a
+    # CONNECT takes far less on a loaded machine), and "late", dropped after
+    # "back", is due after "back" would have been.
+    delay = 4
     watcher = _watcher(broker.port)
     back = Client(broker.port, "back")
-    back.connect(clean=True, expiry=60, will=("will/back", b"back", 1, False), will_delay=2)
+    back.connect(clean=True, expiry=60, will=("will/back", b"back", 1, False), will_delay=delay)
     back.drop()
-    time.sleep(0.5)
+    _disconnect_seen(broker, "back")  # a resume, not a takeover of a live connection
     again = Client(broker.port, "back")
     assert again.connect(clean=False, expiry=60) is True  # within the delay: no will
     late = Client(broker.port, "late")
-    late.connect(clean=True, expiry=60, will=("will/late", b"late", 1, False), will_delay=2)
+    late.connect(clean=True, expiry=60, will=("will/late", b"late", 1, False), will_delay=delay)
     started = time.monotonic()
     late.drop()
-    got = watcher.wait_for(1, timeout=10)
+    watcher.wait_payloads(b"late")
     elapsed = time.monotonic() - started
-    time.sleep(0.5)
-    assert watcher.payloads() == [b"late"]
-    assert [m.payload for m in got] == [b"late"] and 1.5 < elapsed < 5
+    assert elapsed > delay - 0.5  # not before its delay
+    # A marker from "back"'s connection (its key): "back"'s will, had it been
+    # published, was due before "late"'s and would be in that stream before it.
+    again.publish("will/marker", b"marker", qos=1).wait_for_publish(30)
+    watcher.wait_payloads(b"marker")
+    assert sorted(watcher.payloads()) == [b"late", b"marker"]
     again.disconnect()
     watcher.disconnect()
 
@@ -85,16 +119,19 @@ def test_delay_is_cut_short_by_the_session_ending(broker: BrokerProcess) -> None
     short.connect(clean=True, expiry=0, will=("will/short", b"now", 1, False), will_delay=30)
     started = time.monotonic()
     short.drop()
-    assert [m.payload for m in watcher.wait_for(1, timeout=5)] == [b"now"]
-    assert time.monotonic() - started < 3
+    assert [m.payload for m in watcher.wait_payloads(b"now", timeout=25)] == [b"now"]
+    assert time.monotonic() - started < 25  # well before the 30 s delay
     watcher.disconnect()
 
 
 def test_a_retained_will(broker: BrokerProcess) -> None:
+    watcher = _watcher(broker.port)
     client = Client(broker.port, "kept")
     client.connect(will=("will/kept", b"kept", 1, True))
     client.drop()
-    time.sleep(0.5)
+    # Published: then it is retained too (stored before it is committed).
+    watcher.wait_payloads(b"kept")
+    watcher.disconnect()
     late = Client(broker.port, "late-sub")
     late.connect()
     late.subscribe("will/#")
@@ -114,19 +151,21 @@ def _persistent_watcher(port: int, clean: bool) -> Client:
 def test_a_pending_will_survives_a_broker_restart(broker: BrokerProcess) -> None:
     _persistent_watcher(broker.port, clean=True).disconnect()
     client = Client(broker.port, "pending")
-    client.connect(clean=True, expiry=60, will=("will/pending", b"late", 1, False), will_delay=3)
+    client.connect(clean=True, expiry=60, will=("will/pending", b"late", 1, False), will_delay=5)
     client.drop()
-    time.sleep(0.5)
+    _disconnect_seen(broker, "pending")
+    record = broker.session("pending")
+    assert record is not None and record.will is not None  # still pending
     broker.kill()  # before the delay is over
     broker.start()
     watcher = _persistent_watcher(broker.port, clean=False)
-    assert [m.payload for m in watcher.wait_for(1, timeout=10)] == [b"late"]
+    assert [m.payload for m in watcher.wait_payloads(b"late")] == [b"late"]
     watcher.disconnect()
     broker.stop()
     broker.start()  # published and cleared: not again
     watcher = _persistent_watcher(broker.port, clean=False)
-    time.sleep(1.0)
-    assert watcher.payloads() == []
+    marker = _marker(broker.port, "pending", watcher)
+    assert watcher.payloads() == [marker]
     watcher.disconnect()
 
 
@@ -141,7 +180,7 @@ def test_a_crash_publishes_the_wills_of_connected_clients(broker: BrokerProcess)
     connected.close()
     broker.start()
     watcher = _persistent_watcher(broker.port, clean=False)
-    watcher.wait_for(1, timeout=10)
-    time.sleep(0.5)
-    assert watcher.payloads() == [b"crash"]
+    watcher.wait_payloads(b"crash")
+    marker = _marker(broker.port, "polite2", watcher)
+    assert sorted(watcher.payloads()) == sorted([b"crash", marker])  # never b"no"
     watcher.disconnect()

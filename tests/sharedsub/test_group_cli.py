@@ -35,7 +35,7 @@ def before_and_after(storage_url: str) -> int:
     with Log.open(storage_url) as log:
         log.topics.create("sensors", 1, binding="sensors/#")
         log.produce("sensors", [Message(b"old", key="k", mqtt_topic="sensors/a")] * 3)
-        time.sleep(0.01)
+        time.sleep(0.01)  # the scenario: a moment strictly between two writes
         moment = time.time_ns() // 1000
         time.sleep(0.01)
         log.produce("sensors", [Message(b"new", key="k", mqtt_topic="sensors/a")] * 2)

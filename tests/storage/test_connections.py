@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,6 +19,7 @@ import pytest
 
 from harness.postgres import count_connections, terminate_connections, with_password
 from harness.storage import accept_any, create_topic, numbered_rows, topic_record
+from harness.waiting import eventually
 from riverbed.errors import StorageError, StorageUnavailable, SubscriptionNotFound
 from riverbed.storage import Storage, open_storage, redact_url
 from riverbed.storage.base import RetentionPolicy, StartKind, StreamHead, SubscriptionRecord
@@ -122,15 +122,6 @@ def drop_tables(url: str) -> None:
                 admin.execute(statement.encode())
 
 
-def wait_until(condition: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
 def run_in_thread(call: Callable[[], Any]) -> Any:
     """Run `call` on a new thread that ends afterwards; return its result."""
     results: list[Any] = []
@@ -221,7 +212,7 @@ def test_a_thread_keeps_working_after_its_connection_was_terminated(postgres_url
 
         thread = threading.Thread(target=worker)
         thread.start()
-        assert wait_until(lambda: len(results) == 1)
+        eventually(lambda: len(results) == 1, what="the first result")
         assert terminate_connections(postgres_url) == 2  # the worker's and ours
         go.set()
         thread.join(timeout=30)
@@ -342,7 +333,11 @@ def test_close_leaves_no_server_connection(postgres_url: str) -> None:
 
     with pytest.raises(StorageError):
         storage.list_topics()
-    assert wait_until(lambda: count_connections(postgres_url) == 0), count_connections(postgres_url)
+    eventually(
+        lambda: count_connections(postgres_url) == 0,
+        what="no connection left",
+        explain=lambda: count_connections(postgres_url),
+    )
 
 
 # --------------------------------------------------------------------------- threads that end
@@ -357,7 +352,11 @@ def test_connections_of_threads_that_ended_are_closed(opened: SqlStorage) -> Non
         for thread in threads:
             thread.join(timeout=30)
 
-    assert wait_until(lambda: len(opened.connections) == 1), len(opened.connections)
+    eventually(
+        lambda: len(opened.connections) == 1,
+        what="one connection",
+        explain=lambda: len(opened.connections),
+    )
     assert opened.kv_get("ns", "k") is None  # ours stays open
 
 
@@ -375,7 +374,7 @@ def test_fifty_short_lived_threads_leave_few_server_connections(postgres_url: st
             peak = max(peak, count_connections(postgres_url))
 
         # Ours (opened by the migration) and at most a few that are closing.
-        assert wait_until(lambda: count_connections(postgres_url) <= 1)
+        eventually(lambda: count_connections(postgres_url) <= 1, what="at most one connection")
         assert peak <= 12
     finally:
         storage.close()

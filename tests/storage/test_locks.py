@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from harness.postgres import count_connections, terminate_connections
+from harness.waiting import eventually
 from riverbed.errors import InvalidInput
 from riverbed.storage import Storage, open_storage
 from riverbed.storage.locks import (
@@ -186,11 +187,11 @@ def test_process_dead_knows_only_this_machine() -> None:
 
 def test_heartbeat_keeps_a_lease_alive(sqlite_url: str) -> None:
     storage = open_storage(sqlite_url)
-    locks = LeaseLocks(storage, ttl=1.0)  # renewed every 1/3 s
+    locks = LeaseLocks(storage, ttl=2.0)  # renewed every 2/3 s
     lock = locks.try_lock("s", 1)
     assert lock is not None
-    time.sleep(1.5)
-    other = LeaseLocks(storage, ttl=1.0, heartbeat=False)
+    time.sleep(3.0)  # the scenario: past the first lease (only heartbeats keep it)
+    other = LeaseLocks(storage, ttl=2.0, heartbeat=False)
     assert other.try_lock("s", 1) is None
     locks.close()  # releases
     assert other.try_lock("s", 1) is not None
@@ -287,9 +288,8 @@ def test_advisory_locks_vanish_with_their_connection(pg: Storage, postgres_url: 
         pid = tx.execute("SELECT pg_backend_pid()").fetchone()[0]
     assert pid != lock.fence
     terminate_connections(postgres_url)  # the lock connection among them
-    time.sleep(0.1)
-    taken = second.try_lock("s", 1)
-    assert taken is not None
+    # Released once the terminated backend has exited.
+    taken = eventually(lambda: second.try_lock("s", 1), what="the lock free again")
     with transaction(pg) as tx:
         assert not first.still_held(lock, tx)  # fenced by the backend pid
         assert second.still_held(taken, tx)

@@ -117,7 +117,7 @@ def test_the_dlq_fast_forwarded_to_a_time_drops_what_was_parked_before(
         d.until_idle()
         early = {p.message.payload for p in parked(storage, "billing")}
         assert early == {b"g2:0:", b"g2:1:", b"g3:1:"}
-        time.sleep(0.01)
+        time.sleep(0.01)  # the scenario: a cut strictly between two writes
         cut = format_time(time.time_ns() // 1000)  # the log's time: when rows were written
         time.sleep(0.01)
         endpoint.fail(b"g4:2:", 400)

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import pytest
 
 from harness.cli import rb
 from harness.delivery import by_group, driver, produce_groups, subscribe
 from harness.endpoint import Endpoint
+from harness.waiting import eventually
 from riverbed.log.topics import Topics
 from riverbed.storage.base import Storage
 from riverbed.subscriptions.definition import Definitions
@@ -200,16 +200,17 @@ def test_a_reshard_waits_for_a_shard_commit_without_deadlock(
             other = threading.Thread(target=reshard_now)
             other.start()
             with psycopg.connect(postgres_url, autocommit=True) as watch:
-                deadline = time.monotonic() + 30
-                while (
-                    time.monotonic() < deadline
-                    and not watch.execute(
-                        "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                        " AND query LIKE 'UPDATE kv%'"
-                    ).fetchone()
-                ):
-                    time.sleep(0.02)
+
+                def reshard_waits() -> bool:
                     assert other.is_alive(), failed
+                    return bool(
+                        watch.execute(
+                            "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                            " AND query LIKE 'UPDATE kv%'"
+                        ).fetchone()
+                    )
+
+                eventually(reshard_waits, what="the reshard to wait on the definition's lock")
             # The reshard waits on the definition: the commit writes its state.
             assert kv_put_in(tx, NAMESPACE, state_key("billing", 0), state.to_json(), state_version)
         other.join(timeout=60)

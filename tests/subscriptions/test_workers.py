@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from harness.waiting import eventually
 from riverbed.errors import InvalidInput, RiverbedError, SubscriptionNotFound
 from riverbed.log.log import Log
 from riverbed.log.router import key_hash, route
@@ -92,20 +93,17 @@ class Observer:
             assert offsets == sorted(offsets), f"{stream} out of order"
 
 
-def run_workers(workers: list[Worker], done: Callable[[], bool], timeout: float = 30) -> None:
+def run_workers(workers: list[Worker], done: Callable[[], bool], timeout: float = 60) -> None:
     threads = [threading.Thread(target=w.run) for w in workers]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + timeout
     try:
-        while not done() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        eventually(done, timeout, "the workers to finish")
     finally:
         for w in workers:
             w.stop()
         for t in threads:
             t.join(timeout=30)
-    assert done(), "the workers did not finish in time"
 
 
 # --------------------------------------------------------------------- competing threads
@@ -156,15 +154,16 @@ def test_worker_wakes_up_on_new_messages(storage: Storage, log: Log) -> None:
     thread = threading.Thread(target=worker.run)
     thread.start()
     try:
-        time.sleep(0.2)  # idle, waiting for a wake-up
+        # Idle, waiting for a wake-up (else its first pass would find them).
+        eventually(lambda: storage.wakeups._waiting, what="the worker to wait")
         started = time.monotonic()
         publish(log, "t", 10, keys=3)
-        while len(observer.payloads()) < 10 and time.monotonic() - started < 10:
-            time.sleep(0.005)
-        assert time.monotonic() - started < 5  # woken, not polled (poll_interval=30)
+        # Woken, not polled: well before poll_interval (30 s).
+        eventually(lambda: len(observer.payloads()) >= 10, 20, "10 messages", interval=0.005)
+        assert time.monotonic() - started < 20
     finally:
         worker.stop()
-        thread.join(timeout=10)
+        thread.join(timeout=30)
     assert not thread.is_alive()
 
 
@@ -177,7 +176,7 @@ def test_partitions_ordered_by_oldest_unprocessed_message(storage: Storage, log:
     order = [3, 1, 0, 2]
     for partition in order:  # one message each, the oldest in partition 3
         log.produce("t", [Message(b"x", key=keys[partition])])
-        time.sleep(0.002)
+        time.sleep(0.002)  # the scenario: distinct timestamps
     seen: list[int] = []
     worker = Worker(storage, "s", lambda b: seen.append(b.stream.partition), batch_size=1)
     assert worker.run_once() == 4
@@ -396,10 +395,9 @@ def test_stop_during_a_retry_backoff_abandons_the_batch_unrecorded(one_message: 
     worker = Worker(one_message, "s", handle, on_error=ErrorPolicy(OnError.RETRY, backoff=60))
     thread = threading.Thread(target=worker.run)
     thread.start()
-    while not calls:
-        time.sleep(0.005)
+    eventually(lambda: calls, what="the first handler call", interval=0.005)
     worker.stop()
-    thread.join(timeout=10)
+    thread.join(timeout=30)
     assert not thread.is_alive()
     assert Subscriptions(one_message).lag("s")[0].committed == 0
     assert worker.stats.abandoned == 1
@@ -499,19 +497,21 @@ def test_stop_lets_the_batch_in_hand_finish_and_record(storage: Storage, log: Lo
     Subscriptions(storage).create("s", "t")
     publish(log, "t", 10, keys=1)
     entered = threading.Event()
+    stopping = threading.Event()
     handled: list[int] = []
 
     def slow(batch: Batch) -> None:
         entered.set()
-        time.sleep(0.3)
+        assert stopping.wait(30)  # the batch in hand lasts until the stop is asked
         handled.extend(m.offset for m in batch.messages)
 
     worker = Worker(storage, "s", slow, batch_size=4)
     thread = threading.Thread(target=worker.run)
     thread.start()
-    assert entered.wait(10)
+    assert entered.wait(30)
     worker.stop()  # mid-batch
-    thread.join(timeout=10)
+    stopping.set()
+    thread.join(timeout=30)
     assert not thread.is_alive()
     assert handled == [0, 1, 2, 3]  # finished, and no further batch begun
     assert Subscriptions(storage).lag("s")[0].committed == 4
