@@ -16,6 +16,7 @@ from riverbed.sessions.store import (
     SessionStore,
     cursor_name,
     node_lease,
+    qos2_marker,
 )
 from riverbed.storage import Storage
 from riverbed.storage.leases import Leases
@@ -101,6 +102,29 @@ def test_expire_discards_record_and_cursors(storage: Storage) -> None:
     assert store.load("old") is None
     assert store.load("live") is not None and store.load("fresh") is not None
     assert [s.name for s in storage.list_subscriptions("t")] == []
+
+
+def test_cursors_left_by_a_discard_cut_short_are_dropped(storage: Storage) -> None:
+    """A crash between deleting a session's record and its cursors left the
+    cursors with nobody to delete them, pinning their topic's messages for
+    good; `drop_orphans` finds them (and the session's QoS 2 markers) and keeps
+    every cursor a record still names."""
+    create_topic(storage, "t")
+    create_topic(storage, "u")
+    store = SessionStore(storage)
+    gone = store.write(record("gone", "s-gone", topics=("t", "u")), None)
+    store.write(record("kept", "s-kept", topics=("t",)), None)
+    store.ensure_cursors("s-gone", ["t", "u"], None)
+    store.ensure_cursors("s-kept", ["t"], None)
+    storage.append_once(qos2_marker("s-gone", 7), {})
+    storage.append_once(qos2_marker("s-kept", 7), {})
+    # The discard's first step only, as if the broker died right after it.
+    storage.kv_delete_if_version("sessions", "gone", gone.version)
+    assert store.drop_orphans() == ["s-gone"]
+    assert sorted(s.name for s in storage.list_subscriptions()) == [cursor_name("s-kept", "t")]
+    assert storage.append_once(qos2_marker("s-gone", 7), {}) == {}  # the marker was gone
+    assert storage.append_once(qos2_marker("s-kept", 7), {}) is None  # this one stays
+    assert store.drop_orphans() == []
 
 
 def test_a_session_held_by_another_running_node_does_not_expire(storage: Storage) -> None:

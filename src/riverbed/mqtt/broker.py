@@ -32,6 +32,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Hashable
 from typing import cast
@@ -56,6 +57,9 @@ from riverbed.topics.trie import TopicTrie
 
 log = logging.getLogger(__name__)
 
+ORPHAN_SWEEP = 60.0
+"""Seconds between two looks for cursors of sessions that have no record
+(`SessionStore.drop_orphans`)."""
 NODE_LEASE_TTL = 30.0
 """Seconds a node's liveness lease lasts unless renewed (at each expiry sweep):
 how long after a crash other nodes still count its sessions as in use (after
@@ -108,6 +112,8 @@ class Broker:
         self._server: asyncio.Server | None = None
         self._tls_server: asyncio.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        self._orphans_at = 0.0
+        """When the expiry sweep next looks for orphaned session cursors."""
         self.shared: SharedRuntime | None = None
         """Durable shared subscriptions (`sharedsub/`), unless disabled."""
         self.retainer: Retainer | None = None
@@ -264,6 +270,15 @@ class Broker:
             for client_id in gone:
                 log.info("session of client %s expired", client_id)
             await self._let_go_of_taken_over()
+            if time.monotonic() >= self._orphans_at:
+                self._orphans_at = time.monotonic() + ORPHAN_SWEEP
+                try:
+                    orphans = await asyncio.to_thread(self.store.drop_orphans)
+                except RiverbedError:
+                    log.exception("looking for sessions' orphaned cursors failed")
+                else:
+                    for session_id in orphans:
+                        log.info("dropped the cursors of session %s (no record)", session_id)
 
     async def _let_go_of_taken_over(self) -> None:
         """Close the connections whose session a client took over on another

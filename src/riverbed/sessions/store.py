@@ -230,11 +230,41 @@ class SessionStore:
         return Stored(record, entry.version)
 
     def discard(self, stored: Stored) -> None:
-        """Delete the session: its cursors, then its record (if still at this
-        version; `PreconditionFailed` otherwise, and the record stays)."""
+        """Delete the session: its record (if still at this version;
+        `PreconditionFailed` otherwise, and everything stays), then its cursors
+        and QoS 2 markers. A crash in between leaves those behind, without a
+        record: `drop_orphans` finds them."""
         self.storage.kv_delete_if_version(NAMESPACE, stored.record.client_id, stored.version)
         self.drop_cursors(stored.record.session_id, stored.record.topics)
         self.drop_markers(stored.record.session_id)
+
+    def drop_orphans(self) -> list[str]:
+        """Delete the cursors and QoS 2 markers of sessions that have no record
+        any more (left by a crash in the middle of `discard`, or of a clean
+        start dropping the session it replaces): nothing would ever delete
+        them, and their cursors would hold their topics' messages back from
+        retention for good. Returns the session ids cleaned up.
+
+        The cursors are listed before the records: a session's record is
+        written before its first cursor, so a cursor listed has its record
+        listed too unless the session is being discarded."""
+        cursors = [
+            sub.name
+            for sub in self.storage.list_subscriptions()
+            if sub.name.startswith(CURSOR_PREFIX)
+        ]
+        live = {stored.record.session_id for stored in self.all()}
+        orphans: dict[str, list[str]] = {}
+        for name in cursors:
+            session_id = name[len(CURSOR_PREFIX) :].split(".", 1)[0]
+            if session_id not in live:
+                orphans.setdefault(session_id, []).append(name)
+        for session_id, names in orphans.items():
+            for name in names:
+                with contextlib.suppress(SubscriptionNotFound, NotFound):
+                    self.storage.delete_subscription(name)
+            self.drop_markers(session_id)
+        return list(orphans)
 
     def drop_markers(self, session_id: str) -> None:
         """Forget the session's incoming QoS 2 markers (packet ids never released)."""
