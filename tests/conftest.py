@@ -19,12 +19,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from harness.ci import in_ci
 from harness.ci import pytest_make_collect_report as pytest_make_collect_report
 from harness.ci import pytest_runtest_makereport as pytest_runtest_makereport
 from harness.postgres import PostgresServer, PostgresUnavailable
 from riverbed.storage import Storage, open_storage
+
+# Property tests check behaviour, never speed (docs/testing.md): hypothesis's
+# per-example deadline (200 ms) fails them on a machine whose cores are busy.
+settings.register_profile("riverbed", deadline=None)
+settings.load_profile("riverbed")
 
 pytest_plugins = ["pytester"]  # tests of the CI hooks run pytest inside pytest
 

@@ -549,6 +549,7 @@ def test_concurrent_candidates_elect_exactly_one_leader(postgres_url: str, confi
         a.paho.subscribe("$share/g/w/#", 1)
         b.paho.subscribe("$share/g/w/#", 1)
         eventually(lambda: "leading as" in one.tail(400) + two.tail(400), what="a Leader")
+        wait_holding(postgres_url, 2)  # both members hold streams before the messages come
         pub = Client(one.port, "pub")
         pub.connect()
         sent = publish(pub, 0, 300)
