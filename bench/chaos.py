@@ -780,7 +780,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--window", type=float, default=10.0, help="seconds of a kill's in-flight window"
     )
-    parser.add_argument("--drain", type=float, default=None, help="seconds without a delivery after which a consumer counts as done")
+    parser.add_argument(
+        "--drain",
+        type=float,
+        default=None,
+        help="seconds without a delivery after which a consumer counts as done",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the counts here")
     parser.add_argument("--keep", type=Path, default=None, help="directory for logs")
     args = parser.parse_args(argv)
