@@ -54,7 +54,8 @@ def test_a_repeat_acknowledged_long_before_the_kill_is_stale() -> None:
 
 
 def test_a_repeat_with_no_disruption_between_is_stale() -> None:
-    counts = tally("c", [d("p0.k0.0", 12), d("p0.k0.0", 13)], set(), Counter(), KILL, 5)
+    # Both after the kill and its slack (SLACK s).
+    counts = tally("c", [d("p0.k0.0", 17), d("p0.k0.0", 18)], set(), Counter(), KILL, 5)
     assert len(counts.stale) == 1
 
 
