@@ -132,7 +132,13 @@ class GroupStore:
             raise InvalidInput(f"group start {start_us!r} must be µs since the epoch (>= 0)")
         record = GroupRecord(group, start_us, now_us, {}, frozenset(), None, 0)
         # The cursors first: a group whose record exists is always pinned.
-        self._hold(record, [t for t in reachable_topics([group.topic_filter], self._bindings())])
+        # Not from `_held`: another process may have deleted an earlier group
+        # of this name (and its subscriptions) since this store last looked.
+        self._hold(
+            record,
+            [t for t in reachable_topics([group.topic_filter], self._bindings())],
+            known=False,
+        )
         try:
             entry = self.storage.kv_put_if_absent(self.namespace, group.key, _encode(record))
         except PreconditionFailed:
@@ -163,6 +169,7 @@ class GroupStore:
         prefix = cursor_name(group, "")
         for sub in self.storage.list_subscriptions():
             if sub.name.startswith(prefix):
+                self._held.discard(sub.name)
                 with contextlib.suppress(NotFound):
                     self.storage.delete_subscription(sub.name)
         lease = self.leases.get(LEASE_PREFIX + group.key)
@@ -268,12 +275,13 @@ class GroupStore:
         self._hold(record, [s.topic for s in record.progress])
         return by_topic
 
-    def _hold(self, record: GroupRecord, topics: Iterable[str]) -> None:
+    def _hold(self, record: GroupRecord, topics: Iterable[str], known: bool = True) -> None:
         """Make sure the group has its named subscription on each of `topics`,
-        starting where the group starts (`start_offsets`)."""
+        starting where the group starts (`start_offsets`); `known`: skip the
+        ones this store made or saw before."""
         for topic in topics:
             name = cursor_name(record.group, topic)
-            if name in self._held:
+            if known and name in self._held:
                 continue
 
             def initial(
