@@ -174,3 +174,21 @@ def test_retention_keeps_what_a_group_has_not_consumed(storage: Storage) -> None
     groups.delete(G)
     apply_retention(storage, "t")
     assert storage.read(head.key, 0, 100) == []
+
+
+def test_a_group_deleted_elsewhere_and_created_again_pins_retention_again(
+    storage: Storage,
+) -> None:
+    storage.create_topic(
+        topic_record("t", binding="t/#", retention_policy=RetentionPolicy.CONSUMED),
+        1,
+        accept_any,
+    )
+    (head,) = storage.list_streams("t")
+    broker, cli = GroupStore(storage), GroupStore(storage)
+    broker.create(G, start_us=None, now_us=0)
+    cli.delete(G)  # `riverbed group delete`, another process
+    broker.create(G, start_us=None, now_us=1)
+    storage.append({head.key: numbered_rows(3)})
+    apply_retention(storage, "t")
+    assert [m.offset for m in storage.read(head.key, 0, 100)] == [0, 1, 2]
