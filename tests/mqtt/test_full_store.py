@@ -143,6 +143,7 @@ def test_mqtt5_full_sqlite_refuses_with_0x97_and_recovers(
             pub.send(Publish("full/t", payload(after), qos=1, packet_id=after))
             assert pub.expect(Puback).reason_code == PubackReason.SUCCESS
             eventually(lambda: after in received(sub), what="the message after recovery")
+            broker.wait_logged(RECOVERED)  # from the writer's thread, maybe after the PUBACK
             log = broker.tail(400)
             assert log.count(REFUSED) == 1
             assert log.count(RECOVERED) == 1
@@ -179,6 +180,7 @@ def test_mqtt311_full_sqlite_closes_without_puback_and_recovers(
         pub.send(Publish("full/t", payload(n), qos=1, packet_id=1))
         assert pub.expect(Puback).reason_code == PubackReason.SUCCESS
     assert n in stored_numbers(url)
+    broker.wait_logged(RECOVERED)  # from the writer's thread, maybe after the PUBACK
     log = broker.tail(400)
     assert log.count(REFUSED) == 1 and log.count(RECOVERED) == 1
 
@@ -244,6 +246,8 @@ def test_read_only_postgres_refuses_with_0x97_and_recovers(
                 # A reload reaches the server's sessions within moments, not at once.
                 eventually(accepted, what="a PUBLISH accepted after the reload")
                 eventually(lambda: after in received(sub), what="delivery after recovery")
+            # The line comes from the writer's thread, maybe after the PUBACK.
+            broker.wait_logged(RECOVERED)
             log = broker.tail(400)
             assert log.count(REFUSED) == 1 and log.count(RECOVERED) == 1
         finally:
@@ -277,6 +281,7 @@ def test_postgres_down_refuses_with_0x97_recovers_and_stops(
             pub.send(Publish("full/t", payload(3), qos=1, packet_id=4))
             assert pub.expect(Puback).reason_code == PubackReason.SUCCESS
         assert stored_numbers(url) == {0, 3}
+        broker.wait_logged(RECOVERED)  # from the writer's thread, maybe after the PUBACK
         log = broker.tail(400)
         assert log.count(REFUSED) == 1 and log.count(RECOVERED) == 1
         # Stopping while the database is down does not hang (BrokerProcess.stop
