@@ -4,7 +4,8 @@ subscribers (paho-mqtt 2.x, MQTT 5), each reconnecting by itself.
 Every client keeps a session (clean start 0, session expiry an hour) and lets
 paho reconnect after a lost connection (1-2 s apart). A publisher's messages
 not yet acknowledged are sent again by paho on the new connection (QoS 1 with
-DUP=1; QoS 2 with the same packet id, or its PUBREL): at-least-once publishing,
+DUP=1; QoS 2 with the same packet id, or its PUBREL: `_Client` mends paho
+where it would send the PUBLISH again after its PUBREL): at-least-once publishing,
 so a QoS 1 message may be in the log twice (counted apart: a republished
 copy). After a lost connection a publisher publishes nothing new until what
 paho sends again is acknowledged: paho would let a new PUBLISH overtake them
@@ -33,8 +34,31 @@ REFUSED_BACKOFF = 0.2
 """Seconds before a refused message is published again."""
 
 
+class _Client(paho.Client):
+    """paho's client, keeping a QoS 2 message's PUBREL owed across a reconnect
+    that fails before its CONNACK.
+
+    paho 2.2 resets its outgoing messages on every reconnect: one awaiting
+    PUBCOMP becomes "resend PUBREL", but one already in that state (a reconnect
+    whose CONNACK never came, e.g. while the broker or the store restarts)
+    becomes "publish" again, and the next connection sends the PUBLISH anew.
+    MQTT forbids that once the PUBREL is sent (MQTT 5.0 §4.3.3), and the broker,
+    which deleted the packet id's marker at the PUBREL, takes it for a new
+    message: a copy in the log after later messages of its key.
+    """
+
+    def _messages_reconnect_reset_out(self) -> None:
+        with self._out_message_mutex:
+            owed = [m for m in self._out_messages.values() if m.state == paho.mqtt_ms_resend_pubrel]
+        super()._messages_reconnect_reset_out()
+        with self._out_message_mutex:
+            for m in owed:
+                if m.state == paho.mqtt_ms_publish:
+                    m.state = paho.mqtt_ms_resend_pubrel
+
+
 def _client(client_id: str) -> paho.Client:
-    client = paho.Client(CallbackAPIVersion.VERSION2, client_id, protocol=paho.MQTTv5)
+    client = _Client(CallbackAPIVersion.VERSION2, client_id, protocol=paho.MQTTv5)
     client.reconnect_delay_set(1, 2)
     client.max_queued_messages_set(0)  # no limit: a publisher's backlog waits in paho
     return client
