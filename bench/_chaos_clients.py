@@ -96,6 +96,7 @@ class Publisher:
         self.connects = 0
         self.disconnects = 0
         self._mids: dict[int, str] = {}
+        self._refused_queue: list[str] = []
         self._early: dict[int, int] = {}
         self._stop = threading.Event()
         self._resync = threading.Event()
@@ -183,12 +184,36 @@ class Publisher:
             self.refused.append((message, code))
         # Refused (e.g. the store is down): not accepted, so publish it again a
         # moment later, off paho's thread, and nothing new until it is accepted.
-        # A later message already in flight may be accepted first: the log then
-        # holds the two out of order (counted apart: after a refusal).
+        # The broker accepts nothing of this connection after a refused one (it
+        # refuses the rest and closes it), so republished in order they keep it.
         self._resync.set()
-        timer = threading.Timer(REFUSED_BACKOFF, self._publish, args=(message,))
+        with self.lock:
+            self._refused_queue.append(message)
+            if len(self._refused_queue) > 1:
+                return  # the timer set for the first takes this one too, in order
+        timer = threading.Timer(REFUSED_BACKOFF, self._republish)
         timer.daemon = True
         timer.start()
+
+    def _republish(self) -> None:
+        """Publish the refused messages again, in the order they were refused
+        (the broker refuses everything after a refusal and closes the
+        connection, so that is their order)."""
+        with self.lock:
+            messages, self._refused_queue = self._refused_queue, []
+        for message in messages:
+            self._publish(message)
+        # What the client had sent after them went unanswered (the broker
+        # closed the connection) and paho sends it again on the next one, in
+        # its `_out_messages` order: the republished ones go first, being older.
+        client = self._client
+        with client._out_message_mutex, self.lock:
+            republished = [mid for mid, m in self._mids.items() if m in messages]
+            for mid in reversed(
+                sorted(republished, key=lambda mid: messages.index(self._mids[mid]))
+            ):
+                if mid in client._out_messages:
+                    client._out_messages.move_to_end(mid, last=False)
 
     def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
         self.connects += 1

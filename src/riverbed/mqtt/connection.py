@@ -50,6 +50,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, cast
 
 from riverbed.errors import PreconditionFailed, ProtocolError, RiverbedError
+from riverbed.log.appender import store_refused
 from riverbed.mqtt.codec import (
     MQTT_5,
     NO_PUBLISH_PROPERTIES,
@@ -513,6 +514,16 @@ class Connection(asyncio.Protocol):
                 # Another node wrote the record between our read and write.
                 broker.connections.pop(client_id, None)
                 self._connack_refusal(ConnectReason.SERVER_BUSY)
+                return
+            except RiverbedError as exc:
+                if not store_refused(exc):
+                    raise
+                # The store refuses writes (full, read-only, unreachable): the
+                # session cannot be kept. CONNACK 0x88 (3.1.1: 3), no traceback;
+                # the client comes back later. The appender logs the episode.
+                broker.connections.pop(client_id, None)
+                log.warning("client %s: cannot open its session: %s", client_id, exc)
+                self._connack_refusal(ConnectReason.SERVER_UNAVAILABLE)
                 return
         assert self.stored is not None
         subscriptions = self.stored.record.subscriptions

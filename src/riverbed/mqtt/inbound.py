@@ -25,6 +25,17 @@ A marker whose PUBREL never comes goes with the session (`SessionStore.discard`)
 
 Not group-committed (the marker's transaction must hold exactly this message):
 QoS 2 pays a transaction per message, QoS 0 and 1 keep the group commit.
+
+A store that refuses writes (full, read-only, unreachable) never lets a later
+PUBLISH of a connection into the log after an earlier one was refused, so a
+client that publishes the refused messages again, in order, keeps its order per
+key: a connection has one commit at a time in the writer's hands (its later
+PUBLISHes gather meanwhile), and once one is refused everything it read after
+is refused too (not committed) and the connection is closed once those answers
+are out: MQTT 5 DISCONNECT 0x97 Quota exceeded after the PUBACKs/PUBRECs 0x97;
+MQTT 3.1.1, which cannot refuse, closes without them and the client sends them
+all again. Without that, a later PUBLISH the client sent before it read the
+refusal could be committed once the store was back, ahead of the refused one.
 """
 
 from __future__ import annotations
@@ -34,8 +45,8 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from riverbed.errors import ProtocolError
-from riverbed.log.appender import Position
+from riverbed.errors import ProtocolError, RiverbedError
+from riverbed.log.appender import Position, store_refused
 from riverbed.log.log import Log
 from riverbed.model import Message, StoredMessage, StreamId, encode_properties
 from riverbed.mqtt.codec import (
@@ -111,7 +122,10 @@ class Inbound:
         "_aliases",
         "_batches",
         "_loop",
+        "_progress",
         "_qos2",
+        "_refused",
+        "_taken",
         "_unacked",
         "conn",
     )
@@ -128,6 +142,13 @@ class Inbound:
         """QoS 0/1 PUBLISHes by topic that the pacer has not taken yet."""
         self._qos2: set[int] = set()
         """Packet ids committed at QoS 2 whose PUBREL has not come (this connection)."""
+        self._taken: list[Batch] = []
+        """The batches the pacer took last: until they are done, it takes no more."""
+        self._refused: BaseException | None = None
+        """Why the store refused a commit of this connection: what it reads after
+        is refused too, and the connection closes once the answers are out."""
+        self._progress: asyncio.Future[None] | None = None
+        """A QoS 2 PUBLISH waiting for the commits before it."""
 
     def publish_now(self, packet: Publish) -> bool:
         """Take a PUBLISH that needs no waiting (QoS 0/1, not retained) into this
@@ -160,9 +181,16 @@ class Inbound:
             pacer.commit_now()
 
     def take_batches(self) -> list[Batch]:
-        """For the pacer: the batches to commit; they leave this connection's hands."""
+        """For the pacer: the batches to commit; they leave this connection's
+        hands. None while the last ones are still at the writer thread (one
+        commit at a time per connection: a later one must not succeed where an
+        earlier one is refused); they follow when those are done."""
+        for batch in self._taken:
+            if not batch.done():
+                return []
         batches = list(self._batches.values())
         self._batches.clear()
+        self._taken = batches
         return batches
 
     def _accept(self, packet: Publish) -> tuple[str, Message] | None:
@@ -170,6 +198,15 @@ class Inbound:
         authorization. Returns (topic name, message), or None when refused here."""
         conn = self.conn
         conn.require_session()
+        if self._refused is not None:
+            # Read after a PUBLISH the store refused: refused as well, never
+            # committed ahead of it; the connection closes once answered.
+            reason = refusal_reason(self._refused)
+            if packet.qos == 1:
+                self._answer(packet, Puback(packet.packet_id or 0, reason))
+            elif packet.qos == 2:
+                self._answer(packet, Pubrec(packet.packet_id or 0, PubrecReason(reason)))
+            return None
         properties = packet.properties
         if properties.subscription_identifiers:
             raise ProtocolError(
@@ -269,16 +306,13 @@ class Inbound:
         before the next is read. One transaction per QoS 2 message, not pipelined;
         QoS 0 and 1 keep the group commit."""
         assert self.conn.stored is not None and packet.packet_id is not None
-        earlier: dict[int, asyncio.Future[Any]] = {}
-        for f, _ in self._acks:
-            if f.done():
-                continue
-            if isinstance(f, asyncio.Future):
-                earlier[id(f)] = f
-            elif isinstance(f, Batch) and f.future is not None and id(f) not in earlier:
-                earlier[id(f)] = asyncio.wrap_future(f.future)  # at the writer thread
-        if earlier:
-            await asyncio.wait(earlier.values())
+        while any(not f.done() for f, _ in self._acks):
+            self._progress = self._loop.create_future()
+            await self._progress  # `_send_acks` wakes it when a commit is done
+        if self._refused is not None:  # one before it was refused meanwhile
+            reason = PubrecReason(refusal_reason(self._refused))
+            self._answer(packet, Pubrec(packet.packet_id, reason))
+            return
         marker = qos2_marker(self.conn.stored.record.session_id, packet.packet_id)
         once = self._loop.run_in_executor(
             None, append_exactly_once, self.conn.broker.log, log_topic, message, marker
@@ -331,6 +365,8 @@ class Inbound:
             if run_stream is not None:
                 router.committed(run_stream, run_first, run)
         self._send_acks()
+        if self._batches:
+            self.flush()  # what gathered while this commit was at the writer
 
     def _committed(self, position: Position | None, message: Message) -> None:
         """A QoS 2 PUBLISH was committed (at `position`; None: failed, or resent
@@ -344,6 +380,11 @@ class Inbound:
         """Acknowledge the PUBLISHes whose commits are done, in arrival order."""
         acks = self._acks
         conn = self.conn
+        progress = self._progress
+        if progress is not None:
+            self._progress = None
+            if not progress.done():
+                progress.set_result(None)
         while acks and acks[0][0].done():
             done, packet = acks.popleft()
             if packet.qos:
@@ -365,8 +406,12 @@ class Inbound:
                     error,
                 )
                 if conn.level != MQTT_5:
-                    conn.close(DisconnectReason.UNSPECIFIED_ERROR)  # the client sends it again
+                    # The client sends it again, and what came after (not committed).
+                    self._refuse_the_rest(error or RiverbedError("commit cancelled"))
+                    conn.close(DisconnectReason.UNSPECIFIED_ERROR)
                     return
+                if self._refused is None and error is not None and store_refused(error):
+                    self._refuse_the_rest(error)
             packet_id = packet.packet_id
             if packet_id is None:
                 continue
@@ -379,6 +424,16 @@ class Inbound:
                 if not failed:
                     self._qos2.add(packet_id)
                 conn.send(Pubrec(packet_id, PubrecReason(refusal)))
+        if self._refused is not None and not acks:
+            conn.close(DisconnectReason.QUOTA_EXCEEDED)
+
+    def _refuse_the_rest(self, error: BaseException) -> None:
+        """The store refused a commit: the batches not yet taken are refused with
+        it (never committed), and so is whatever this connection reads next."""
+        self._refused = error
+        for batch in self._batches.values():
+            batch.error = error
+        self._batches.clear()
 
 
 def _puback(packet_id: int) -> bytes:
