@@ -22,6 +22,7 @@ __all__ = [
     "open_storage",
     "parse_size",
     "redact_url",
+    "size_in_bytes",
 ]
 
 _SIZE = re.compile(r"\s*(\d+)\s*([A-Za-z]*)\s*")
@@ -41,9 +42,9 @@ MIN_SIZE = 64 * 1024
 """The smallest size cap accepted: an empty database's schema takes some 40 kB."""
 
 
-def parse_size(text: str, what: str) -> int:
+def size_in_bytes(text: str, what: str) -> int:
     """Bytes from `512MB`, `2GiB`, `1000000` (kB/MB/GB/TB: powers of 1000, KiB/MiB/
-    GiB/TiB: of 1024); `InvalidConfig` naming `what` otherwise."""
+    GiB/TiB: of 1024); `InvalidConfig` naming `what` otherwise. Zero passes."""
     match = _SIZE.fullmatch(text)
     unit = _SIZE_UNITS.get(match.group(2).lower()) if match else None
     if match is None or unit is None:
@@ -51,7 +52,12 @@ def parse_size(text: str, what: str) -> int:
             f"{what} {text!r} is not a size: use bytes or a number with kB, MB, GB, TB,"
             " KiB, MiB, GiB or TiB (e.g. 512MB)"
         )
-    size = int(match.group(1)) * unit
+    return int(match.group(1)) * unit
+
+
+def parse_size(text: str, what: str) -> int:
+    """`size_in_bytes` for a cap on a database: at least `MIN_SIZE`."""
+    size = size_in_bytes(text, what)
     if size < MIN_SIZE:
         raise InvalidConfig(f"{what} {text!r} is below the least size, {MIN_SIZE} bytes (64KiB)")
     return size
