@@ -208,6 +208,7 @@ def test_topic_create_list_describe(db: str) -> None:
         "retention_policy": "expired",
         "max_age": None,
         "max_messages": None,
+        "max_bytes": None,
         "messages": 0,
         "subscriptions": 0,
     }

@@ -26,7 +26,8 @@ from riverbed.errors import InvalidInput
 from riverbed.log.log import Log
 from riverbed.log.topics import DEFAULT_RETENTION_US
 from riverbed.model import format_duration
-from riverbed.storage.base import RetentionPolicy, StreamHead
+from riverbed.storage import size_in_bytes
+from riverbed.storage.base import RetentionPolicy, StreamHead, TopicRecord
 from riverbed.subscriptions.cursors import Subscriptions
 
 # --------------------------------------------------------------------- topics
@@ -47,11 +48,53 @@ def _max_messages(text: str) -> int | None:
 
 MAX_MESSAGES = _Parsed("N|none", _max_messages)
 
+
+def _max_bytes(text: str) -> int | None:
+    if text.lower() == "none":
+        return None
+    try:
+        size = size_in_bytes(text, "maximum size")
+    except InvalidInput as exc:
+        raise InvalidInput(f"{exc}, or none for no limit") from None
+    if size < 1:
+        raise InvalidInput(
+            f"maximum size {text!r} must be at least 1 byte per stream (or none for no limit)"
+        )
+    return size
+
+
+MAX_BYTES = _Parsed("SIZE|none", _max_bytes)
+
+_SIZE_UNITS = (
+    ("TiB", 1024**4),
+    ("TB", 1000**4),
+    ("GiB", 1024**3),
+    ("GB", 1000**3),
+    ("MiB", 1024**2),
+    ("MB", 1000**2),
+    ("KiB", 1024),
+    ("kB", 1000),
+)
+
+
+def format_size(size: int) -> str:
+    """`10MiB`, `1GB`, `500kB`, `1234`: the shortest exact form of a size."""
+    exact = [(size // unit, name) for name, unit in _SIZE_UNITS if size % unit == 0]
+    if not exact:
+        return str(size)
+    number, name = min(exact)
+    return f"{number}{name}"
+
+
 _MAX_AGE_HELP = (
     "Delete messages older than this even if a subscription has not consumed them"
     " (e.g. 30d); `none`: no limit."
 )
 _MAX_MESSAGES_HELP = "Keep at most N messages per stream, consumed or not; `none`: no limit."
+_MAX_BYTES_HELP = (
+    "Keep at most this many bytes of payload per stream, consumed or not, and always the"
+    " newest message (e.g. 10MiB, 1GB, 500000); `none`: no limit."
+)
 
 
 @topic.command("create")
@@ -74,6 +117,7 @@ _MAX_MESSAGES_HELP = "Keep at most N messages per stream, consumed or not; `none
 )
 @click.option("--max-age", type=RETENTION, default=None, help=_MAX_AGE_HELP)
 @click.option("--max-messages", type=MAX_MESSAGES, default=None, help=_MAX_MESSAGES_HELP)
+@click.option("--max-bytes", type=MAX_BYTES, default=None, help=_MAX_BYTES_HELP)
 @db_option
 def topic_create(
     name: str,
@@ -83,6 +127,7 @@ def topic_create(
     retention_policy: str,
     max_age: int | None,
     max_messages: int | None,
+    max_bytes: int | None,
 ) -> None:
     """Create topic NAME with one storage topic of --partitions streams."""
     with open_log() as log:
@@ -94,41 +139,79 @@ def topic_create(
             RetentionPolicy(retention_policy),
             max_age_us=max_age,
             max_messages=max_messages,
+            max_bytes=max_bytes,
         )
     click.echo(f"created topic {name!r} with {partitions} partitions")
+
+
+@topic.command("alter")
+@click.argument("name")
+@click.option(
+    "--retention",
+    type=RETENTION,
+    help="How long messages are kept, e.g. 12h, 7d; `none` keeps them for ever.",
+)
+@click.option(
+    "--retention-policy",
+    type=click.Choice([p.value for p in RetentionPolicy]),
+    help="What retention may delete.",
+)
+@click.option("--max-age", type=RETENTION, help=_MAX_AGE_HELP)
+@click.option("--max-messages", type=MAX_MESSAGES, help=_MAX_MESSAGES_HELP)
+@click.option("--max-bytes", type=MAX_BYTES, help=_MAX_BYTES_HELP)
+@db_option
+def topic_alter(**options: Any) -> None:
+    """Change topic NAME's retention and its limits.
+
+    Only the options given change; `none` removes a limit (or, for --retention,
+    keeps messages for ever). Unlike --retention-policy, the limits delete
+    messages a subscription or an offline session has not read yet: they bound
+    the log a subscription nobody reads can keep.
+    """
+    _alter(**options)
 
 
 @topic.command("set-limits")
 @click.argument("name")
 @click.option("--max-age", type=RETENTION, help=_MAX_AGE_HELP)
 @click.option("--max-messages", type=MAX_MESSAGES, help=_MAX_MESSAGES_HELP)
+@click.option("--max-bytes", type=MAX_BYTES, help=_MAX_BYTES_HELP)
 @db_option
-def topic_set_limits(name: str, max_age: int | None, max_messages: int | None) -> None:
-    """Set the limits retention applies to topic NAME whoever has not consumed.
+def topic_set_limits(**options: Any) -> None:
+    """Change topic NAME's limits: `topic alter` without --retention."""
+    _alter(**options)
 
-    Unlike --retention-policy, these delete messages a subscription or an offline
-    session has not read yet: they bound the log a subscription nobody reads can
-    keep. An option left out keeps its value; `none` removes the limit.
-    """
+
+def _alter(name: str, **options: Any) -> None:
     ctx = click.get_current_context()
-
-    def given(option: str) -> bool:
-        return ctx.get_parameter_source(option) is not ParameterSource.DEFAULT
-
+    given = {
+        option: value
+        for option, value in options.items()
+        if ctx.get_parameter_source(option) is not ParameterSource.DEFAULT
+    }
+    if not given:
+        names = ", ".join("--" + option.replace("_", "-") for option in options)
+        raise click.UsageError(f"nothing to change: give one or more of {names}")
+    changes: dict[str, Any] = {
+        f"{o}_us" if o in ("retention", "max_age") else o: v for o, v in given.items()
+    }
+    if "retention_policy" in changes:
+        changes["retention_policy"] = RetentionPolicy(changes["retention_policy"])
     with open_log() as log:
-        record = log.topics.get(name)
-        updated = log.topics.set_limits(
-            name,
-            max_age if given("max_age") else record.max_age_us,
-            max_messages if given("max_messages") else record.max_messages,
-        )
-    click.echo(f"topic {name!r}: {_limits_text(updated.max_age_us, updated.max_messages)}")
+        record = log.topics.alter(name, **changes)
+    click.echo(f"topic {name!r}: {_retention_text(record)}, {_limits_text(record)}")
 
 
-def _limits_text(max_age_us: int | None, max_messages: int | None) -> str:
-    age = "none" if max_age_us is None else format_duration(max_age_us)
-    count = "none" if max_messages is None else f"{max_messages} per stream"
-    return f"max age {age}, max messages {count}"
+def _retention_text(record: TopicRecord) -> str:
+    kept = "none" if record.retention_us is None else format_duration(record.retention_us)
+    return f"retention {kept} ({record.retention_policy.value})"
+
+
+def _limits_text(record: TopicRecord) -> str:
+    age = "none" if record.max_age_us is None else format_duration(record.max_age_us)
+    count = "none" if record.max_messages is None else f"{record.max_messages} per stream"
+    size = "none" if record.max_bytes is None else f"{format_size(record.max_bytes)} per stream"
+    return f"max age {age}, max messages {count}, max bytes {size}"
 
 
 def topic_rows(log: Log) -> list[dict[str, Any]]:
@@ -155,6 +238,7 @@ def topic_rows(log: Log) -> list[dict[str, Any]]:
                 if record.max_age_us is None
                 else format_duration(record.max_age_us),
                 "max_messages": record.max_messages,
+                "max_bytes": record.max_bytes,
                 "messages": messages[record.name],
                 "subscriptions": subscriptions[record.name],
             }
@@ -211,7 +295,7 @@ def topic_describe(name: str, as_json: bool) -> None:
     console.print(
         f"topic {name}: binding {record.binding or '-'}, retention {info['retention'] or 'none'}"
         f" ({record.retention_policy.value}),"
-        f" {_limits_text(record.max_age_us, record.max_messages)},"
+        f" {_limits_text(record)},"
         f" produces to generation {produce}",
         markup=False,
     )

@@ -6,10 +6,12 @@ retention time, so nothing a subscription has not consumed is ever deleted. A
 stream with no subscription on its topic counts as consumed. Session cursors
 are subscriptions (`sessions/store.py`), so an unexpired session's messages stay.
 
-So a subscription nobody reads pins its topic's log. Two per-topic limits apply
-regardless of subscriptions, to bound that (like Pulsar's message TTL and
-backlog quota): `max_age_us` (older messages go) and `max_messages` (a stream
-keeps at most that many). `apply_retention` reports who pins what (`Pin`).
+So a subscription nobody reads pins its topic's log. Three per-topic limits
+apply regardless of subscriptions, to bound that (like Pulsar's message TTL and
+backlog quota): `max_age_us` (older messages go), `max_messages` (a stream
+keeps at most that many) and `max_bytes` (a stream keeps at most that many
+bytes of payload, counted from its newest message down, and always keeps that
+one). `apply_retention` reports who pins what (`Pin`).
 
 Deletion goes in batches of at most `batch` messages, each its own short
 transaction, with a rest as long as the batch took between two: the group
@@ -177,6 +179,8 @@ def _forced_bound(storage: Storage, record: TopicRecord, head: StreamHead, now_u
         forced = max(forced, storage.first_offset_at(head.key, now_us - record.max_age_us))
     if record.max_messages is not None:
         forced = max(forced, head.next_offset - record.max_messages)
+    if record.max_bytes is not None:
+        forced = max(forced, storage.first_offset_within_bytes(head.key, record.max_bytes))
     return forced
 
 
@@ -321,7 +325,7 @@ class Retainer:
                 log.warning(
                     "subscription %s holds messages of topic %s %.1f hours old that retention"
                     " would delete (warning at %g hours): consume or delete it, or set the"
-                    " topic's --max-age / --max-messages",
+                    " topic's --max-age, --max-messages or --max-bytes (riverbed topic alter)",
                     name,
                     topic,
                     hours,

@@ -12,7 +12,9 @@ import contextlib
 import re
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from enum import Enum
+from typing import TypeVar
 
 from riverbed.errors import AlreadyExists, BindingOverlap, InvalidInput, TopicNotFound
 from riverbed.log.router import scale_factor, validate_partitions
@@ -29,6 +31,7 @@ from riverbed.topics.filters import filters_overlap, matches, validate_filter
 BUILTIN_TOPIC = "mqtt"
 BUILTIN_PARTITIONS = 16
 DEFAULT_RETENTION_US = 7 * 24 * 3600 * 1_000_000
+T = TypeVar("T")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 
 
@@ -42,8 +45,11 @@ def validate_topic_name(name: str) -> str:
     return name
 
 
-def validate_limits(max_age_us: int | None, max_messages: int | None) -> None:
-    """A topic's maximum age and messages per stream: positive, or None (no limit)."""
+def validate_limits(
+    max_age_us: int | None, max_messages: int | None, max_bytes: int | None = None
+) -> None:
+    """A topic's maximum age, messages and bytes per stream: positive, or None
+    (no limit)."""
     if max_age_us is not None and (type(max_age_us) is not int or max_age_us <= 0):
         raise InvalidInput(
             f"maximum age {max_age_us!r}us must be a positive duration (or none for no limit)"
@@ -53,6 +59,22 @@ def validate_limits(max_age_us: int | None, max_messages: int | None) -> None:
             f"maximum of {max_messages!r} messages per stream must be at least 1"
             " (or none for no limit)"
         )
+    if max_bytes is not None and (type(max_bytes) is not int or max_bytes < 1):
+        raise InvalidInput(
+            f"maximum of {max_bytes!r} bytes per stream must be at least 1 (or none for no limit)"
+        )
+
+
+def validate_retention(retention_us: int | None) -> None:
+    """A topic's retention time: zero or more, or None (for ever)."""
+    if retention_us is not None and (type(retention_us) is not int or retention_us < 0):
+        raise InvalidInput(f"retention {retention_us!r}us must not be negative (or none)")
+
+
+class Keep(Enum):
+    """An argument of `Topics.alter` left out: the topic keeps its value."""
+
+    KEEP = "keep"
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +92,7 @@ class TopicDescription:
             "retention_policy": t.retention_policy.value,
             "max_age": None if t.max_age_us is None else format_duration(t.max_age_us),
             "max_messages": t.max_messages,
+            "max_bytes": t.max_bytes,
             "produce_pointer": t.produce_pointer,
             "storage_topics": [
                 {"generation": s.generation, "partitions": s.partitions, "k": s.k}
@@ -103,11 +126,12 @@ class Topics:
         retention_policy: RetentionPolicy = RetentionPolicy.CONSUMED_AND_EXPIRED,
         max_age_us: int | None = None,
         max_messages: int | None = None,
+        max_bytes: int | None = None,
     ) -> TopicRecord:
         """Create a topic with one storage topic of `partitions` (K=1).
 
-        `max_age_us` and `max_messages` (per stream) are limits retention applies
-        whoever has not consumed (`set_limits`).
+        `max_age_us`, `max_messages` and `max_bytes` (per stream) are limits
+        retention applies whoever has not consumed (`alter`).
 
         Raises `InvalidInput` subclasses for a bad name, partition count, binding,
         retention or limit, `BindingOverlap` if the binding overlaps another
@@ -117,9 +141,8 @@ class Topics:
         validate_partitions(partitions)
         if binding is not None:
             validate_filter(binding)
-        if retention_us is not None and retention_us < 0:
-            raise InvalidInput(f"retention {retention_us}us must not be negative")
-        validate_limits(max_age_us, max_messages)
+        validate_retention(retention_us)
+        validate_limits(max_age_us, max_messages, max_bytes)
 
         def no_overlap(existing: list[TopicRecord]) -> None:
             for other in existing:
@@ -142,6 +165,7 @@ class Topics:
             time.time_ns() // 1000,
             max_age_us,
             max_messages,
+            max_bytes,
         )
         self.storage.create_topic(record, partitions, no_overlap)
         self._on_change()
@@ -188,8 +212,7 @@ class Topics:
     def set_retention(
         self, name: str, retention_us: int | None, policy: RetentionPolicy
     ) -> TopicRecord:
-        if retention_us is not None and retention_us < 0:
-            raise InvalidInput(f"retention {retention_us}us must not be negative")
+        validate_retention(retention_us)
         record = self.storage.update_topic(name, retention_us, policy)
         self._on_change()
         return record
@@ -205,8 +228,49 @@ class Topics:
 
         Raises `InvalidInput` for a limit that is not positive, `TopicNotFound`;
         nothing is changed then."""
-        validate_limits(max_age_us, max_messages)
-        record = self.storage.set_topic_limits(name, max_age_us, max_messages)
+        return self.alter(name, max_age_us=max_age_us, max_messages=max_messages)
+
+    def alter(
+        self,
+        name: str,
+        *,
+        retention_us: int | Keep | None = Keep.KEEP,
+        retention_policy: RetentionPolicy | Keep = Keep.KEEP,
+        max_age_us: int | Keep | None = Keep.KEEP,
+        max_messages: int | Keep | None = Keep.KEEP,
+        max_bytes: int | Keep | None = Keep.KEEP,
+    ) -> TopicRecord:
+        """Change topic `name`'s retention time, policy and limits: those given
+        (None removes a limit, or keeps messages for ever for `retention_us`);
+        the others keep their values. One transaction: a concurrent change to
+        another setting is not undone.
+
+        Raises `InvalidInput` for a bad value, `TopicNotFound`; nothing is
+        changed then."""
+        if not isinstance(retention_us, Keep):
+            validate_retention(retention_us)
+        if not isinstance(retention_policy, (Keep, RetentionPolicy)):
+            raise InvalidInput(
+                f"retention policy {retention_policy!r} is not one of"
+                f" {', '.join(p.value for p in RetentionPolicy)}"
+            )
+        validate_limits(
+            None if isinstance(max_age_us, Keep) else max_age_us,
+            None if isinstance(max_messages, Keep) else max_messages,
+            None if isinstance(max_bytes, Keep) else max_bytes,
+        )
+
+        def change(current: TopicRecord) -> TopicRecord:
+            return replace(
+                current,
+                retention_us=_given(retention_us, current.retention_us),
+                retention_policy=_given(retention_policy, current.retention_policy),
+                max_age_us=_given(max_age_us, current.max_age_us),
+                max_messages=_given(max_messages, current.max_messages),
+                max_bytes=_given(max_bytes, current.max_bytes),
+            )
+
+        record = self.storage.alter_topic(name, change)
         self._on_change()
         return record
 
@@ -217,6 +281,10 @@ class Topics:
         deleted = self.storage.delete_topic(name)
         self._on_change()
         return deleted
+
+
+def _given(value: T | Keep, current: T) -> T:
+    return current if isinstance(value, Keep) else value
 
 
 def reachable_topics(

@@ -67,6 +67,9 @@ class TopicRecord:
     max_messages: int | None = None
     """A stream keeps at most this many messages, consumed or not (like Pulsar's
     backlog quota, counted in messages per stream); None: no limit."""
+    max_bytes: int | None = None
+    """A stream keeps at most this many bytes of payload, consumed or not, and
+    always its newest message (Pulsar's backlog quota in bytes); None: no limit."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,8 +176,17 @@ class Storage(Protocol):
     def set_topic_limits(
         self, name: str, max_age_us: int | None, max_messages: int | None
     ) -> TopicRecord:
-        """Set the limits retention applies regardless of subscriptions (None:
-        none). Raises `TopicNotFound`."""
+        """Set the age and count limits retention applies regardless of
+        subscriptions (None: none); `max_bytes` stays as it is (`alter_topic`
+        sets every limit). Raises `TopicNotFound`."""
+        ...
+
+    def alter_topic(self, name: str, change: Callable[[TopicRecord], TopicRecord]) -> TopicRecord:
+        """Change a topic's retention and limits: `change(current)` runs in the
+        transaction and returns the record to store, of which only
+        `retention_us`, `retention_policy`, `max_age_us`, `max_messages` and
+        `max_bytes` are written. Returns the stored record. Raises
+        `TopicNotFound`; whatever `change` raises leaves the topic as it was."""
         ...
 
     def delete_topic(self, name: str) -> int:
@@ -274,6 +286,13 @@ class Storage(Protocol):
     def first_offset_at(self, stream_key: int, timestamp_us: int) -> int:
         """The first offset whose timestamp is at or after `timestamp_us` (the
         stream's next offset if none)."""
+        ...
+
+    def first_offset_within_bytes(self, stream_key: int, max_bytes: int) -> int:
+        """The first offset from which the stream's newest messages' payloads add
+        up to at most `max_bytes`; the newest message's offset if it alone is
+        larger (the stream's next offset if it holds none). Reads the sizes from
+        the newest message down, so it costs what it keeps, not what precedes."""
         ...
 
     def delete_before(self, stream_key: int, offset: int, *, keep_uncommitted: bool = False) -> int:

@@ -98,6 +98,12 @@ MIGRATIONS: list[list[str]] = [
         "ALTER TABLE topics ADD COLUMN max_age_us {int}",
         "ALTER TABLE topics ADD COLUMN max_messages {int}",
     ],
+    # 5: a maximum of payload bytes per stream, the third limit retention applies
+    # whoever has not consumed (Pulsar's backlog quota counted in bytes). NULL: no
+    # limit, what every existing topic keeps.
+    [
+        "ALTER TABLE topics ADD COLUMN max_bytes {int}",
+    ],
 ]
 
 MESSAGE_COLUMNS = "off, id, ts, mqtt_topic, key, payload, properties, qos, retain"

@@ -41,7 +41,7 @@ from riverbed.storage.schema import MESSAGE_COLUMNS, MIGRATIONS
 
 _TOPIC_COLUMNS = (
     "name, binding, retention_us, retention_policy, produce_pointer, created_us,"
-    " max_age_us, max_messages"
+    " max_age_us, max_messages, max_bytes"
 )
 _SUB_COLUMNS = "name, topic, topic_filter, start_kind, start_us, created_us"
 _HEAD_COLUMNS = "id, topic, generation, part, start_offset, next_offset, sealed"
@@ -67,6 +67,21 @@ FIRST_OFFSET_AT_OR_NEXT = (
 recent: one statement, so one snapshot. Two would let an append commit between
 them, and the answer would pass over the message it added."""
 
+_PAYLOAD_SIZES = (
+    "SELECT off, length(payload) FROM messages WHERE stream = ? AND off < ?"
+    " ORDER BY off DESC LIMIT ?"
+)
+"""A page of payload sizes, newest first (`first_offset_within_bytes`)."""
+
+_PAGE_OF_SIZES = (
+    "SELECT COUNT(*), COALESCE(SUM(size), 0), MIN(off) FROM (SELECT off, length(payload) AS size"
+    " FROM messages WHERE stream = ? AND off < ? ORDER BY off DESC LIMIT ?) AS page"
+)
+"""How many messages such a page holds, their payloads' sum and the lowest offset."""
+
+SIZES_PAGE = 10_000
+"""Payload sizes read per query when counting a stream's bytes."""
+
 
 _stored = functools.partial(tuple.__new__, StoredMessage)
 """Row tuple -> StoredMessage without a Python-level call per row (`_make` is slower)."""
@@ -78,7 +93,7 @@ def now_us() -> int:
 
 def _topic(row: Sequence[Any]) -> TopicRecord:
     return TopicRecord(
-        row[0], row[1], row[2], RetentionPolicy(row[3]), row[4], row[5], row[6], row[7]
+        row[0], row[1], row[2], RetentionPolicy(row[3]), row[4], row[5], row[6], row[7], row[8]
     )
 
 
@@ -203,7 +218,7 @@ class SqlStorage(ConnectedStorage):
             validate(existing)
             self._x(
                 cur,
-                f"INSERT INTO topics ({_TOPIC_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO topics ({_TOPIC_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     topic.name,
                     topic.binding,
@@ -213,6 +228,7 @@ class SqlStorage(ConnectedStorage):
                     topic.created_us,
                     topic.max_age_us,
                     topic.max_messages,
+                    topic.max_bytes,
                 ),
             )
             self._insert_generation(cur, StorageTopicRecord(topic.name, 0, partitions, 1))
@@ -258,6 +274,27 @@ class SqlStorage(ConnectedStorage):
         self, name: str, max_age_us: int | None, max_messages: int | None
     ) -> TopicRecord:
         return self._set_topic(name, "max_age_us = ?, max_messages = ?", (max_age_us, max_messages))
+
+    @operation
+    def alter_topic(self, name: str, change: Callable[[TopicRecord], TopicRecord]) -> TopicRecord:
+        with self._write() as cur:
+            self._lock_meta(cur)
+            wanted = change(self._get_topic(cur, name))
+            self._x(
+                cur,
+                "UPDATE topics SET retention_us = ?, retention_policy = ?, max_age_us = ?,"
+                " max_messages = ?, max_bytes = ? WHERE name = ?",
+                (
+                    wanted.retention_us,
+                    wanted.retention_policy.value,
+                    wanted.max_age_us,
+                    wanted.max_messages,
+                    wanted.max_bytes,
+                    name,
+                ),
+            )
+            self._bump_meta(cur)
+            return self._get_topic(cur, name)
 
     def _set_topic(self, name: str, assignments: str, values: Sequence[Any]) -> TopicRecord:
         """Change columns of a topic's row (`assignments`: `col = ?, ...`)."""
@@ -497,6 +534,37 @@ class SqlStorage(ConnectedStorage):
             FIRST_OFFSET_AT_OR_NEXT, (stream_key, timestamp_us, stream_key)
         ).fetchone()
         return int(offset)
+
+    @operation
+    def first_offset_within_bytes(self, stream_key: int, max_bytes: int) -> int:
+        # Pages walk the primary key down from the newest message, each summed by
+        # the database; only the page where the limit falls comes back row by
+        # row. Appends land above the first page and are left out; a concurrent
+        # deletion of the oldest messages only ends the walk sooner.
+        kept = 0
+        lowest: int | None = None  # the lowest offset kept so far; None: the newest is next
+        while True:
+            below = (1 << 62) if lowest is None else lowest
+            count, size, first = self._q(_PAGE_OF_SIZES, (stream_key, below, SIZES_PAGE)).fetchone()
+            if not count:
+                break
+            if kept + size > max_bytes:
+                for offset, row_size in self._q(_PAYLOAD_SIZES, (stream_key, below, SIZES_PAGE)):
+                    if kept + row_size > max_bytes:
+                        return int(offset) if lowest is None else lowest
+                    kept += row_size
+                    lowest = int(offset)
+                break  # rows went meanwhile: what is left fits
+            kept += size
+            lowest = int(first)
+            if count < SIZES_PAGE:
+                break
+        if lowest is not None:
+            return lowest
+        (next_offset,) = self._q(
+            "SELECT COALESCE((SELECT next_offset FROM streams WHERE id = ?), 0)", (stream_key,)
+        ).fetchone()
+        return int(next_offset)
 
     @operation
     def delete_before(self, stream_key: int, offset: int, *, keep_uncommitted: bool = False) -> int:
