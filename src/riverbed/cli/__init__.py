@@ -13,7 +13,17 @@ The database is `--db URL` on the command, else `--db URL` on `riverbed`, else
 from __future__ import annotations
 
 # Each module adds its commands to `cli` when imported.
-from riverbed.cli import broker, demo, dlq, groups, messages, subscriptions, topics, worker
+from riverbed.cli import (
+    broker,
+    config,
+    demo,
+    dlq,
+    groups,
+    messages,
+    subscriptions,
+    topics,
+    worker,
+)
 from riverbed.cli._app import PRODUCE_BATCH, cli, main
 from riverbed.cli.demo import DEMO_MESSAGES
 
@@ -22,6 +32,7 @@ __all__ = [
     "PRODUCE_BATCH",
     "broker",
     "cli",
+    "config",
     "demo",
     "dlq",
     "groups",
