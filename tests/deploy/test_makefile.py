@@ -26,6 +26,17 @@ from harness.waiting import eventually
 ROOT = Path(__file__).resolve().parents[2]
 
 
+MAKEFILE_VARIABLES = ("PYTHON", "VENV", "EXTRAS", "PYTEST_ARGS", "TEST_WORKERS", "PORT", "ARGS")
+"""The Makefile's settings: `make test TEST_WORKERS=0` exports them to the tests."""
+
+
+def make_env(**extra: str) -> dict[str, str]:
+    """This environment without what a `make test` around the tests passes down,
+    so the make run here sees the Makefile's defaults."""
+    inherited = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES", *MAKEFILE_VARIABLES)
+    return {k: v for k, v in os.environ.items() if k not in inherited} | extra
+
+
 def make_n(venv: Path, *args: str) -> list[str]:
     """The commands `make -n ARGS VENV=venv` prints, one per line."""
     done = subprocess.run(
@@ -34,6 +45,7 @@ def make_n(venv: Path, *args: str) -> list[str]:
         text=True,
         timeout=60,
         check=True,
+        env=make_env(),
     )
     return done.stdout.splitlines()
 
@@ -76,7 +88,7 @@ def test_test_on_a_fresh_machine_installs_dev_and_spark(venv: Path) -> None:
     commands = make_n(venv, "test")
     assert commands[0] == f"python3 -m venv {venv}"
     assert pip_installs(commands) == [".[dev,spark]"]
-    assert any(f"{venv}/bin/pytest -n" in command for command in commands)
+    assert any(command.startswith(f"{venv}/bin/pytest -n 3 ") for command in commands)
 
 
 def test_test_after_run_adds_the_extras(venv: Path) -> None:
@@ -153,7 +165,7 @@ def make_run(linked_venv: Path, tmp_path: Path) -> Iterator[tuple[int, Path]]:
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=tmp_path,
-            env=os.environ | {"RIVERBED_DB": f"sqlite:///{tmp_path}/run.db"},
+            env=make_env(RIVERBED_DB=f"sqlite:///{tmp_path}/run.db"),
             start_new_session=True,
         )
 
