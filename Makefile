@@ -3,28 +3,51 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY = $(VENV)/bin/python
-# Extras installed into the venv; add more comma-separated (e.g. dev,spark).
+# Extras `make test` installs into the venv (comma-separated); `make run` needs none.
 EXTRAS ?= dev,spark
 PYTEST_ARGS ?=
 # pytest-xdist workers for `make test` (0: in this process, one test at a time).
 TEST_WORKERS ?= 3
+# `make run PORT=1884` listens on 127.0.0.1:1884; `make run ARGS="..."` adds options to
+# `riverbed serve`. With --config in ARGS the file decides who may connect, so
+# --allow-anonymous is left out.
+PORT ?=
+ARGS ?=
+SERVE_ARGS = $(strip $(if $(findstring --config,$(ARGS)),,--allow-anonymous) \
+	$(if $(PORT),--mqtt 127.0.0.1:$(PORT)) $(ARGS))
 
 # ruff fails on a path that does not exist, so lint only the directories that do.
 LINT_PATHS := $(wildcard src tests bench examples)
 
-.PHONY: venv run test lint fmt bench-storage bench-spark bench-mqtt bench-competing clean
+# One stamp per set of extras installed: the core (the broker's own dependencies) for
+# `make run`, EXTRAS on top for everything else. Installing the extras installs the
+# core too, so their rule stamps both; either order of `make run` and `make test`
+# installs only what the venv lacks.
+CORE_STAMP = $(VENV)/.installed-core
+EXTRAS_STAMP = $(VENV)/.installed-$(EXTRAS)
 
-venv: $(VENV)/.installed
+.PHONY: venv venv-core run test lint fmt bench-storage bench-spark bench-mqtt bench-competing clean
 
-$(VENV)/.installed: pyproject.toml
+venv: $(EXTRAS_STAMP)
+
+venv-core: $(CORE_STAMP)
+
+$(PY):
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --upgrade pip
-	$(PY) -m pip install -e '.[$(EXTRAS)]'
+	$(PY) -m pip install --quiet --upgrade pip
+
+$(CORE_STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -e .
 	touch $@
 
-# The broker on 127.0.0.1:1883 (anonymous clients allowed); Ctrl-C stops it.
-run: venv
-	$(VENV)/bin/riverbed serve --allow-anonymous
+$(EXTRAS_STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -e '.[$(EXTRAS)]'
+	touch $@ $(CORE_STAMP)
+
+# The broker on 127.0.0.1:1883 (anonymous clients allowed, messages in
+# ./riverbed-data); Ctrl-C stops it.
+run: venv-core
+	$(VENV)/bin/riverbed serve $(SERVE_ARGS)
 
 # Each line stops make at its first failure.
 test: venv

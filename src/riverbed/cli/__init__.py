@@ -15,6 +15,7 @@ from __future__ import annotations
 # Each module adds its commands to `cli` when imported.
 from riverbed.cli import (
     broker,
+    config,
     demo,
     dlq,
     groups,
@@ -32,6 +33,7 @@ __all__ = [
     "PRODUCE_BATCH",
     "broker",
     "cli",
+    "config",
     "demo",
     "dlq",
     "groups",

@@ -71,8 +71,21 @@ def open_log() -> Log:
     return Log.open(click.get_current_context().meta.get(DB_KEY) or default_url())
 
 
+SPARK_EXTRA_MODULES = (
+    "pyspark",
+    "py4j",
+    "pyarrow",
+    "adbc_driver_manager",
+    "adbc_driver_sqlite",
+    "adbc_driver_postgresql",
+)
+"""Top-level modules of the `spark` extra (pyproject.toml): `make run` installs
+the core only, so a Spark command may find them missing."""
+
+
 class RiverbedGroup(click.Group):
-    """The root group: turns a `RiverbedError` into `error: ...` and an exit code."""
+    """The root group: turns a `RiverbedError` into `error: ...` and an exit code,
+    and a missing `spark` extra into an error that says how to install it."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -80,6 +93,16 @@ class RiverbedGroup(click.Group):
         except RiverbedError as exc:
             click.echo(f"error: {exc}", err=True)
             raise click.exceptions.Exit(2 if isinstance(exc, InvalidInput) else 1) from None
+        except ModuleNotFoundError as exc:
+            if (exc.name or "").partition(".")[0] not in SPARK_EXTRA_MODULES:
+                raise
+            click.echo(
+                f"error: this command needs {exc.name}, from Riverbed's `spark` extra, which"
+                " is not installed: install it with `make venv` (or `pip install -e '.[spark]'`)"
+                " in the repository; Spark also needs Java 17 or newer",
+                err=True,
+            )
+            raise click.exceptions.Exit(1) from None
 
 
 def parse_time(text: str) -> int:

@@ -141,6 +141,7 @@ from riverbed.errors import InvalidConfig
 from riverbed.model import parse_duration
 from riverbed.mqtt.codec.wire import MAX_PACKET_SIZE
 from riverbed.sharedsub.config import SharedSubConfig
+from riverbed.storage import DEFAULT_URL
 from riverbed.storage.urls import redact_url
 
 MAX_UINT16 = 0xFFFF
@@ -537,6 +538,20 @@ def _storage_url(key: str, value: object) -> str:
     return value
 
 
+_SHARED_TIMER_HELP = {
+    "find_leader_retry": "seconds: a member asks again for its group's Leader this often",
+    "ping_interval": "seconds: a member pings its group's Leader this often",
+    "ping_timeout": "seconds: a member gives up on a Leader silent this long after a ping",
+    "unsubscribe_timeout": "seconds a revoked stream waits for its messages' acknowledgements",
+    "leader_borrower_timeout": "seconds: a member silent this long loses its streams to others",
+    "fence_margin": "seconds: a member lets go this long before the Leader may drop it",
+    "leader_periodic": "seconds: the Leader renews, rebalances and saves this often",
+    "leader_resend": "seconds: the Leader resends an unanswered grant/revoke/revoked after this",
+    "leader_claim_lease": "seconds the Leader's claim on its group lasts unrenewed",
+    "leader_idle_stop": "seconds: a Leader with no member stops after this long",
+}
+"""The help of each `SharedSubConfig` field."""
+
 KEYS: dict[str, Key] = {
     "listeners.mqtt": Key(_address, "HOST:PORT of the MQTT listener"),
     "listeners.tls.address": Key(_address, "HOST:PORT of the TLS listener"),
@@ -547,7 +562,10 @@ KEYS: dict[str, Key] = {
         "PEM CA bundle; clients must present a certificate",
         is_path=True,
     ),
-    "storage.url": Key(_optional(_storage_url), "database URL"),
+    "storage.url": Key(
+        _optional(_storage_url),
+        f"database URL; unset: --db, else $RIVERBED_DB, else {DEFAULT_URL}",
+    ),
     "storage.commit_interval_ms": Key(
         _integer(0, 1000, " ms"), "the least time between two commits of PUBLISHes"
     ),
@@ -592,7 +610,7 @@ KEYS: dict[str, Key] = {
     ),
     "shared_subscriptions.enabled": Key(_boolean, "accept $share/ and $queue/ subscriptions"),
     **{
-        f"shared_subscriptions.{f.name}": Key(_positive_seconds, f"seconds: {f.name}")
+        f"shared_subscriptions.{f.name}": Key(_positive_seconds, _SHARED_TIMER_HELP[f.name])
         for f in fields(SharedSubConfig)
     },
     "retention.interval": Key(
