@@ -210,6 +210,8 @@ def _subscription_row(
 def subscription_list(topic: str | None, as_json: bool) -> None:
     """List subscriptions."""
     with open_log() as log:
+        if topic is not None:
+            log.topics.get(topic)  # TopicNotFound rather than an empty list
         deliveries = {d.name: d for d in Definitions(log.storage).list()}
         rows = [
             _subscription_row(r, deliveries.get(r.name))
@@ -329,6 +331,8 @@ def subscription_reset(
 
     with open_log() as log:
         delivering = Definitions(log.storage).get(name) is not None
+        if not delivering:
+            Subscriptions(log.storage).get(name)  # SubscriptionNotFound
         if not delivering and (queue != "main" or shards is not None):
             raise InvalidInput(
                 f"--queue and --shards are for a subscription that delivers; {name!r} does not"
@@ -459,13 +463,15 @@ def subscription_reshard(name: str, shard_count: int, as_json: bool) -> None:
 
     from riverbed.subscriptions.reshard import change_shard_count
 
-    with open_log() as log, Progress(transient=True, disable=as_json) as bar:
-        task = bar.add_task("re-sharding", total=None)
+    with open_log() as log:
+        Definitions(log.storage).require(name)  # an unknown name fails before the bar shows
+        with Progress(transient=True, disable=as_json) as bar:
+            task = bar.add_task("re-sharding", total=None)
 
-        def progress(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
+            def progress(done: int, total: int) -> None:
+                bar.update(task, completed=done, total=total)
 
-        result = change_shard_count(log.storage, name, shard_count, progress)
+            result = change_shard_count(log.storage, name, shard_count, progress)
     if as_json:
         print_json(
             {

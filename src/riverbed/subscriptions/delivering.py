@@ -26,7 +26,7 @@ from riverbed.errors import AlreadyExists, NotFound, RiverbedError
 from riverbed.log.topics import Topics, validate_topic_name
 from riverbed.storage.base import StartKind, Storage
 from riverbed.subscriptions.cursors import Start, Subscriptions, validate_subscription_name
-from riverbed.subscriptions.definition import Definitions, DeliveryDefinition
+from riverbed.subscriptions.definition import Definitions, DeliveryDefinition, not_delivering
 from riverbed.subscriptions.shards import queue_partitions, validate_shard_count
 from riverbed.subscriptions.shardstate import delete_states
 
@@ -100,7 +100,7 @@ def delete_delivering(storage: Storage, name: str) -> None:
     messages) and the subscription."""
     definitions = Definitions(storage)
     if definitions.get(name) is None:
-        raise NotFound(f"subscription {name!r} does not deliver to an endpoint")
+        raise not_delivering(storage, name)
     definitions.delete(name)
     delete_states(storage, name)
     storage.delete_markers_with_prefix(f"delivery/{name}/")

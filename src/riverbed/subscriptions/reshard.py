@@ -33,7 +33,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
-from riverbed.errors import NotFound, StorageError
+from riverbed.errors import StorageError
 from riverbed.log.router import key_hash, route
 from riverbed.log.topics import Topics
 from riverbed.model import MessageIdGenerator
@@ -46,7 +46,7 @@ from riverbed.storage.transactions import (
 )
 from riverbed.subscriptions.batch import QueueLayout, Superseded, open_rows
 from riverbed.subscriptions.definition import NAMESPACE as DEFINITIONS
-from riverbed.subscriptions.definition import DeliveryDefinition
+from riverbed.subscriptions.definition import DeliveryDefinition, not_delivering
 from riverbed.subscriptions.delivering import queue_topics
 from riverbed.subscriptions.groups import GroupState, MessageState, Queue
 from riverbed.subscriptions.queues import QueuedMessage
@@ -154,7 +154,7 @@ def change_shard_count(
 def _change(storage: Storage, name: str, new_count: int, progress: Progress | None) -> Reshard:
     entry = storage.kv_get(DEFINITIONS, name)
     if entry is None:
-        raise NotFound(f"subscription {name!r} does not deliver to an endpoint")
+        raise not_delivering(storage, name)
     definition = DeliveryDefinition.from_json(entry.value)
     check_shard_count(storage, definition, new_count)
     rq_topic, dlq_topic = queue_topics(name)
