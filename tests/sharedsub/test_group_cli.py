@@ -106,7 +106,7 @@ def test_describe_shows_the_leader_and_saved_progress(
         (("create", "a/b", "x"), 2, "must not contain '/', '+' or '#'"),
         (("create", "", "x"), 2, "must not be empty"),
         (("create", "g", "bad/#/x"), 2, "'#' must be a whole level"),
-        (("create", "g", "x", "--start", "yesterday"), 2, "not an ISO 8601 time"),
+        (("create", "g", "x", "--start", "yesterday"), 2, "'yesterday' is not a position"),
         (("describe", "missing", "x"), 1, "group $share/missing/x does not exist"),
         (("delete", "missing", "x"), 1, "group $share/missing/x does not exist"),
     ],

@@ -21,7 +21,8 @@ from riverbed.cli._app import (
     open_log,
     print_json,
 )
-from riverbed.errors import NotFound
+from riverbed.cli._reuse import if_not_exists_option, reusing
+from riverbed.errors import AlreadyExists, NotFound
 from riverbed.log.jsonlines import format_time
 from riverbed.sessions.store import now_us
 from riverbed.sharedsub.claims import GroupRecord, GroupStore, StreamProgress, group_progress
@@ -46,8 +47,9 @@ def group() -> None:
     help="Which messages belong to the group: earliest, latest (from now), or those"
     " since an ISO 8601 time (a time without zone is UTC).",
 )
+@if_not_exists_option
 @db_option
-def group_create(name: str, topic_filter: str, start: Start) -> None:
+def group_create(name: str, topic_filter: str, start: Start, if_not_exists: bool) -> None:
     """Create group NAME sharing FILTER."""
     group_id = GroupId(name, topic_filter)
     now = now_us()
@@ -58,9 +60,32 @@ def group_create(name: str, topic_filter: str, start: Start) -> None:
     else:
         start_us = now
     with open_log() as log:
-        GroupStore(log.storage).create(group_id, start_us=start_us, now_us=now)
+        store = GroupStore(log.storage)
+        existing = store.get(group_id) if if_not_exists else None
+        if existing is not None:
+            _same_start(existing, start, start_us)
+            reusing(f"shared subscription group {group_id}")
+            return
+        store.create(group_id, start_us=start_us, now_us=now)
     where = "the earliest retained message" if start_us is None else format_time(start_us)
     click.echo(f"created group {name!r} sharing {topic_filter!r} from {where}")
+
+
+def _same_start(existing: GroupRecord, start: Start, start_us: int | None) -> None:
+    """Refuse to reuse a group that starts elsewhere than asked. `latest` means
+    from when the group was created: any time start agrees with it."""
+    same = (
+        existing.start_us is not None
+        if start is StartKind.LATEST
+        else existing.start_us == start_us
+    )
+    if not same:
+        have = "earliest" if existing.start_us is None else format_time(existing.start_us)
+        asked = start.value if isinstance(start, StartKind) else format_time(start)
+        raise AlreadyExists(
+            f"shared subscription group {existing.group} exists already with other settings:"
+            f" start {have} (asked {asked}); not reusing it"
+        )
 
 
 def _summary(record: GroupRecord, leader: str | None, lag: int) -> dict[str, object]:
