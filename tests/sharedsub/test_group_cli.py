@@ -59,6 +59,7 @@ def test_a_group_may_start_in_the_past(storage_url: str, before_and_after: int) 
         "position": 3,
         "head": 5,
         "lag": 2,
+        "lag_exact": True,  # the binding sensors/# lets in only what the filter matches
         "consumed": False,
         "borrower": None,
     }
