@@ -15,6 +15,9 @@
     .venv/bin/python examples/sensor_pipeline.py [--db URL] [--readings N]
 
 Without --db it works in a fresh SQLite database in a temporary directory.
+With --db it can run again on the same database: it reuses the topics and
+subscriptions, publishes the readings again and prints what the consumer
+receives this time.
 Runs Spark in this process (`local[*]`, a JVM is needed).
 """
 
@@ -54,12 +57,14 @@ def readings(count: int) -> list[dict[str, Any]]:
 
 
 def setup(db: str) -> None:
+    """Create the topics and subscriptions, or reuse them on a second run
+    (`exist_ok`: an error only if one exists with other settings)."""
     with Log.open(db) as log:
-        log.topics.create("sensors", partitions=4, binding="sensors/#")
-        log.topics.create("sensor-minutes", partitions=2)
+        log.topics.create("sensors", partitions=4, binding="sensors/#", exist_ok=True)
+        log.topics.create("sensor-minutes", partitions=2, exist_ok=True)
         subscriptions = Subscriptions(log.storage)
-        subscriptions.create("spark-sensors", "sensors")
-        subscriptions.create("dashboard", "sensor-minutes")
+        subscriptions.create("spark-sensors", "sensors", exist_ok=True)
+        subscriptions.create("dashboard", "sensor-minutes", exist_ok=True)
 
 
 def publish(db: str, count: int) -> None:

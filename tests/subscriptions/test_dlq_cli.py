@@ -80,7 +80,7 @@ def test_list_by_failure_time_group_and_id_with_pages(
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [
-        (["list", "nobody"], 1, "does not deliver to an endpoint"),
+        (["list", "nobody"], 1, "subscription 'nobody' does not exist"),
         (["list", "billing", "--since", "yesterday"], 2, "not an ISO 8601 time"),
         (["list", "billing", "--message-id", "xyz"], 2, "not a Riverbed message id"),
         (["list", "billing", "--limit", "0"], 2, "not in the range"),

@@ -216,10 +216,10 @@ def test_run_refuses_a_subscription_that_does_not_deliver_before_spark_starts(
 ) -> None:
     Topics(storage).create("orders", 4)
     assert rb(storage_url, "subscription", "create", "plain", "--topic", "orders").exit_code == 0
-    for name in ("plain", "nope"):
+    for name, why in (("plain", "does not deliver to an endpoint"), ("nope", "does not exist")):
         result = rb(storage_url, "subscription", "run", name)
         assert result.exit_code == 1
-        assert "does not deliver" in result.output or "not found" in result.output.lower()
+        assert result.output == f"error: subscription {name!r} {why}\n"
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from harness.topic_examples import MATCH_EXAMPLES
 from riverbed.errors import InvalidInput, InvalidTopicFilter, InvalidTopicName
 from riverbed.topics.filters import (
+    filter_covers,
     filters_overlap,
     is_wildcard,
     matches,
@@ -255,3 +256,51 @@ def test_a_filter_overlaps_itself(a: str) -> None:
 def test_filters_overlap_examples(a: str, b: str, expected: bool) -> None:
     assert filters_overlap(a, b) is expected
     assert filters_overlap(b, a) is expected
+
+
+# --------------------------------------------------------------------- covering
+
+
+def test_filter_covers_iff_every_name_of_one_matches_the_other_exhaustively() -> None:
+    """Every pair of filters of up to 3 levels, against every name of up to 4
+    levels (a name one matches and the other does not needs at most one level
+    more than the filters)."""
+    every = all_filters(3)
+    for outer in every:
+        for inner in every:
+            expected = matched_set(inner) <= matched_set(outer)
+            assert filter_covers(outer, inner) is expected, (outer, inner)
+
+
+@settings(max_examples=400)
+@given(filters(max_levels=4), filters(max_levels=4))
+def test_filter_covers_iff_every_name_of_one_matches_the_other(outer: str, inner: str) -> None:
+    assert filter_covers(outer, inner) is (matched_set(inner) <= matched_set(outer))
+
+
+@given(filters(), filters())
+def test_covering_both_ways_is_matching_the_same_names(a: str, b: str) -> None:
+    if filter_covers(a, b) and filter_covers(b, a):
+        assert matched_set(a) == matched_set(b)
+    if filter_covers(a, b):
+        assert filters_overlap(a, b)  # b matches some name, and a matches it
+
+
+@pytest.mark.parametrize(
+    ("outer", "inner", "expected"),
+    [
+        ("#", "sensors/#", True),
+        ("sensors/#", "sensors", True),
+        ("sensors/#", "sensors/+/t", True),
+        ("sensors/+", "sensors/#", False),
+        ("sensors/#", "#", False),
+        ("#", "$SYS/#", False),
+        ("+/#", "$SYS/x", False),
+        ("$SYS/#", "$SYS/+", True),
+        ("a/+", "a/b", True),
+        ("a/b", "a/+", False),
+        ("+/+", "+", False),
+    ],
+)
+def test_filter_covers_examples(outer: str, inner: str, expected: bool) -> None:
+    assert filter_covers(outer, inner) is expected

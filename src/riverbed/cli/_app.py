@@ -127,7 +127,10 @@ def parse_offsets(text: str) -> dict[StreamId, int]:
     for item in text.split(","):
         name, sep, number = item.strip().rpartition("=")
         if not sep:
-            raise InvalidInput(f"{item!r} is not STREAM=OFFSET, e.g. orders/0/1=42")
+            raise InvalidInput(
+                f"{item!r} is not STREAM=OFFSET, e.g. orders/0/1=42 (in a list of"
+                " offsets every comma-separated item is one)"
+            )
         stream = StreamId.parse(name)
         if not number.isdigit():
             raise InvalidInput(f"offset {number!r} for {stream} is not an integer >= 0")
@@ -137,10 +140,27 @@ def parse_offsets(text: str) -> dict[StreamId, int]:
     return offsets
 
 
-def parse_start(text: str) -> Start:
+START_FORMS = (
+    "earliest (the oldest retained message), latest (only what comes next),"
+    " or an ISO 8601 time such as 2024-05-01T12:00:00Z (a time without zone is UTC)"
+)
+RESET_FORMS = (
+    "earliest (the oldest retained message), latest (past everything there is),"
+    " an ISO 8601 time such as 2024-05-01T12:00:00Z (a time without zone is UTC),"
+    " or offsets STREAM=OFFSET,... such as orders/0/1=42,orders/0/2=7"
+)
+
+
+def parse_start(text: str, forms: str = START_FORMS) -> Start:
+    """earliest, latest or an ISO 8601 time; what else it is refused with
+    `forms`, the list of what is accepted."""
     if text.lower() in ("earliest", "latest"):
         return StartKind(text.lower())
-    return parse_time(text)
+    try:
+        datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidInput(f"{text!r} is not a position: use {forms}") from None
+    return parse_time(text)  # a time before 1970 is refused there
 
 
 class _Parsed(click.ParamType[T]):
@@ -164,7 +184,7 @@ def _retention(text: str) -> int | None:
 
 
 def _reset_target(text: str) -> Start | dict[StreamId, int]:
-    return parse_offsets(text) if "=" in text else parse_start(text)
+    return parse_offsets(text) if "=" in text else parse_start(text, RESET_FORMS)
 
 
 RETENTION = _Parsed("DURATION|none", _retention)

@@ -9,6 +9,8 @@ its group starting then; `create` makes one that starts earlier (or later),
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import click
 
 from riverbed.cli._app import (
@@ -21,13 +23,15 @@ from riverbed.cli._app import (
     open_log,
     print_json,
 )
-from riverbed.errors import NotFound
+from riverbed.cli._reuse import if_not_exists_option, reusing
+from riverbed.errors import AlreadyExists, NotFound
 from riverbed.log.jsonlines import format_time
 from riverbed.sessions.store import now_us
 from riverbed.sharedsub.claims import GroupRecord, GroupStore, StreamProgress, group_progress
 from riverbed.sharedsub.protocol import GroupId
 from riverbed.storage.base import StartKind
 from riverbed.subscriptions.cursors import Start
+from riverbed.topics.filters import filter_covers
 
 
 @cli.group()
@@ -46,8 +50,9 @@ def group() -> None:
     help="Which messages belong to the group: earliest, latest (from now), or those"
     " since an ISO 8601 time (a time without zone is UTC).",
 )
+@if_not_exists_option
 @db_option
-def group_create(name: str, topic_filter: str, start: Start) -> None:
+def group_create(name: str, topic_filter: str, start: Start, if_not_exists: bool) -> None:
     """Create group NAME sharing FILTER."""
     group_id = GroupId(name, topic_filter)
     now = now_us()
@@ -58,12 +63,64 @@ def group_create(name: str, topic_filter: str, start: Start) -> None:
     else:
         start_us = now
     with open_log() as log:
-        GroupStore(log.storage).create(group_id, start_us=start_us, now_us=now)
+        store = GroupStore(log.storage)
+        existing = store.get(group_id) if if_not_exists else None
+        if existing is not None:
+            _same_start(existing, start, start_us)
+            reusing(f"shared subscription group {group_id}")
+            return
+        store.create(group_id, start_us=start_us, now_us=now)
     where = "the earliest retained message" if start_us is None else format_time(start_us)
     click.echo(f"created group {name!r} sharing {topic_filter!r} from {where}")
 
 
-def _summary(record: GroupRecord, leader: str | None, lag: int) -> dict[str, object]:
+def _same_start(existing: GroupRecord, start: Start, start_us: int | None) -> None:
+    """Refuse to reuse a group that starts elsewhere than asked. `latest` means
+    from when the group was created: any time start agrees with it."""
+    same = (
+        existing.start_us is not None
+        if start is StartKind.LATEST
+        else existing.start_us == start_us
+    )
+    if not same:
+        have = "earliest" if existing.start_us is None else format_time(existing.start_us)
+        asked = start.value if isinstance(start, StartKind) else format_time(start)
+        raise AlreadyExists(
+            f"shared subscription group {existing.group} exists already with other settings:"
+            f" start {have} (asked {asked}); not reusing it"
+        )
+
+
+def _lag_exact(
+    record: GroupRecord, bindings: dict[str, str | None], progress: Sequence[StreamProgress]
+) -> bool:
+    """Whether the lag of these streams counts only what the group's filter
+    matches: so when each one that lags is of a topic whose binding lets no
+    message in that the filter does not match. Otherwise the lag counts every
+    message and is an upper bound: counting only the matched ones would read
+    every message behind the group, on every call."""
+
+    def covered(topic: str) -> bool:
+        binding = bindings.get(topic)
+        return binding is not None and filter_covers(record.group.topic_filter, binding)
+
+    return all(covered(p.stream.topic) for p in progress if p.lag)
+
+
+def _lag_cell(summary: dict[str, object]) -> object:
+    lag = summary["lag"]
+    return lag if summary["lag_exact"] or lag == 0 else f"≤ {lag}"
+
+
+UPPER_BOUND_NOTE = (
+    "≤: an upper bound, counting every message of the group's topics, also those its"
+    " filter does not match"
+)
+
+
+def _summary(
+    record: GroupRecord, leader: str | None, lag: int, lag_exact: bool
+) -> dict[str, object]:
     return {
         "group": record.group.name,
         "filter": record.group.topic_filter,
@@ -71,6 +128,7 @@ def _summary(record: GroupRecord, leader: str | None, lag: int) -> dict[str, obj
         "created": format_time(record.created_us),
         "leader": leader,
         "lag": lag,
+        "lag_exact": lag_exact,
     }
 
 
@@ -78,34 +136,54 @@ def _summary(record: GroupRecord, leader: str | None, lag: int) -> dict[str, obj
 @json_option
 @db_option
 def group_list(as_json: bool) -> None:
-    """List the groups, with their Leader and total lag."""
+    """List the groups, with their Leader and total lag.
+
+    A lag marked ≤ is an upper bound: it counts every message of the topics the
+    group's filter reaches, also those the filter does not match (`lag_exact`
+    false in JSON).
+    """
     now = now_us()
     rows = []
     with open_log() as log:
         store = GroupStore(log.storage)
+        bindings = {t.name: t.binding for t in log.topics.list()}
         for record in sorted(store.list(), key=lambda r: r.group.key):
             lease = store.leader_of(record.group, now)
-            lag = sum(p.lag for p in group_progress(log.storage, record))
-            rows.append(_summary(record, None if lease is None else lease.owner, lag))
+            progress = group_progress(log.storage, record)
+            rows.append(
+                _summary(
+                    record,
+                    None if lease is None else lease.owner,
+                    sum(p.lag for p in progress),
+                    _lag_exact(record, bindings, progress),
+                )
+            )
     if as_json:
         print_json(rows)
         return
-    columns = ["group", "filter", "start", "created", "leader", "lag"]
-    make_console().print(
+    columns = ["group", "filter", "start", "created", "leader"]
+    console = make_console()
+    console.print(
         make_table(
             "Shared subscription groups",
-            ["group", "filter", "start", "created", "leader", "lag"],
-            [["-" if row[c] is None else row[c] for c in columns] for row in rows],
+            [*columns, "lag"],
+            [
+                ["-" if row[c] is None else row[c] for c in columns] + [_lag_cell(row)]
+                for row in rows
+            ],
         )
     )
+    if not all(row["lag_exact"] for row in rows):
+        console.print(UPPER_BOUND_NOTE)
 
 
-def _stream_json(p: StreamProgress) -> dict[str, object]:
+def _stream_json(p: StreamProgress, exact: bool) -> dict[str, object]:
     return {
         "stream": str(p.stream),
         "position": p.position,
         "head": p.head,
         "lag": p.lag,
+        "lag_exact": exact,
         "consumed": p.consumed,
     }
 
@@ -117,7 +195,8 @@ def _stream_json(p: StreamProgress) -> dict[str, object]:
 @db_option
 def group_describe(name: str, topic_filter: str, as_json: bool) -> None:
     """Show group NAME/FILTER: its Leader and Borrowers, and per stream its
-    position, head, lag and holder (as of the Leader's last save)."""
+    position, head, lag and holder (as of the Leader's last save). A lag
+    marked ≤ is an upper bound (see `group list`)."""
     group_id = GroupId(name, topic_filter)
     now = now_us()
     with open_log() as log:
@@ -127,13 +206,20 @@ def group_describe(name: str, topic_filter: str, as_json: bool) -> None:
             raise NotFound(f"shared subscription group {group_id} does not exist")
         lease = store.leader_of(group_id, now)
         progress = group_progress(log.storage, record)
+        bindings = {t.name: t.binding for t in log.topics.list()}
     leader = None if lease is None else lease.owner
-    summary = _summary(record, leader, sum(p.lag for p in progress))
+    exact = {p.stream: _lag_exact(record, bindings, [p]) for p in progress}
+    summary = _summary(
+        record, leader, sum(p.lag for p in progress), _lag_exact(record, bindings, progress)
+    )
     if lease is not None:
         summary["leader_claim_expires"] = format_time(lease.expires_us)
     holders = {str(s): b for b, held in record.holdings.items() for s in held}
     if as_json:
-        streams = [{**_stream_json(p), "borrower": holders.get(str(p.stream))} for p in progress]
+        streams = [
+            {**_stream_json(p, exact[p.stream]), "borrower": holders.get(str(p.stream))}
+            for p in progress
+        ]
         borrowers = {b: [str(s) for s in held] for b, held in sorted(record.holdings.items())}
         print_json({**summary, "borrowers": borrowers, "streams": streams})
         return
@@ -151,15 +237,17 @@ def group_describe(name: str, topic_filter: str, as_json: bool) -> None:
                     p.stream,
                     p.position,
                     p.head,
-                    p.lag,
+                    p.lag if exact[p.stream] or not p.lag else f"≤ {p.lag}",
                     "yes" if p.consumed else "",
                     holders.get(str(p.stream), ""),
                 ]
                 for p in progress
             ],
-            footer=["total", "", "", summary["lag"], "", ""],
+            footer=["total", "", "", _lag_cell(summary), "", ""],
         )
     )
+    if not summary["lag_exact"]:
+        console.print(UPPER_BOUND_NOTE)
 
 
 @group.command("delete")

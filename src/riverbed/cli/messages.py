@@ -39,7 +39,9 @@ def _read_messages(log: Log, topic: str, stdin: BinaryIO) -> list[Message]:
     messages: list[Message] = []
     for number, raw in enumerate(stdin, start=1):
         try:
-            line = raw.decode("utf-8")
+            # Without its line ending: an error at the end of the line is then at
+            # its column on this line, not at column 1 of the next.
+            line = raw.decode("utf-8").rstrip("\r\n")
             if not line.strip():
                 continue
             message = message_from_json(line)

@@ -19,10 +19,11 @@ from riverbed.cli._app import (
     open_log,
     print_json,
 )
-from riverbed.errors import InvalidInput
+from riverbed.cli._reuse import if_not_exists_option, reusing
+from riverbed.errors import AlreadyExists, InvalidInput, SubscriptionNotFound
 from riverbed.log.jsonlines import format_time
 from riverbed.model import StreamId
-from riverbed.storage.base import StartKind, SubscriptionRecord
+from riverbed.storage.base import StartKind, Storage, SubscriptionRecord
 from riverbed.subscriptions.cursors import Start, StreamLag, Subscriptions
 from riverbed.subscriptions.definition import (
     ConsumptionPolicy,
@@ -95,6 +96,7 @@ def subscription() -> None:
 @click.option("--error-rate", type=float, help="Failure share above which delivery slows down.")
 @click.option("--rq-partitions", type=int)
 @click.option("--dlq-partitions", type=int)
+@if_not_exists_option
 @db_option
 def subscription_create(
     name: str,
@@ -102,6 +104,7 @@ def subscription_create(
     topic_filter: str | None,
     start: Start,
     endpoint: str | None,
+    if_not_exists: bool,
     **delivery: Any,
 ) -> None:
     """Create subscription NAME on --topic (with --endpoint: one that delivers)."""
@@ -110,15 +113,27 @@ def subscription_create(
         names = ", ".join("--" + k.replace("_", "-") for k in given)
         raise InvalidInput(f"{names} only apply with --endpoint (a subscription that delivers)")
     with open_log() as log:
+        exists = if_not_exists and _exists(log.storage, name)
         if endpoint is None:
-            Subscriptions(log.storage).create(name, topic, topic_filter, start)
+            if exists and Definitions(log.storage).get(name) is not None:
+                raise AlreadyExists(
+                    f"subscription {name!r} exists already and delivers to an endpoint;"
+                    " not reusing it"
+                )
+            Subscriptions(log.storage).create(
+                name, topic, topic_filter, start, exist_ok=if_not_exists
+            )
         else:
             definition = create_delivering(
                 log.storage,
                 delivery_definition(name, topic, endpoint, delivery),
                 topic_filter=topic_filter,
                 start=start,
+                exist_ok=if_not_exists,
             )
+    if exists:
+        reusing(f"subscription {name!r}")
+        return
     where = start.value if isinstance(start, StartKind) else format_time(start)
     click.echo(f"created subscription {name!r} on topic {topic!r} starting at {where}")
     if endpoint is not None:
@@ -129,6 +144,14 @@ def subscription_create(
             f" retry queue {rq!r} ({definition.rq_partitions} partitions),"
             f" dead-letter queue {dlq!r} ({definition.dlq_partitions} partitions)"
         )
+
+
+def _exists(storage: Storage, name: str) -> bool:
+    try:
+        storage.get_subscription(name)
+    except SubscriptionNotFound:
+        return False
+    return True
 
 
 def _given(options: dict[str, Any], **fields: str) -> dict[str, Any]:
@@ -210,6 +233,8 @@ def _subscription_row(
 def subscription_list(topic: str | None, as_json: bool) -> None:
     """List subscriptions."""
     with open_log() as log:
+        if topic is not None:
+            log.topics.get(topic)  # TopicNotFound rather than an empty list
         deliveries = {d.name: d for d in Definitions(log.storage).list()}
         rows = [
             _subscription_row(r, deliveries.get(r.name))
@@ -329,6 +354,8 @@ def subscription_reset(
 
     with open_log() as log:
         delivering = Definitions(log.storage).get(name) is not None
+        if not delivering:
+            Subscriptions(log.storage).get(name)  # SubscriptionNotFound
         if not delivering and (queue != "main" or shards is not None):
             raise InvalidInput(
                 f"--queue and --shards are for a subscription that delivers; {name!r} does not"
@@ -459,13 +486,15 @@ def subscription_reshard(name: str, shard_count: int, as_json: bool) -> None:
 
     from riverbed.subscriptions.reshard import change_shard_count
 
-    with open_log() as log, Progress(transient=True, disable=as_json) as bar:
-        task = bar.add_task("re-sharding", total=None)
+    with open_log() as log:
+        Definitions(log.storage).require(name)  # an unknown name fails before the bar shows
+        with Progress(transient=True, disable=as_json) as bar:
+            task = bar.add_task("re-sharding", total=None)
 
-        def progress(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
+            def progress(done: int, total: int) -> None:
+                bar.update(task, completed=done, total=total)
 
-        result = change_shard_count(log.storage, name, shard_count, progress)
+            result = change_shard_count(log.storage, name, shard_count, progress)
     if as_json:
         print_json(
             {

@@ -22,13 +22,15 @@ from riverbed.cli._app import (
     open_log,
     print_json,
 )
-from riverbed.errors import InvalidInput
+from riverbed.cli._reuse import if_not_exists_option, reusing
+from riverbed.errors import AlreadyExists, InvalidInput
 from riverbed.log.log import Log
 from riverbed.log.topics import DEFAULT_RETENTION_US
 from riverbed.model import format_duration
 from riverbed.storage import size_in_bytes
 from riverbed.storage.base import RetentionPolicy, StreamHead, TopicRecord
 from riverbed.subscriptions.cursors import Subscriptions
+from riverbed.subscriptions.splitting import check_switch_produce
 
 # --------------------------------------------------------------------- topics
 
@@ -118,6 +120,7 @@ _MAX_BYTES_HELP = (
 @click.option("--max-age", type=RETENTION, default=None, help=_MAX_AGE_HELP)
 @click.option("--max-messages", type=MAX_MESSAGES, default=None, help=_MAX_MESSAGES_HELP)
 @click.option("--max-bytes", type=MAX_BYTES, default=None, help=_MAX_BYTES_HELP)
+@if_not_exists_option
 @db_option
 def topic_create(
     name: str,
@@ -128,9 +131,11 @@ def topic_create(
     max_age: int | None,
     max_messages: int | None,
     max_bytes: int | None,
+    if_not_exists: bool,
 ) -> None:
     """Create topic NAME with one storage topic of --partitions streams."""
-    with open_log() as log:
+
+    def create(log: Log, exist_ok: bool) -> None:
         log.topics.create(
             name,
             partitions,
@@ -140,7 +145,18 @@ def topic_create(
             max_age_us=max_age,
             max_messages=max_messages,
             max_bytes=max_bytes,
+            exist_ok=exist_ok,
         )
+
+    with open_log() as log:
+        try:
+            create(log, exist_ok=False)
+        except AlreadyExists:
+            if not if_not_exists:
+                raise
+            create(log, exist_ok=True)  # AlreadyExists again if its settings differ
+            reusing(f"topic {name!r}")
+            return
     click.echo(f"created topic {name!r} with {partitions} partitions")
 
 
@@ -348,6 +364,7 @@ def topic_switch_produce(name: str) -> None:
     """Produce to the next generation and seal the earlier ones (seed 003 SwitchProduce)."""
     with open_log() as log:
         before = log.topics.get(name).produce_pointer
+        check_switch_produce(log.storage, name)
         record = log.topics.switch_produce(name)
         generation = log.storage.list_storage_topics(name)[record.produce_pointer]
     where = f"generation {generation.generation} ({generation.partitions} partitions)"

@@ -49,7 +49,9 @@ def message_from_json(line: str) -> Message:
     try:
         fields = json.loads(line)
     except json.JSONDecodeError as exc:
-        raise InvalidInput(f"not valid JSON: {exc.msg} at column {exc.colno}") from None
+        # Some of json's messages end in " at" ("Invalid control character at").
+        reason = exc.msg.removesuffix(" at")
+        raise InvalidInput(f"not valid JSON: {reason} at column {exc.colno}") from None
     if not isinstance(fields, dict):
         raise InvalidInput(f"{show(fields)} is not a JSON object")
     unknown = sorted(set(fields) - set(FIELDS))

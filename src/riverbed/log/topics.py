@@ -127,8 +127,14 @@ class Topics:
         max_age_us: int | None = None,
         max_messages: int | None = None,
         max_bytes: int | None = None,
+        *,
+        exist_ok: bool = False,
     ) -> TopicRecord:
         """Create a topic with one storage topic of `partitions` (K=1).
+
+        With `exist_ok`, a topic that exists already with these very settings
+        (its first generation's partitions) is returned as it is; one with other
+        settings raises `AlreadyExists` naming them.
 
         `max_age_us`, `max_messages` and `max_bytes` (per stream) are limits
         retention applies whoever has not consumed (`alter`).
@@ -167,9 +173,41 @@ class Topics:
             max_messages,
             max_bytes,
         )
-        self.storage.create_topic(record, partitions, no_overlap)
+        try:
+            self.storage.create_topic(record, partitions, no_overlap)
+        except AlreadyExists:
+            if not exist_ok:
+                raise
+            return self._same_topic(record, partitions)
         self._on_change()
         return record
+
+    def _same_topic(self, wanted: TopicRecord, partitions: int) -> TopicRecord:
+        """The existing topic if it has `wanted`'s settings, else `AlreadyExists`."""
+        existing = self.storage.get_topic(wanted.name)
+        first = self.storage.list_storage_topics(wanted.name)[0].partitions
+
+        def duration(micros: int | None) -> str:
+            return "none" if micros is None else format_duration(micros)
+
+        compared = [
+            ("partitions", str(first), str(partitions)),
+            ("binding", repr(existing.binding), repr(wanted.binding)),
+            ("retention", duration(existing.retention_us), duration(wanted.retention_us)),
+            ("retention policy", existing.retention_policy.value, wanted.retention_policy.value),
+            ("max age", duration(existing.max_age_us), duration(wanted.max_age_us)),
+            ("max messages", str(existing.max_messages), str(wanted.max_messages)),
+            ("max bytes", str(existing.max_bytes), str(wanted.max_bytes)),
+        ]
+        differ = [
+            f"{what} {have} (asked {asked})" for what, have, asked in compared if have != asked
+        ]
+        if differ:
+            raise AlreadyExists(
+                f"topic {wanted.name!r} exists already with other settings: {', '.join(differ)};"
+                " not reusing it"
+            )
+        return existing
 
     def ensure_builtin(self) -> None:
         """Create the catch-all topic `mqtt` if it does not exist yet."""

@@ -19,7 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from riverbed.errors import InvalidInput, InvalidOffset
+from riverbed.errors import AlreadyExists, InvalidInput, InvalidOffset
+from riverbed.log.jsonlines import format_time
 from riverbed.log.reader import readable_streams
 from riverbed.model import StoredMessage, StreamId
 from riverbed.storage.base import (
@@ -29,7 +30,7 @@ from riverbed.storage.base import (
     StreamHead,
     SubscriptionRecord,
 )
-from riverbed.topics.filters import matches, validate_filter
+from riverbed.topics.filters import filters_overlap, matches, validate_filter
 
 if TYPE_CHECKING:
     from riverbed.subscriptions.workers import Handler, Worker
@@ -47,6 +48,42 @@ def validate_subscription_name(name: str) -> str:
             " or '-', starting with a letter or digit"
         )
     return name
+
+
+def check_filter(storage: Storage, topic: str, topic_filter: str | None) -> None:
+    """Refuse a filter no message of `topic` can match: one that is no valid
+    filter, or shares no topic name with the topic's binding (what `produce`
+    checks each message against). `TopicNotFound` if there is no such topic."""
+    if topic_filter is None:
+        return
+    validate_filter(topic_filter)
+    binding = storage.get_topic(topic).binding
+    if binding is not None and not filters_overlap(binding, topic_filter):
+        raise InvalidInput(
+            f"filter {topic_filter!r} can never match: topic {topic!r} stores only MQTT"
+            f" topics its binding {binding!r} matches, and no topic name matches both"
+        )
+
+
+def same_settings(existing: SubscriptionRecord, wanted: SubscriptionRecord) -> SubscriptionRecord:
+    """`existing` if it has `wanted`'s topic, filter and start, else
+    `AlreadyExists` naming what differs."""
+    fields = (
+        ("topic", existing.topic, wanted.topic),
+        ("filter", existing.filter, wanted.filter),
+        ("start", _start_text(existing), _start_text(wanted)),
+    )
+    differ = [f"{what} {have!r} (asked {asked!r})" for what, have, asked in fields if have != asked]
+    if differ:
+        raise AlreadyExists(
+            f"subscription {existing.name!r} exists already with other settings:"
+            f" {', '.join(differ)}; not reusing it"
+        )
+    return existing
+
+
+def _start_text(record: SubscriptionRecord) -> str:
+    return record.start.value if record.start_us is None else format_time(record.start_us)
 
 
 class Delivery(NamedTuple):
@@ -75,7 +112,10 @@ class StreamLag:
         return self.head - self.committed
 
 
-def _initial(storage: Storage, start: Start, heads: Sequence[StreamHead]) -> dict[int, int]:
+def initial_positions(
+    storage: Storage, start: Start, heads: Sequence[StreamHead]
+) -> dict[int, int]:
+    """{stream key: offset} where a subscription starting at `start` begins."""
     if start is StartKind.EARLIEST:
         return {h.key: h.start_offset for h in heads}
     if start is StartKind.LATEST:
@@ -97,17 +137,33 @@ class Subscriptions:
         topic: str,
         topic_filter: str | None = None,
         start: Start = StartKind.EARLIEST,
+        *,
+        exist_ok: bool = False,
     ) -> SubscriptionRecord:
+        """Create subscription `name` on `topic`, reading what `topic_filter`
+        matches from `start` on.
+
+        Raises `InvalidInput` for a bad name, filter or start, or a filter the
+        topic's binding never lets match; `TopicNotFound`; `AlreadyExists` if the
+        subscription exists, unless `exist_ok` and it has these very settings
+        (then the existing record is returned). Nothing is written on error.
+        """
         validate_subscription_name(name)
-        if topic_filter is not None:
-            validate_filter(topic_filter)
+        check_filter(self.storage, topic, topic_filter)
         kind, start_us = (start, None) if isinstance(start, StartKind) else (StartKind.TIME, start)
         if start_us is not None and start_us < 0:
             raise InvalidInput(f"start time {start_us}us is before the epoch")
         record = SubscriptionRecord(
             name, topic, topic_filter, kind, start_us, time.time_ns() // 1000
         )
-        self.storage.create_subscription(record, lambda heads: _initial(self.storage, start, heads))
+        try:
+            self.storage.create_subscription(
+                record, lambda heads: initial_positions(self.storage, start, heads)
+            )
+        except AlreadyExists:
+            if not exist_ok:
+                raise
+            return same_settings(self.get(name), record)
         return record
 
     def get(self, name: str) -> SubscriptionRecord:
@@ -177,7 +233,7 @@ class Subscriptions:
         else:
             if isinstance(to, int) and to < 0:
                 raise InvalidInput(f"reset time {to}us is before the epoch")
-            offsets = _initial(self.storage, to, heads)
+            offsets = initial_positions(self.storage, to, heads)
         return offsets
 
     def consumer(self, name: str) -> Consumer:

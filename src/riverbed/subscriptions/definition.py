@@ -280,6 +280,14 @@ class DeliveryDefinition:
             raise InvalidDefinition(f"stored delivery definition is unreadable: {exc}") from None
 
 
+def not_delivering(storage: Storage, name: str) -> NotFound:
+    """The error for subscription `name`, which has no delivery definition:
+    `SubscriptionNotFound` (raised here) if there is no such subscription at
+    all, else a `NotFound` saying it does not deliver (for the caller to raise)."""
+    storage.get_subscription(name)
+    return NotFound(f"subscription {name!r} does not deliver to an endpoint")
+
+
 class Definitions:
     """Delivery definitions in the KV (namespace `delivery`, key = subscription)."""
 
@@ -308,7 +316,7 @@ class Definitions:
         `NotFound` if subscription `name` does not deliver."""
         entry = self.storage.kv_get(NAMESPACE, name)
         if entry is None:
-            raise NotFound(f"subscription {name!r} does not deliver to an endpoint")
+            raise not_delivering(self.storage, name)
         return DeliveryDefinition.from_json(entry.value), entry.version
 
     def list(self) -> list[DeliveryDefinition]:

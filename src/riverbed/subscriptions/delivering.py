@@ -10,7 +10,8 @@ Such a subscription is four things, made together or not at all:
 - its `DeliveryDefinition` (`definition.py`).
 
 Everything is checked before anything is written (the name, the main topic,
-the shard count against every generation of it, the queues' names and
+the filter against its binding, the shard count against the generations it
+will read (`splitting`), the queues' names and
 partition counts, that none of the four exists yet); if a write still fails
 (another process created one of them meanwhile), what was written is removed
 again.
@@ -20,15 +21,23 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import fields, is_dataclass, replace
 
 from riverbed.errors import AlreadyExists, NotFound, RiverbedError
 from riverbed.log.topics import Topics, validate_topic_name
-from riverbed.storage.base import StartKind, Storage
-from riverbed.subscriptions.cursors import Start, Subscriptions, validate_subscription_name
-from riverbed.subscriptions.definition import Definitions, DeliveryDefinition
-from riverbed.subscriptions.shards import queue_partitions, validate_shard_count
+from riverbed.storage.base import StartKind, Storage, SubscriptionRecord
+from riverbed.subscriptions.cursors import (
+    Start,
+    Subscriptions,
+    check_filter,
+    initial_positions,
+    same_settings,
+    validate_subscription_name,
+)
+from riverbed.subscriptions.definition import Definitions, DeliveryDefinition, not_delivering
+from riverbed.subscriptions.shards import queue_partitions
 from riverbed.subscriptions.shardstate import delete_states
+from riverbed.subscriptions.splitting import check_shard_count
 
 
 def _exists(get: Callable[[str], object], name: str) -> bool:
@@ -50,27 +59,35 @@ def create_delivering(
     *,
     topic_filter: str | None = None,
     start: Start = StartKind.EARLIEST,
+    exist_ok: bool = False,
 ) -> DeliveryDefinition:
     """Create the subscription, its queues and its definition; return the
-    definition as stored (queue partition counts filled in)."""
+    definition as stored (queue partition counts filled in).
+
+    With `exist_ok`, a subscription that exists already with these very
+    settings (topic, filter, start and definition) is returned as it is; one
+    with other settings raises `AlreadyExists` naming them."""
     name = definition.name
     validate_subscription_name(name)
     topics = Topics(storage)
-    validate_shard_count(
-        definition.shard_count, storage.list_storage_topics(definition.topic)
-    )  # TopicNotFound
+    check_filter(storage, definition.topic, topic_filter)  # TopicNotFound
     stored = replace(
         definition,
         rq_partitions=queue_partitions(definition.shard_count, definition.rq_partitions),
         dlq_partitions=queue_partitions(definition.shard_count, definition.dlq_partitions),
     )
+    subscriptions = Subscriptions(storage)
+    if exist_ok and _exists(subscriptions.get, name):
+        return _reuse(storage, stored, topic_filter, start)
+    # The same rule as for a shard-count change, from where it starts.
+    starts = initial_positions(storage, start, storage.list_streams(definition.topic))
+    check_shard_count(storage, definition, definition.shard_count, starts)
     rq, dlq = queue_topics(name)
     for topic in (rq, dlq):
         validate_topic_name(topic)
     for topic in (rq, dlq):
         if _exists(storage.get_topic, topic):
             raise AlreadyExists(f"topic {topic!r} exists already: subscription {name!r} needs it")
-    subscriptions = Subscriptions(storage)
     if _exists(subscriptions.get, name):
         raise AlreadyExists(f"subscription {name!r} exists already")
     definitions = Definitions(storage)
@@ -95,12 +112,53 @@ def create_delivering(
     return stored
 
 
+def _reuse(
+    storage: Storage, wanted: DeliveryDefinition, topic_filter: str | None, start: Start
+) -> DeliveryDefinition:
+    """The existing definition of `wanted.name` if the subscription has
+    `wanted`'s settings, else `AlreadyExists` naming what differs."""
+    name = wanted.name
+    kind, start_us = (start, None) if isinstance(start, StartKind) else (StartKind.TIME, start)
+    existing = Definitions(storage).get(name)
+    if existing is None:
+        raise AlreadyExists(
+            f"subscription {name!r} exists already and does not deliver to an endpoint;"
+            " not reusing it"
+        )
+    same_settings(
+        Subscriptions(storage).get(name),
+        SubscriptionRecord(name, wanted.topic, topic_filter, kind, start_us, 0),
+    )
+    differ = _differences(existing, wanted)
+    if differ:
+        raise AlreadyExists(
+            f"subscription {name!r} exists already with other settings: {', '.join(differ)};"
+            " not reusing it"
+        )
+    return existing
+
+
+def _differences(have: object, asked: object, prefix: str = "") -> list[str]:
+    """`field value (asked value)` for each field of two dataclasses that
+    differs, nested ones (the retry policy...) field by field."""
+    out: list[str] = []
+    for f in fields(have):  # type: ignore[arg-type]
+        a, b = getattr(have, f.name), getattr(asked, f.name)
+        if a == b:
+            continue
+        if is_dataclass(a) and type(a) is type(b):
+            out += _differences(a, b, f"{prefix}{f.name}.")
+        else:
+            out.append(f"{prefix}{f.name} {a!r} (asked {b!r})")
+    return out
+
+
 def delete_delivering(storage: Storage, name: str) -> None:
     """Delete the definition, the shards' state, the queues (with their
     messages) and the subscription."""
     definitions = Definitions(storage)
     if definitions.get(name) is None:
-        raise NotFound(f"subscription {name!r} does not deliver to an endpoint")
+        raise not_delivering(storage, name)
     definitions.delete(name)
     delete_states(storage, name)
     storage.delete_markers_with_prefix(f"delivery/{name}/")

@@ -28,8 +28,9 @@ from riverbed.subscriptions.cursors import Start, Subscriptions
 from riverbed.subscriptions.definition import Definitions, DeliveryDefinition, hold_definition
 from riverbed.subscriptions.delivering import queue_topics
 from riverbed.subscriptions.groups import Action, Queue
-from riverbed.subscriptions.reshard import change_shard_count, check_shard_count
+from riverbed.subscriptions.reshard import change_shard_count
 from riverbed.subscriptions.shardstate import NAMESPACE, add_done, is_done, load_state, state_key
+from riverbed.subscriptions.splitting import check_shard_count
 
 MAX_CONFLICTS = 10
 

@@ -2,11 +2,11 @@
 
 `change_shard_count(storage, name, new_count)`:
 
-1. checks the new count: it must divide every generation of the main topic
-   the subscription still reads (not fully consumed) and the one producers
-   write to; fully consumed generations do not matter (seed 003's second
-   case: the main topic grew to a partition count the old count cannot
-   split);
+1. checks the new count (`splitting.check_shard_count`): it must divide every
+   generation of the main topic the subscription still reads (not fully
+   consumed), the one producers write to and any added after it; fully
+   consumed generations do not matter (seed 003's second case: the main topic
+   grew to a partition count the old count cannot split);
 2. gives the retry and dead-letter queues a new storage topic with a
    partition count the new count divides when their produce generation's is
    not (AddStorageTopic, then SwitchProduce: failures go there from now on);
@@ -30,10 +30,10 @@ Main-topic progress (the cursors, per stream) does not change.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from riverbed.errors import NotFound, StorageError
+from riverbed.errors import StorageError
 from riverbed.log.router import key_hash, route
 from riverbed.log.topics import Topics
 from riverbed.model import MessageIdGenerator
@@ -46,12 +46,13 @@ from riverbed.storage.transactions import (
 )
 from riverbed.subscriptions.batch import QueueLayout, Superseded, open_rows
 from riverbed.subscriptions.definition import NAMESPACE as DEFINITIONS
-from riverbed.subscriptions.definition import DeliveryDefinition
+from riverbed.subscriptions.definition import DeliveryDefinition, not_delivering
 from riverbed.subscriptions.delivering import queue_topics
 from riverbed.subscriptions.groups import GroupState, MessageState, Queue
 from riverbed.subscriptions.queues import QueuedMessage
-from riverbed.subscriptions.shards import InvalidShardCount, queue_partitions, shard_of
+from riverbed.subscriptions.shards import queue_partitions, shard_of
 from riverbed.subscriptions.shardstate import NAMESPACE, ShardState, state_key
+from riverbed.subscriptions.splitting import check_shard_count
 from riverbed.subscriptions.step import QueueRow, QueueWriter
 
 MAX_CONFLICTS = 10
@@ -67,44 +68,6 @@ class Reshard:
     fed_dlq: int
     new_storage_topics: tuple[str, ...]
     """Queues that got a new storage topic."""
-
-
-def live_generations(
-    storage: Storage, name: str, topic: str, cursors: Mapping[int, int] | None = None
-) -> list[int]:
-    """The main topic's generations the subscription still reads (from its
-    cursors, or from `cursors`) or producers write to."""
-    record = storage.get_topic(topic)
-    generations = storage.list_storage_topics(topic)
-    if cursors is None:
-        cursors = storage.get_cursors(name)
-    live = {generations[record.produce_pointer].generation}
-    for head in storage.list_streams(topic):
-        if cursors.get(head.key, head.start_offset) < head.next_offset:
-            live.add(head.stream.generation)
-    return sorted(live)
-
-
-def check_shard_count(
-    storage: Storage,
-    definition: DeliveryDefinition,
-    count: object,
-    cursors: Mapping[int, int] | None = None,
-) -> int:
-    """`count` if it divides every live generation's partition count (live
-    from the subscription's cursors, or from `cursors`)."""
-    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-        raise InvalidShardCount(f"shard count {count!r} must be a positive integer")
-    sizes = {st.generation: st.partitions for st in storage.list_storage_topics(definition.topic)}
-    for generation in live_generations(storage, definition.name, definition.topic, cursors):
-        if sizes[generation] % count:
-            fits = [n for n in range(1, sizes[generation] + 1) if sizes[generation] % n == 0]
-            raise InvalidShardCount(
-                f"shard count {count} does not divide the {sizes[generation]} partitions of"
-                f" topic {definition.topic!r} generation {generation}, which subscription"
-                f" {definition.name!r} still reads: choose one of {fits}"
-            )
-    return count
 
 
 def _queue_generation(storage: Storage, topic: str, count: int) -> str | None:
@@ -154,7 +117,7 @@ def change_shard_count(
 def _change(storage: Storage, name: str, new_count: int, progress: Progress | None) -> Reshard:
     entry = storage.kv_get(DEFINITIONS, name)
     if entry is None:
-        raise NotFound(f"subscription {name!r} does not deliver to an endpoint")
+        raise not_delivering(storage, name)
     definition = DeliveryDefinition.from_json(entry.value)
     check_shard_count(storage, definition, new_count)
     rq_topic, dlq_topic = queue_topics(name)

@@ -110,3 +110,31 @@ def _levels_overlap(a: list[str], b: list[str]) -> bool:
         if x != "+" and y != "+" and x != y:
             return False
     return True
+
+
+def filter_covers(outer: str, inner: str) -> bool:
+    """Whether every topic name the (valid) filter `inner` matches is matched by
+    the (valid) filter `outer` too (`a/#` covers `a/+/c`; `a/+` does not cover
+    `a/#`, which matches `a`)."""
+    o_levels = outer.split("/")
+    i_levels = inner.split("/")
+    if o_levels[0] in ("+", "#") and i_levels[0].startswith("$"):
+        return False  # inner matches $-names, which outer does not [MQTT-4.7.2-1]
+    for index, x in enumerate(i_levels):
+        if index >= len(o_levels):
+            return False  # inner matches names longer than outer's
+        y = o_levels[index]
+        if y == "#":
+            return True
+        if x == "#":
+            # inner also matches the name that ends here, which outer (not '#')
+            # does not, unless that name would be "" (no topic name
+            # [MQTT-4.7.3-1]): then outer "+/#" from here still covers it
+            # ("+/#" covers "#", "/+/#" covers "/#").
+            ends_empty = index == 0 or (index == 1 and i_levels[0] == "")
+            return ends_empty and y == "+" and o_levels[index + 1 :] == ["#"]
+        if y != "+" and x != y:
+            return False  # x is '+' or another level: it matches names y does not
+    # inner matches names of exactly its length: outer must end here too, or
+    # with a '#', which matches the parent level [MQTT-4.7.1-2].
+    return o_levels[len(i_levels) :] in ([], ["#"])
