@@ -110,7 +110,7 @@ def test_every_command_has_help(path: tuple[str, ...]) -> None:
     assert "Usage: " in result.stdout
 
 
-NO_DATABASE = {("passwd",)}
+NO_DATABASE = {("passwd",), ("config", "example")}
 """Commands that never open the log (they manage files of their own)."""
 
 

@@ -29,6 +29,7 @@ MISSING_GROUP = "error: shared subscription group $share/nope/x/# does not exist
 CASES: list[tuple[list[str], int, str]] = [
     (["topic", "describe", "nope"], 1, MISSING_TOPIC),
     (["topic", "set-limits", "nope", "--max-age", "1d"], 1, MISSING_TOPIC),
+    (["topic", "alter", "nope", "--max-age", "1d"], 1, MISSING_TOPIC),
     (["topic", "add-storage-topic", "nope", "--partitions", "2"], 1, MISSING_TOPIC),
     (["topic", "switch-produce", "nope"], 1, MISSING_TOPIC),
     (["topic", "delete", "nope", "--yes"], 1, MISSING_TOPIC),
