@@ -40,7 +40,7 @@ _database_numbers = itertools.count(1)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
-        if ("postgres_server" in fixtures or "postgres_url" in fixtures) and (
+        if {"postgres_server", "postgres_url", "own_postgres"} & set(fixtures) and (
             item.get_closest_marker("postgres") is None
         ):
             item.add_marker(pytest.mark.postgres)
@@ -58,6 +58,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def postgres_server() -> Iterator[PostgresServer]:
     """One throwaway PostgreSQL server for the session (skipped if it cannot start,
     except in CI)."""
+    yield from _server()
+
+
+@pytest.fixture(scope="module")
+def own_postgres() -> Iterator[PostgresServer]:
+    """A PostgreSQL server for one module alone, for tests that stop it, restart
+    it or make it read-only."""
+    yield from _server()
+
+
+def _server() -> Iterator[PostgresServer]:
     server = PostgresServer()
     try:
         server.start()

@@ -21,7 +21,7 @@ import psycopg
 import pytest
 
 from harness.broker import BrokerProcess, Client
-from harness.postgres import PostgresServer, PostgresUnavailable
+from harness.postgres import PostgresServer
 from harness.raw_mqtt import RawClient
 from harness.waiting import eventually
 from riverbed.log.log import BINDINGS_TTL
@@ -247,20 +247,6 @@ def test_mqtt311_full_sqlite_closes_without_puback_and_recovers(
 
 
 # --------------------------------------------------------------------- PostgreSQL
-
-
-@pytest.fixture(scope="module")
-def own_postgres() -> Iterator[PostgresServer]:
-    """A server of its own: these tests make it read-only and stop it."""
-    server = PostgresServer()
-    try:
-        server.start()
-    except PostgresUnavailable as exc:
-        pytest.skip(f"PostgreSQL unavailable: {exc}")
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def _set_read_only(server: PostgresServer, on: bool) -> None:

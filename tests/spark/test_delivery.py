@@ -20,6 +20,7 @@ import pytest
 
 from harness.delivery import by_group, produce_groups, queued, subscribe
 from harness.endpoint import Endpoint, Request
+from harness.postgres import PostgresServer
 from harness.waiting import eventually
 from riverbed.storage import open_storage
 from riverbed.subscriptions.definition import ConsumptionPolicy, RetryPolicy
@@ -90,9 +91,10 @@ def test_the_job_delivers_retries_and_parks_in_group_order(spark: Any, storage_u
     assert totals.delivered == 4 * 30 + 7 and totals.parked == 2
 
 
-def _run_job(url: str, log: Path) -> subprocess.Popen[bytes]:
+def _run_job(url: str, log: Path, lease_seconds: int = 10) -> subprocess.Popen[bytes]:
     """`riverbed subscription run` in a process group of its own (the JVM and
-    Python workers with it)."""
+    Python workers with it). A killed job's lease keeps the next one waiting
+    `lease_seconds`."""
     with log.open("ab") as out:
         return subprocess.Popen(
             [
@@ -108,7 +110,7 @@ def _run_job(url: str, log: Path) -> subprocess.Popen[bytes]:
                 "--max-per-trigger",
                 "200",
                 "--lease-seconds",
-                "10",  # the killed job's lease keeps the next one waiting this long
+                str(lease_seconds),
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -172,6 +174,43 @@ def test_a_job_killed_mid_stream_loses_nothing_and_writes_no_queue_entry_twice(
         delivered, rq, parked, 20, 100, {f"g4:{n}:".encode() for n in range(5, 100)}
     )
     assert repeated <= 200 + 20  # only from the batch the kill cut short (at least once)
+
+
+@pytest.mark.postgres
+def test_the_job_rides_out_a_postgresql_restart(
+    own_postgres: PostgresServer, tmp_path: Path
+) -> None:
+    """The server stops mid-stream and comes back: the job waits for it (its
+    planning, batches and commits try again) instead of failing, and delivers
+    everything; a batch cut short by the outage is delivered again at most."""
+    url = own_postgres.new_database("outage")
+    with Endpoint(delay=0.005) as endpoint:
+        setup(url, endpoint, groups=20, per_group=100)
+        log = tmp_path / "job.log"
+        job = _run_job(url, log, lease_seconds=120)  # the outage must not cost the lease
+        try:
+            _wait_for(job, endpoint, log, 300)
+            own_postgres.halt()
+            try:
+                eventually(
+                    lambda: "the store cannot be reached" in log.read_text(),
+                    timeout=120,
+                    what="the job waiting for the store",
+                    explain=lambda: log.read_text()[-3000:],
+                )
+                assert job.poll() is None, log.read_text()[-3000:]
+            finally:
+                own_postgres.resume()
+            assert job.wait(timeout=300) == 0, log.read_text()[-3000:]
+        finally:
+            if job.poll() is None:
+                os.killpg(job.pid, signal.SIGKILL)
+                job.wait()
+        assert "the store is back" in log.read_text()
+        delivered = endpoint.delivered()
+        rq, parked = _queues(url)
+    repeated = check_outcome(delivered, rq, parked, 20, 100, set())
+    assert repeated <= 200 + 20  # only a batch the outage cut short
 
 
 def test_sigterm_stops_the_job_after_the_batch_in_hand(sqlite_url: str, tmp_path: Path) -> None:

@@ -85,6 +85,11 @@ class DeliveryDataSource(DataSource):
 class DeliveryStreamReader(SubscriptionStreamReader):
     """The work of each shard per batch (see the module docstring)."""
 
+    @property
+    def _planning(self) -> str:
+        """What a warning about an unreachable store names."""
+        return f"planning the delivery of {self.options.subscription!r}"
+
     def _context(self) -> tuple[Any, Any, Any]:
         from riverbed.subscriptions.cursors import Subscriptions
         from riverbed.subscriptions.definition import Definitions
@@ -95,6 +100,14 @@ class DeliveryStreamReader(SubscriptionStreamReader):
         return subscriptions, record, Definitions(storage).require(record.name)
 
     def initialOffset(self) -> dict[str, int]:
+        from riverbed.storage.outage import ride_out
+
+        return ride_out(
+            lambda: self._initial_offset(),
+            f"planning the delivery of {self.options.subscription!r}",
+        )
+
+    def _initial_offset(self) -> dict[str, int]:
         subscriptions, record, _ = self._context()
         heads = self._open().list_streams(record.topic)
         positions = subscriptions.positions(record, heads)
@@ -108,6 +121,14 @@ class DeliveryStreamReader(SubscriptionStreamReader):
         return ReadMaxRows(self.options.max_per_trigger)
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        from riverbed.storage.outage import ride_out
+
+        return ride_out(
+            lambda: self._latest_offset(start, limit),
+            f"planning the delivery of {self.options.subscription!r}",
+        )
+
+    def _latest_offset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
         from riverbed.subscriptions.pipeline import retry_due
 
         storage = self._open()
@@ -136,6 +157,14 @@ class DeliveryStreamReader(SubscriptionStreamReader):
         return {**end, TICK: tick}
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[ShardPartition]:
+        from riverbed.storage.outage import ride_out
+
+        return ride_out(
+            lambda: self._partitions(start, end),
+            f"planning the delivery of {self.options.subscription!r}",
+        )
+
+    def _partitions(self, start: dict[str, int], end: dict[str, int]) -> list[ShardPartition]:
         from riverbed.subscriptions.shards import shard_of
 
         storage = self._open()
@@ -379,10 +408,16 @@ class DeliveryJob:
                 self._batch_done.wait(min(left, self._renew_every))
 
     def idle(self) -> bool:
-        """Nothing left: no main-topic lag, no unread retry-queue row."""
+        """Nothing left: no main-topic lag, no unread retry-queue row. Not
+        idle while the store cannot be reached (it cannot tell; the batches
+        wait for it meanwhile)."""
+        from riverbed.errors import StorageUnavailable
         from riverbed.subscriptions.pipeline import is_idle
 
-        return is_idle(self._storage, self.name)
+        try:
+            return is_idle(self._storage, self.name)
+        except StorageUnavailable:
+            return False
 
     def run(self, until_idle: bool = False, stop: threading.Event | None = None) -> Totals:
         """Wait until the query ends, `stop` is set, or (`until_idle`) the

@@ -35,6 +35,7 @@ from riverbed.log.router import key_hash
 from riverbed.model import MessageIdGenerator
 from riverbed.sessions.store import now_us
 from riverbed.storage.base import Storage, StreamHead, StreamSealed, SubscriptionRecord
+from riverbed.storage.outage import ride_out
 from riverbed.storage.transactions import (
     append_once_in,
     commit_cursors_in,
@@ -368,16 +369,22 @@ class ShardRunner:
             )
         state.retries = result.retries
         state.next_due_us = now if more else result.next_due_us
-        if not commit(
-            storage,
-            name,
-            shard_id,
-            marker,
-            result,
-            state,
-            version,
-            reached,
-            self.definition_version,
-        ):
+        # Delivered: a store that went away meanwhile is waited for, so the
+        # batch is not delivered again (the commit happens once, by its marker).
+        committed = ride_out(
+            lambda: commit(
+                storage,
+                name,
+                shard_id,
+                marker,
+                result,
+                state,
+                version,
+                reached,
+                self.definition_version,
+            ),
+            f"committing a batch of shard {shard_id} of subscription {name!r}",
+        )
+        if not committed:
             return None
         return result.stats

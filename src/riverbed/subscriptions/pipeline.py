@@ -17,6 +17,7 @@ import logging
 
 from riverbed.sessions.store import now_us
 from riverbed.storage.base import Storage
+from riverbed.storage.outage import ride_out
 from riverbed.subscriptions.batch import (
     MainRange,
     QueueLayout,
@@ -93,7 +94,24 @@ def run_shard(
     """One batch of one shard of a batch planned with `shard_count` shards; its
     stats, or None when it had been committed before, another run of it
     committed first, or the shard count changed since it was planned (the
-    next batch reads from the cursors)."""
+    next batch reads from the cursors). A store that cannot be reached for a
+    while is waited out (`storage.outage`): the batch runs again from its
+    start, or its commit is tried again (it commits once, by its marker)."""
+    return ride_out(
+        lambda: _run_shard(url, name, run_id, batch_id, shard_id, shard_count, ranges_json),
+        f"subscription {name!r}, batch {batch_id} of shard {shard_id}",
+    )
+
+
+def _run_shard(
+    url: str,
+    name: str,
+    run_id: str,
+    batch_id: int,
+    shard_id: int,
+    shard_count: int,
+    ranges_json: str,
+) -> StepStats | None:
     worker = _this_worker()
     storage = worker.storage(url)
     definition, version = Definitions(storage).require_versioned(name)
