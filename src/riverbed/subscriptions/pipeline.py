@@ -97,42 +97,33 @@ def run_shard(
     next batch reads from the cursors). A store that cannot be reached for a
     while is waited out (`storage.outage`): the batch runs again from its
     start, or its commit is tried again (it commits once, by its marker)."""
-    return ride_out(
-        lambda: _run_shard(url, name, run_id, batch_id, shard_id, shard_count, ranges_json),
-        f"subscription {name!r}, batch {batch_id} of shard {shard_id}",
-    )
 
-
-def _run_shard(
-    url: str,
-    name: str,
-    run_id: str,
-    batch_id: int,
-    shard_id: int,
-    shard_count: int,
-    ranges_json: str,
-) -> StepStats | None:
-    worker = _this_worker()
-    storage = worker.storage(url)
-    definition, version = Definitions(storage).require_versioned(name)
-    if definition.shard_count != shard_count:
-        logger.warning(
-            "subscription %r: batch %d was planned for %d shards, it has %d now: skipped",
-            name,
-            batch_id,
-            shard_count,
-            definition.shard_count,
+    def attempt() -> StepStats | None:
+        worker = _this_worker()
+        storage = worker.storage(url)
+        definition, version = Definitions(storage).require_versioned(name)
+        if definition.shard_count != shard_count:
+            logger.warning(
+                "subscription %r: batch %d was planned for %d shards, it has %d now: skipped",
+                name,
+                batch_id,
+                shard_count,
+                definition.shard_count,
+            )
+            return None
+        record = Subscriptions(storage).get(name)
+        runner = ShardRunner(
+            storage, definition, version, record, worker.attempts_for(url, definition)
         )
-        return None
-    record = Subscriptions(storage).get(name)
-    runner = ShardRunner(storage, definition, version, record, worker.attempts_for(url, definition))
-    ranges = [MainRange(**item) for item in json.loads(ranges_json)]
-    marker = batch_marker(name, shard_id, run_id, batch_id)
-    try:
-        return worker.loop.run_until_complete(runner.run_batch(shard_id, ranges, marker))
-    except Superseded as exc:
-        logger.warning("%s", exc)
-        return None
+        ranges = [MainRange(**item) for item in json.loads(ranges_json)]
+        marker = batch_marker(name, shard_id, run_id, batch_id)
+        try:
+            return worker.loop.run_until_complete(runner.run_batch(shard_id, ranges, marker))
+        except Superseded as exc:
+            logger.warning("%s", exc)
+            return None
+
+    return ride_out(attempt, f"subscription {name!r}, batch {batch_id} of shard {shard_id}")
 
 
 def _has_unread(
