@@ -114,6 +114,7 @@ def test_describe_shows_the_leader_and_saved_progress(
 def test_bad_input_is_refused_and_changes_nothing(
     storage_url: str, args: tuple[str, ...], code: int, words: str
 ) -> None:
+    Log.open(storage_url).close()  # a database without groups
     result = rb(storage_url, "group", *args)
     assert result.exit_code == code, (result.stdout, result.stderr)
     assert words in result.stderr

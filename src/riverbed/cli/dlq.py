@@ -15,6 +15,7 @@ from riverbed.cli._app import (
     make_table,
     open_log,
     parse_time,
+    plural,
     print_json,
 )
 from riverbed.errors import InvalidInput, NotFound
@@ -169,11 +170,12 @@ def _report(verb: str, name: str, change: DlqChange, as_json: bool) -> None:
         )
         return
     along = (
-        f" ({change.along} earlier message(s) of their groups with them, to keep group order)"
+        f" ({plural(change.along, 'earlier message')} of their groups with them, to keep group"
+        " order)"
         if change.along
         else ""
     )
-    click.echo(f"{verb} {change.selected} message(s) of {name!r}{along}")
+    click.echo(f"{verb} {plural(change.selected, 'message')} of {name!r}{along}")
 
 
 @dlq.command("replay")

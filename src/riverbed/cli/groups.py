@@ -57,7 +57,7 @@ def group_create(name: str, topic_filter: str, start: Start) -> None:
         start_us = None  # the earliest retained message
     else:
         start_us = now
-    with open_log() as log:
+    with open_log(create=True) as log:
         GroupStore(log.storage).create(group_id, start_us=start_us, now_us=now)
     where = "the earliest retained message" if start_us is None else format_time(start_us)
     click.echo(f"created group {name!r} sharing {topic_filter!r} from {where}")

@@ -17,6 +17,7 @@ from riverbed.cli._app import (
     make_console,
     make_table,
     open_log,
+    plural,
     print_json,
 )
 from riverbed.errors import InvalidInput
@@ -124,7 +125,7 @@ def subscription_create(
     if endpoint is not None:
         rq, dlq = queue_topics(name)
         click.echo(
-            f"delivering to {endpoint} with {definition.shard_count} shard(s),"
+            f"delivering to {endpoint} with {plural(definition.shard_count, 'shard')},"
             f" {'grouped' if definition.grouped else 'ungrouped'};"
             f" retry queue {rq!r} ({definition.rq_partitions} partitions),"
             f" dead-letter queue {dlq!r} ({definition.dlq_partitions} partitions)"
@@ -344,7 +345,7 @@ def subscription_reset(
             if as_json:
                 print_json({"subscription": name, "queue": queue, "passed_over": passed})
             else:
-                click.echo(f"{name}: {queue} moved forward past {passed} message(s)")
+                click.echo(f"{name}: {queue} moved forward past {plural(passed, 'message')}")
             return
         subscriptions = Subscriptions(log.storage)
         before = {s.stream: s.committed for s in subscriptions.lag(name)}
@@ -484,6 +485,8 @@ def subscription_reshard(name: str, shard_count: int, as_json: bool) -> None:
         else ""
     )
     click.echo(
-        f"{name}: {result.old_count} -> {result.new_count} shards; fed {result.fed_rq}"
-        f" retry and {result.fed_dlq} parked message(s) to the new shards{grew}"
+        f"{name}: {result.old_count} -> {plural(result.new_count, 'shard')}; fed"
+        f" {result.fed_rq} retry and {result.fed_dlq} parked"
+        f" {'message' if result.fed_rq + result.fed_dlq == 1 else 'messages'} to the new"
+        f" shards{grew}"
     )

@@ -20,6 +20,7 @@ from riverbed.cli._app import (
     make_console,
     make_table,
     open_log,
+    plural,
     print_json,
 )
 from riverbed.errors import InvalidInput
@@ -85,7 +86,7 @@ def topic_create(
     max_messages: int | None,
 ) -> None:
     """Create topic NAME with one storage topic of --partitions streams."""
-    with open_log() as log:
+    with open_log(create=True) as log:
         log.topics.create(
             name,
             partitions,
@@ -95,7 +96,7 @@ def topic_create(
             max_age_us=max_age,
             max_messages=max_messages,
         )
-    click.echo(f"created topic {name!r} with {partitions} partitions")
+    click.echo(f"created topic {name!r} with {plural(partitions, 'partition')}")
 
 
 @topic.command("set-limits")
@@ -316,4 +317,4 @@ def retention_run(topic: str | None) -> None:
     for r in results:
         click.echo(f"{r.stream}: deleted {r.deleted}, first retained offset now {r.start_offset}")
     total = sum(r.deleted for r in results)
-    click.echo(f"deleted {total} messages from {len(results)} streams")
+    click.echo(f"deleted {plural(total, 'message')} from {plural(len(results), 'stream')}")

@@ -62,8 +62,13 @@ def default_url() -> str:
     return os.environ.get(ENV_VAR) or DEFAULT_URL
 
 
-def open_storage(url: str | None = None) -> Storage:
+def open_storage(url: str | None = None, *, create: bool = True) -> Storage:
     """Open (creating and migrating as needed) the storage a URL names.
+
+    With `create=False` a database that does not exist, or has no Riverbed
+    tables, is refused with `DatabaseNotFound` and nothing is created (what a
+    command that only reads or changes existing things wants). Either way the
+    storage's `created` says whether this open created it.
 
     `sqlite:///relative/path.db`, `sqlite:////absolute/path.db`, with optional
     `?synchronous=full` and `?max_size=SIZE` (a cap on the file, `512MB`, `2GiB`
@@ -105,11 +110,11 @@ def open_storage(url: str | None = None) -> Storage:
         max_size = None
         if "max_size" in options:
             max_size = parse_size(options["max_size"][-1], f"database URL {shown!r}: max_size")
-        return SqliteStorage(url, Path(path), synchronous, max_size)
+        return SqliteStorage(url, Path(path), synchronous, max_size, create=create)
     if scheme in ("postgresql", "postgres"):
         from riverbed.storage.postgres import PostgresStorage
 
-        return PostgresStorage(url)
+        return PostgresStorage(url, create=create)
     raise InvalidConfig(
         f"database URL {shown!r}: unsupported scheme {parts.scheme!r}; use sqlite:///PATH"
         " or postgresql://..."
