@@ -103,3 +103,8 @@ class DatabaseNotFound(NotFound):
     names no Riverbed database: a SQLite file that is missing or holds no
     Riverbed tables, a PostgreSQL database without the schema. Nothing was
     created."""
+
+
+class CannotListen(RiverbedError):
+    """The broker could not listen on a configured address (in use, not an
+    address of this machine, a port it may not open)."""

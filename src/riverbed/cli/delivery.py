@@ -29,6 +29,7 @@ def run_delivery(
     until_idle: bool,
     lease_seconds: float = 10.0,
     stop_grace: float = 60.0,
+    verbose: bool = False,
 ) -> None:
     url = command_url()
     storage = open_storage_of_command()
@@ -45,7 +46,7 @@ def run_delivery(
         f" {definition.target}; starting Spark",
         err=True,
     )
-    spark = session(master, app_name=f"riverbed-delivery-{name}")
+    spark = session(master, app_name=f"riverbed-delivery-{name}", quiet=not verbose)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

@@ -421,6 +421,7 @@ def subscription_delete(name: str) -> None:
     help="On SIGINT/SIGTERM, wait this long for the batch in hand to finish and commit;"
     " one cut short commits nothing and is delivered again by the next job.",
 )
+@click.option("--verbose", is_flag=True, help="Show Spark's own logging (warnings and up).")
 @db_option
 def subscription_run(
     name: str,
@@ -430,6 +431,7 @@ def subscription_run(
     until_idle: bool,
     lease_seconds: float,
     stop_grace: float,
+    verbose: bool,
 ) -> None:
     """Deliver NAME to its endpoint: a Spark Structured Streaming job, one task
     per shard, until SIGINT/SIGTERM (or --until-idle). One job at a time: a
@@ -437,7 +439,14 @@ def subscription_run(
     from riverbed.cli.delivery import run_delivery
 
     run_delivery(
-        name, master, trigger_interval, max_per_trigger, until_idle, lease_seconds, stop_grace
+        name,
+        master,
+        trigger_interval,
+        max_per_trigger,
+        until_idle,
+        lease_seconds,
+        stop_grace,
+        verbose,
     )
 
 

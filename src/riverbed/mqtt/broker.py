@@ -28,21 +28,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
+from ssl import SSLContext
 from typing import cast
 
-from riverbed.errors import LeaseHeld, PreconditionFailed, RiverbedError
+from riverbed.errors import CannotListen, LeaseHeld, PreconditionFailed, RiverbedError
 from riverbed.log.log import Log
 from riverbed.log.retention import Retainer
 from riverbed.mqtt.auth import load_auth
 from riverbed.mqtt.codec import DisconnectReason
-from riverbed.mqtt.config import BrokerConfig
+from riverbed.mqtt.config import Address, BrokerConfig
 from riverbed.mqtt.connection import Connection
 from riverbed.mqtt.pacer import CommitPacer
 from riverbed.mqtt.retained import RetainedStore
@@ -126,7 +128,27 @@ class Broker:
         `limits.slow_consumer_timeout`."""
 
     async def start(self) -> None:
-        """Start the router and listen on `config.listeners.mqtt` (and `.tls` if set)."""
+        """Start the router and listen on `config.listeners.mqtt` (and `.tls` if set).
+
+        The listening sockets are bound first, taking no client yet: an address
+        in use is refused (`CannotListen`) before anything else has started."""
+        loop = asyncio.get_running_loop()
+        address = self.config.listeners.mqtt
+        self._server = await _listen(loop, self._accept, address, "--mqtt", "listeners.mqtt")
+        tls = self.config.listeners.tls
+        if tls is not None:
+            try:
+                self._tls_server = await _listen(
+                    loop,
+                    self._accept,
+                    tls.address,
+                    "--tls",
+                    "listeners.tls.address",
+                    ssl=server_context(tls),
+                )
+            except BaseException:
+                self._server.close()
+                raise
         await self.router.start()
         shared = self.config.shared_subscriptions
         if shared.enabled:
@@ -139,14 +161,6 @@ class Broker:
         self._lease = await asyncio.to_thread(
             self._leases.acquire, node_lease(self.node), self.node, self._lease_ttl_us()
         )
-        address = self.config.listeners.mqtt
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self._accept, address.host, address.port)
-        tls = self.config.listeners.tls
-        if tls is not None:
-            self._tls_server = await loop.create_server(
-                self._accept, tls.address.host, tls.address.port, ssl=server_context(tls)
-            )
         self._sweeper = asyncio.create_task(self._sweep(), name="riverbed-session-expiry")
         retention = self.config.retention
         if retention.interval:
@@ -160,6 +174,9 @@ class Broker:
         else:
             log.info("retention is off ([retention] interval = 0): `riverbed retention run`")
         await self.wills.restore()
+        await _serve(self._server, address, "--mqtt", "listeners.mqtt")
+        if self._tls_server is not None and tls is not None:
+            await _serve(self._tls_server, tls.address, "--tls", "listeners.tls.address")
         log.info("listening for MQTT on %s", ", ".join(self.addresses()))
 
     def addresses(self) -> list[str]:
@@ -305,6 +322,68 @@ class Broker:
             ):
                 log.info("client %s: session taken over on another node", client_id)
                 conn.close(DisconnectReason.SESSION_TAKEN_OVER)
+
+
+_LISTEN_ERRORS = {
+    errno.EADDRINUSE: "is another broker running? choose another address",
+    errno.EADDRNOTAVAIL: "it is no address of this machine; choose one that is",
+    errno.EACCES: "ports below 1024 need privileges; choose another port",
+}
+
+
+def check_listeners(config: BrokerConfig) -> None:
+    """Raise `CannotListen` if a listener's address cannot be listened on now:
+    for a caller that would rather learn it before opening the database (the
+    broker's own start refuses it too, whatever happened in between)."""
+    listeners = [(config.listeners.mqtt, "--mqtt", "listeners.mqtt")]
+    if config.listeners.tls is not None:
+        listeners.append((config.listeners.tls.address, "--tls", "listeners.tls.address"))
+    for address, flag, key in listeners:
+        try:
+            family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
+            with socket.create_server((address.host, address.port), family=family):
+                pass
+        except OSError as exc:
+            raise _cannot_listen(exc, address, flag, key) from None
+
+
+async def _listen(
+    loop: asyncio.AbstractEventLoop,
+    accept: Callable[[], asyncio.Protocol],
+    address: Address,
+    flag: str,
+    key: str,
+    ssl: SSLContext | None = None,
+) -> asyncio.Server:
+    """A server bound to `address` that serves nobody until `start_serving`; a
+    refusal to bind becomes `CannotListen` naming the address and the way out."""
+    try:
+        return await loop.create_server(
+            accept, address.host, address.port, ssl=ssl, start_serving=False
+        )
+    except OSError as exc:
+        raise _cannot_listen(exc, address, flag, key) from None
+
+
+async def _serve(server: asyncio.Server, address: Address, flag: str, key: str) -> None:
+    """Start taking clients on a server from `_listen`."""
+    try:
+        await server.start_serving()
+    except OSError as exc:  # another process listened there since we bound it
+        raise _cannot_listen(exc, address, flag, key) from None
+
+
+def _cannot_listen(exc: OSError, address: Address, flag: str, key: str) -> Exception:
+    if exc.errno is None:
+        return exc  # not the system refusing the address: a bug, with its traceback
+    # The system's words for it, without what Python adds ("while attempting to bind").
+    reason = os.strerror(exc.errno) if exc.errno > 0 else (exc.strerror or str(exc))
+    reason = reason.partition(" (while")[0].lower()
+    hint = _LISTEN_ERRORS.get(exc.errno, "choose another address")
+    return CannotListen(
+        f"cannot listen on {address}: {reason} ({hint} with {flag} HOST:PORT or {key} in"
+        " the config file)"
+    )
 
 
 EXIT_MARGIN = 5.0
