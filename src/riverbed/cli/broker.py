@@ -154,7 +154,7 @@ def serve(
             loop.add_signal_handler(sig, stop.set)
         with Log.open(url) as log:
             if getattr(log.storage, "created", False):
-                click.echo(f"created a new database at {redact_url(url)}", err=True)
+                logging.getLogger(__name__).info("created a new database at %s", redact_url(url))
             await run_broker(config, log, stop)
 
     try:
@@ -174,7 +174,10 @@ def _configure_logging(settings: LogConfig) -> None:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(settings.level.upper())
+    level = logging.getLevelName(settings.level.upper())
+    # Debug is for Riverbed's own loggers; libraries' debug output says little to an operator.
+    root.setLevel(max(level, logging.INFO))
+    logging.getLogger("riverbed").setLevel(level)
 
 
 class _JsonLines(logging.Formatter):
