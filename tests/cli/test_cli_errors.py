@@ -64,6 +64,7 @@ CREATING = {("topic", "create"), ("group", "create"), ("demo",)}
 """The commands that may create a missing database."""
 
 READING = [args for args in COMMANDS if args[:2] not in CREATING and args[:1] not in CREATING]
+CREATING_COMMANDS = {args for args in COMMANDS if args not in READING}
 
 
 def _leaves(group: click.Group, path: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
@@ -135,6 +136,17 @@ def test_reading_commands_refuse_a_missing_sqlite_database_and_create_nothing(
         " topic create)\n"
     )
     assert not (tmp_path / "mistyped").exists()
+
+
+@pytest.mark.parametrize("args", sorted(CREATING_COMMANDS), ids=" ".join)
+def test_creating_commands_create_a_missing_sqlite_database(
+    tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    url = f"sqlite:///{tmp_path}/new/dir/x.db"
+    result = invoke(*args, "--db", url)
+    assert result.exit_code == 0, result.output
+    assert result.stderr.startswith(f"created a new database at {url}\n")
+    assert (tmp_path / "new" / "dir" / "x.db").is_file()
 
 
 def test_a_sqlite_file_without_riverbed_tables_is_refused_and_left_as_it_was(

@@ -102,7 +102,7 @@ def dlq_list(
         print_json(rows)
         return
     columns = ["failed", "group", "message_id", "attempts", "reason", "stream", "offset"]
-    title = f"DLQ of {name!r}, page {page} ({len(rows)} messages)"
+    title = f"DLQ of {name!r}, page {page} ({plural(len(rows), 'message')})"
     make_console().print(make_table(title, columns, [[r[c] for c in columns] for r in rows]))
 
 

@@ -19,6 +19,7 @@ from riverbed.cli._app import (
     make_console,
     make_table,
     open_log,
+    plural,
     print_json,
 )
 from riverbed.errors import NotFound
@@ -141,7 +142,7 @@ def group_describe(name: str, topic_filter: str, as_json: bool) -> None:
     for key in ("group", "filter", "start", "created", "leader"):
         console.print(f"{key:>8}: {'-' if summary[key] is None else summary[key]}")
     for borrower, held in sorted(record.holdings.items()):
-        console.print(f"borrower: {borrower} ({len(held)} streams)")
+        console.print(f"borrower: {borrower} ({plural(len(held), 'stream')})")
     console.print(
         make_table(
             f"Streams of {group_id}",

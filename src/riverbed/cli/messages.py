@@ -101,7 +101,10 @@ def produce(topic: str, print_positions: bool) -> None:
             committed = per_stream.total() + sum(
                 len(f.result()) for f in pending if f.exception() is None
             )
-            click.echo(f"{committed} of {len(messages)} messages were committed", err=True)
+            verb = "was" if len(messages) == 1 else "were"
+            click.echo(
+                f"{committed} of {plural(len(messages), 'message')} {verb} committed", err=True
+            )
             raise
         stdout.flush()
     click.echo(f"produced {plural(len(messages), 'message')} to topic {topic!r}", err=True)
