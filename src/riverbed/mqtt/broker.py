@@ -62,6 +62,9 @@ log = logging.getLogger(__name__)
 ORPHAN_SWEEP = 60.0
 """Seconds between two looks for cursors of sessions that have no record
 (`SessionStore.drop_orphans`)."""
+CLIENT_SUMMARY = 60.0
+"""Seconds between two info lines counting the clients that came and went (each
+one is a debug line: docs/broker.md, Logging)."""
 NODE_LEASE_TTL = 30.0
 """Seconds a node's liveness lease lasts unless renewed (at each expiry sweep):
 how long after a crash other nodes still count its sessions as in use (after
@@ -78,6 +81,8 @@ class Broker:
     `checkpoint_every` / `checkpoint_interval`: a session commits its cursors
     after that many acknowledgements or that many seconds after they moved, and
     at disconnect. `expiry_sweep`: seconds between looks for expired sessions.
+    `client_summary`: seconds between info lines counting connections made and
+    ended (none when nobody came or went).
     """
 
     def __init__(
@@ -88,12 +93,18 @@ class Broker:
         checkpoint_every: int = 100,
         checkpoint_interval: float = 1.0,
         expiry_sweep: float = 5.0,
+        client_summary: float = CLIENT_SUMMARY,
     ) -> None:
         self.config = config
         self.log = log
         self.checkpoint_every = checkpoint_every
         self.checkpoint_interval = checkpoint_interval
         self.expiry_sweep = expiry_sweep
+        self.client_summary = client_summary
+        self._arrived = 0
+        self._left = 0
+        """Connections made and ended since the last summary line."""
+        self._summarizer: asyncio.Task[None] | None = None
         self.store = SessionStore(log.storage)
         self.retained = RetainedStore(log.storage)
         self.wills = Wills(self)
@@ -162,6 +173,7 @@ class Broker:
             self._leases.acquire, node_lease(self.node), self.node, self._lease_ttl_us()
         )
         self._sweeper = asyncio.create_task(self._sweep(), name="riverbed-session-expiry")
+        self._summarizer = asyncio.create_task(self._summarize(), name="riverbed-client-summary")
         retention = self.config.retention
         if retention.interval:
             self.retainer = Retainer(
@@ -203,10 +215,11 @@ class Broker:
             self._server.close()
         if self._tls_server is not None:
             self._tls_server.close()
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
+        for task in (self._sweeper, self._summarizer):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         connections = list(self._all)
         for connection in connections:
             connection.close(DisconnectReason.SERVER_SHUTTING_DOWN)
@@ -247,10 +260,12 @@ class Broker:
     def connection_opened(self, connection: Connection) -> None:
         """The connection is made (for TLS: after the handshake succeeded)."""
         self._all.add(connection)
+        self._arrived += 1
 
     def connection_closed(self, connection: Connection) -> None:
         """The connection's teardown finished (its session is saved)."""
         self._all.discard(connection)
+        self._left += 1
         if connection.client_id and not self.client_lock(connection.client_id).locked():
             self._locks.pop(connection.client_id, None)
 
@@ -269,6 +284,16 @@ class Broker:
         except (PreconditionFailed, LeaseHeld):
             log.warning("node %s: liveness lease lapsed; taking it again", self.node)
             self._lease = self._leases.acquire(node_lease(self.node), self.node, ttl)
+
+    async def _summarize(self) -> None:
+        while True:
+            await asyncio.sleep(self.client_summary)
+            if self._arrived or self._left:
+                log.info(
+                    "%d connected, %d disconnected in the last %g s; %d connected now",
+                    self._arrived, self._left, self.client_summary, len(self._all),
+                )  # fmt: skip
+                self._arrived = self._left = 0
 
     async def _sweep(self) -> None:
         while True:
@@ -340,9 +365,13 @@ def check_listeners(config: BrokerConfig) -> None:
         listeners.append((config.listeners.tls.address, "--tls", "listeners.tls.address"))
     for address, flag, key in listeners:
         try:
-            family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
-            with socket.create_server((address.host, address.port), family=family):
-                pass
+            # Every address the name stands for, as `create_server` binds them all.
+            found = socket.getaddrinfo(
+                address.host, address.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            )
+            for family, _, _, _, where in found:
+                with socket.create_server(where[:2], family=family):
+                    pass
         except OSError as exc:
             raise _cannot_listen(exc, address, flag, key) from None
 
