@@ -96,3 +96,15 @@ class StorageFull(StorageError):
     such as SQLite's `max_size`) or accepts no writes (a read-only PostgreSQL);
     nothing of that write was stored. The same write may succeed once space
     returns: the connection and the caller's thread carry on."""
+
+
+class DatabaseNotFound(NotFound):
+    """A storage opened only to read or change what exists (`create=False`)
+    names no Riverbed database: a SQLite file that is missing or holds no
+    Riverbed tables, a PostgreSQL database without the schema. Nothing was
+    created."""
+
+
+class CannotListen(RiverbedError):
+    """The broker could not listen on a configured address (in use, not an
+    address of this machine, a port it may not open)."""

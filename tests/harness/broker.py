@@ -7,7 +7,7 @@
         broker.start()
 
 `start()` runs `python -m riverbed.cli serve --mqtt 127.0.0.1:PORT --db URL
---allow-anonymous` on a free loopback port and waits until the port accepts
+--allow-anonymous --log-level debug` on a free loopback port and waits until the port accepts
 connections. `stop()` sends SIGTERM and waits (SIGKILL after `timeout`);
 `kill()` sends SIGKILL; `rss()` reads its resident memory. The broker's
 output goes to a log file whose tail is shown when the broker fails to start or
@@ -82,6 +82,8 @@ class BrokerProcess:
                 "--db",
                 self.db_url,
                 "--allow-anonymous",
+                "--log-level",  # every client connecting and leaving: tests wait for those
+                "debug",
                 *self.extra_args,
             ],
             stdout=log,

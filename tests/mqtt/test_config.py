@@ -480,7 +480,7 @@ def test_unknown_keys_are_refused_with_the_known_ones(tmp_path: Path) -> None:
         ("[listener]\nmqtt = 'a:1'\n", "unknown section [listener] (did you mean [listeners]?)"),
         (
             "[tls]\n",
-            "known sections: [auth], [limits], [listeners], [listeners.tls], [retention],"
+            "known sections: [auth], [limits], [listeners], [listeners.tls], [log], [retention],"
             " [shared_subscriptions], [storage]",
         ),
         ("port = 1883\n", "unknown key 'port'; known keys: listeners.mqtt, listeners.tls.address"),

@@ -88,7 +88,7 @@ def test_describe_shows_the_leader_and_saved_progress(
     assert _sensors(described)["position"] == 4 and described["lag"] == 1
     assert described["borrowers"] == {"borrower-1": ["sensors/0/0"]}
     assert _sensors(described)["borrower"] == "borrower-1"
-    assert "borrower: borrower-1 (1 streams)" in ok(
+    assert "borrower: borrower-1 (1 stream)" in ok(
         storage_url, "group", "describe", "g", "sensors/#"
     )
     assert "leader-1" in ok(storage_url, "group", "list")
@@ -115,6 +115,7 @@ def test_describe_shows_the_leader_and_saved_progress(
 def test_bad_input_is_refused_and_changes_nothing(
     storage_url: str, args: tuple[str, ...], code: int, words: str
 ) -> None:
+    Log.open(storage_url).close()  # a database without groups
     result = rb(storage_url, "group", *args)
     assert result.exit_code == code, (result.stdout, result.stderr)
     assert words in result.stderr

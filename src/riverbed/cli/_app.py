@@ -16,11 +16,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from riverbed.errors import InvalidInput, RiverbedError
+from riverbed.errors import DatabaseNotFound, InvalidInput, RiverbedError
 from riverbed.log.jsonlines import EPOCH
 from riverbed.log.log import Log
 from riverbed.model import StreamId, parse_duration
-from riverbed.storage import DEFAULT_URL, ENV_VAR, default_url
+from riverbed.storage import DEFAULT_URL, ENV_VAR, Storage, default_url, open_storage, redact_url
 from riverbed.storage.base import StartKind
 from riverbed.subscriptions.cursors import Start
 from riverbed.tuning import tune_process
@@ -66,9 +66,43 @@ def json_option(command: F) -> F:
     )
 
 
-def open_log() -> Log:
-    """The log of the database this command names."""
-    return Log.open(click.get_current_context().meta.get(DB_KEY) or default_url())
+def command_url() -> str:
+    """The database URL this command names (`--db`, else `$RIVERBED_DB`, else the
+    default)."""
+    return click.get_current_context().meta.get(DB_KEY) or default_url()
+
+
+CREATE_HINT = "create one with riverbed serve or riverbed topic create"
+
+
+def open_storage_of_command(*, create: bool = False) -> Storage:
+    """The storage of the database this command names.
+
+    Only a command that creates things passes `create=True`: it may create the
+    database, and says so on stderr. Every other command refuses a database that
+    does not exist (a mistyped `--db` must not quietly make an empty one)."""
+    url = command_url()
+    try:
+        storage = open_storage(url, create=create)
+    except DatabaseNotFound as exc:
+        raise DatabaseNotFound(f"{exc} ({CREATE_HINT})") from None
+    if getattr(storage, "created", False):
+        click.echo(f"created a new database at {redact_url(url)}", err=True)
+    return storage
+
+
+def open_log(*, create: bool = False) -> Log:
+    """The log of the database this command names; see `open_storage_of_command`."""
+    storage = open_storage_of_command(create=create)
+    try:
+        return Log(storage)
+    except BaseException:
+        storage.close()
+        raise
+
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+"""Exit codes of every command (listed in `riverbed --help`)."""
 
 
 SPARK_EXTRA_MODULES = (
@@ -85,14 +119,23 @@ the core only, so a Spark command may find them missing."""
 
 class RiverbedGroup(click.Group):
     """The root group: turns a `RiverbedError` into `error: ...` and an exit code,
-    and a missing `spark` extra into an error that says how to install it."""
+    and a missing `spark` extra into an error that says how to install it, and
+    Ctrl-C into `interrupted`.
+
+    Only errors Riverbed raises on purpose (and Ctrl-C) end without a traceback:
+    anything else is a bug, and its traceback is what a report of it needs."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except RiverbedError as exc:
             click.echo(f"error: {exc}", err=True)
-            raise click.exceptions.Exit(2 if isinstance(exc, InvalidInput) else 1) from None
+            code = EXIT_BAD_INPUT if isinstance(exc, InvalidInput) else EXIT_FAILED
+            raise click.exceptions.Exit(code) from None
+        except KeyboardInterrupt:
+            # What was committed stays committed; what was in hand was not.
+            click.echo("interrupted", err=True)
+            raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
         except ModuleNotFoundError as exc:
             if (exc.name or "").partition(".")[0] not in SPARK_EXTRA_MODULES:
                 raise
@@ -102,7 +145,7 @@ class RiverbedGroup(click.Group):
                 " in the repository; Spark also needs Java 17 or newer",
                 err=True,
             )
-            raise click.exceptions.Exit(1) from None
+            raise click.exceptions.Exit(EXIT_FAILED) from None
 
 
 def parse_time(text: str) -> int:
@@ -229,6 +272,11 @@ def _cell(cell: object) -> str:
     return "-" if cell is None else str(cell)
 
 
+def plural(number: int, noun: str, nouns: str | None = None) -> str:
+    """`1 message`, `3 messages` (`nouns`: the plural, if more than an s)."""
+    return f"{number} {noun if number == 1 else nouns or noun + 's'}"
+
+
 def print_json(value: object) -> None:
     click.echo(json.dumps(value, indent=2, ensure_ascii=False))
 
@@ -243,7 +291,16 @@ def cli() -> None:
     """Riverbed: a durable message bus over a partitioned, replayable log.
 
     Every command takes --db URL (here or after the command; the command's wins).
+    Only serve, demo, topic create and group create create a missing database;
+    the other commands refuse one that does not exist.
     `riverbed demo` shows the basics.
+
+    \b
+    Exit codes:
+      0    done
+      1    failed (not found, exists already, database unreachable or full)
+      2    bad input (an option, a value, a file)
+      130  interrupted (Ctrl-C)
     """
 
 

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import signal
 import sys
 from contextlib import suppress
+from datetime import UTC, datetime
 
 import click
 
 from riverbed.cli._app import DB_KEY, cli, db_option
 from riverbed.errors import InvalidInput
 from riverbed.log.log import Log
-from riverbed.storage import default_url
+from riverbed.mqtt.config import LOG_LEVELS, LogConfig
+from riverbed.storage import default_url, redact_url
 
 # --------------------------------------------------------------------- passwd
 
@@ -56,6 +60,10 @@ def passwd(file: str, username: str, delete: bool, from_stdin: bool) -> None:
         if b"\n" in password:
             raise InvalidInput("the password on stdin must be one line; it has several")
     else:
+        if not sys.stdin.isatty():
+            raise click.UsageError(
+                "no terminal to read a password from: use --stdin (one line on stdin)"
+            )
         typed: str = click.prompt("Password", hide_input=True, confirmation_prompt=True, err=True)
         password = typed.encode("utf-8", "surrogateescape")
     if set_password(file, username, password):
@@ -89,6 +97,11 @@ def passwd(file: str, username: str, delete: bool, from_stdin: bool) -> None:
 @click.option(
     "--cafile", metavar="FILE", help="Require TLS client certificates signed by a CA in FILE."
 )
+@click.option(
+    "--log-level",
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    help="How much to log (default info; debug adds every client connecting and leaving).",
+)
 @db_option
 def serve(
     config_file: str | None,
@@ -98,6 +111,7 @@ def serve(
     certfile: str | None,
     keyfile: str | None,
     cafile: str | None,
+    log_level: str | None,
 ) -> None:
     """Run the MQTT 3.1.1 / 5 broker until SIGTERM or SIGINT.
 
@@ -106,8 +120,8 @@ def serve(
     shutting down) and saves their sessions.
     """
     import asyncio
-    import logging
 
+    from riverbed.mqtt.broker import check_listeners
     from riverbed.mqtt.broker import serve as run_broker
     from riverbed.mqtt.config import load_config
     from riverbed.mqtt.tls import server_context
@@ -123,14 +137,14 @@ def serve(
             "listeners.tls.cafile": cafile,
             "storage.url": db,
             "auth.allow_anonymous": allow_anonymous,
+            "log.level": log_level,
         },
     )
     if config.listeners.tls is not None:
         server_context(config.listeners.tls)  # a bad certificate or key: refused before starting
+    check_listeners(config)  # an address in use: refused before the database is opened
     _raise_open_files_limit()
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    _configure_logging(config.log)
     url = config.storage.url or default_url()
 
     async def main() -> None:
@@ -139,6 +153,8 @@ def serve(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         with Log.open(url) as log:
+            if getattr(log.storage, "created", False):
+                logging.getLogger(__name__).info("created a new database at %s", redact_url(url))
             await run_broker(config, log, stop)
 
     try:
@@ -147,6 +163,36 @@ def serve(
         asyncio.run(main())
     else:
         uvloop.run(main())
+
+
+def _configure_logging(settings: LogConfig) -> None:
+    """The broker's log on stderr: `[log] level` and `format` (text or JSON lines)."""
+    handler = logging.StreamHandler()
+    if settings.format == "json":
+        handler.setFormatter(_JsonLines())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    level = logging.getLevelName(settings.level.upper())
+    # Debug is for Riverbed's own loggers; libraries' debug output says little to an operator.
+    root.setLevel(max(level, logging.INFO))
+    logging.getLogger("riverbed").setLevel(level)
+
+
+class _JsonLines(logging.Formatter):
+    """One JSON object per record, on one line: for log collectors."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False)
 
 
 def _raise_open_files_limit() -> None:

@@ -16,9 +16,8 @@ from types import FrameType
 
 import click
 
-from riverbed.cli._app import DB_KEY
+from riverbed.cli._app import command_url, open_storage_of_command, plural
 from riverbed.spark.delivery import Totals
-from riverbed.storage import default_url, open_storage
 from riverbed.subscriptions.pipeline import definition_of
 
 
@@ -30,9 +29,10 @@ def run_delivery(
     until_idle: bool,
     lease_seconds: float = 10.0,
     stop_grace: float = 60.0,
+    verbose: bool = False,
 ) -> None:
-    url = click.get_current_context().meta.get(DB_KEY) or default_url()
-    storage = open_storage(url)
+    url = command_url()
+    storage = open_storage_of_command()
     try:
         definition = definition_of(storage, name)  # NotFound: exit 1 before Spark starts
     finally:
@@ -42,11 +42,11 @@ def run_delivery(
 
     started = time.monotonic()
     click.echo(
-        f"subscription {name}: {definition.shard_count} shard(s), delivering to"
+        f"subscription {name}: {plural(definition.shard_count, 'shard')}, delivering to"
         f" {definition.target}; starting Spark",
         err=True,
     )
-    spark = session(master, app_name=f"riverbed-delivery-{name}")
+    spark = session(master, app_name=f"riverbed-delivery-{name}", quiet=not verbose)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -93,7 +93,8 @@ def run_delivery(
         for s, handler in previous.items():
             signal.signal(s, handler)
     click.echo(
-        f"subscription {name}: {totals.batches} batches, delivered {totals.delivered},"
+        f"subscription {name}: {plural(totals.batches, 'batch', 'batches')}, delivered"
+        f" {totals.delivered},"
         f" retried {totals.retried}, parked {totals.parked}"
         f" in {time.monotonic() - started:.1f} s"
     )

@@ -8,7 +8,7 @@ from contextlib import suppress
 
 import click
 
-from riverbed.cli._app import DB_KEY, cli, db_option, make_console, open_log
+from riverbed.cli._app import DB_KEY, cli, db_option, make_console, open_log, plural
 from riverbed.cli.subscriptions import lag_table
 from riverbed.cli.topics import streams_table, topic_rows, topics_table
 from riverbed.errors import AlreadyExists
@@ -24,15 +24,15 @@ DEMO_MESSAGES = 1000
 DEMO_KEYS = 8
 
 
-@cli.command(short_help="Try Riverbed out on topic `demo` (what `make run` runs).")
+@cli.command(short_help="Try the log out on topic `demo`, without the broker.")
 @db_option
 def demo() -> None:
     """Create topic `demo`, produce to it, consume it, and show what happened.
 
     Safe to run again: the topic and subscription are reused.
     """
-    db = click.get_current_context().meta.get(DB_KEY)
-    with open_log() as log:
+    db = click.get_current_context().meta.get(DB_KEY)  # shown in the hints only if given
+    with open_log(create=True) as log:
         with suppress(AlreadyExists):
             log.topics.create(DEMO_TOPIC, 4, binding="demo/#")
         positions = log.produce(
@@ -60,8 +60,9 @@ def demo() -> None:
     console = make_console()
     console.print(f"database: {redact_url(log.storage.url)}", markup=False)
     console.print(
-        f"produced {len(positions)} messages over {DEMO_KEYS} keys to topic '{DEMO_TOPIC}'"
-        f" ({len({s for s, _ in positions})} streams); subscription '{DEMO_SUBSCRIPTION}'"
+        f"produced {plural(len(positions), 'message')} over {plural(DEMO_KEYS, 'key')} to topic"
+        f" '{DEMO_TOPIC}' ({plural(len({s for s, _ in positions}), 'stream')}); subscription"
+        f" '{DEMO_SUBSCRIPTION}'"
         f" consumed {consumed} and committed them\n",
         markup=False,
     )

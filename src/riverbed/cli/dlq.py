@@ -15,6 +15,7 @@ from riverbed.cli._app import (
     make_table,
     open_log,
     parse_time,
+    plural,
     print_json,
 )
 from riverbed.errors import InvalidInput, NotFound
@@ -101,7 +102,7 @@ def dlq_list(
         print_json(rows)
         return
     columns = ["failed", "group", "message_id", "attempts", "reason", "stream", "offset"]
-    title = f"DLQ of {name!r}, page {page} ({len(rows)} messages)"
+    title = f"DLQ of {name!r}, page {page} ({plural(len(rows), 'message')})"
     make_console().print(make_table(title, columns, [[r[c] for c in columns] for r in rows]))
 
 
@@ -169,11 +170,12 @@ def _report(verb: str, name: str, change: DlqChange, as_json: bool) -> None:
         )
         return
     along = (
-        f" ({change.along} earlier message(s) of their groups with them, to keep group order)"
+        f" ({plural(change.along, 'earlier message')} of their groups with them, to keep group"
+        " order)"
         if change.along
         else ""
     )
-    click.echo(f"{verb} {change.selected} message(s) of {name!r}{along}")
+    click.echo(f"{verb} {plural(change.selected, 'message')} of {name!r}{along}")
 
 
 @dlq.command("replay")

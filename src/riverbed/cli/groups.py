@@ -21,6 +21,7 @@ from riverbed.cli._app import (
     make_console,
     make_table,
     open_log,
+    plural,
     print_json,
 )
 from riverbed.cli._reuse import if_not_exists_option, reusing
@@ -62,7 +63,7 @@ def group_create(name: str, topic_filter: str, start: Start, if_not_exists: bool
         start_us = None  # the earliest retained message
     else:
         start_us = now
-    with open_log() as log:
+    with open_log(create=True) as log:
         store = GroupStore(log.storage)
         existing = store.get(group_id) if if_not_exists else None
         if existing is not None:
@@ -227,7 +228,7 @@ def group_describe(name: str, topic_filter: str, as_json: bool) -> None:
     for key in ("group", "filter", "start", "created", "leader"):
         console.print(f"{key:>8}: {'-' if summary[key] is None else summary[key]}")
     for borrower, held in sorted(record.holdings.items()):
-        console.print(f"borrower: {borrower} ({len(held)} streams)")
+        console.print(f"borrower: {borrower} ({plural(len(held), 'stream')})")
     console.print(
         make_table(
             f"Streams of {group_id}",

@@ -23,6 +23,7 @@ from riverbed.cli._app import (
     cli,
     db_option,
     open_log,
+    plural,
 )
 from riverbed.errors import InvalidInput, RiverbedError
 from riverbed.log.appender import Position, Positions
@@ -102,10 +103,13 @@ def produce(topic: str, print_positions: bool) -> None:
             committed = per_stream.total() + sum(
                 len(f.result()) for f in pending if f.exception() is None
             )
-            click.echo(f"{committed} of {len(messages)} messages were committed", err=True)
+            verb = "was" if len(messages) == 1 else "were"
+            click.echo(
+                f"{committed} of {plural(len(messages), 'message')} {verb} committed", err=True
+            )
             raise
         stdout.flush()
-    click.echo(f"produced {len(messages)} messages to topic {topic!r}", err=True)
+    click.echo(f"produced {plural(len(messages), 'message')} to topic {topic!r}", err=True)
     for stream, count in sorted(per_stream.items(), key=lambda item: str(item[0])):
         click.echo(f"  {stream}  {count}", err=True)
 
@@ -172,7 +176,7 @@ def consume(name: str, limit: int | None, follow: bool, batch: int) -> None:
             consumer.commit()
             if not deliveries and not follow:
                 break
-    click.echo(f"consumed {printed} messages from subscription {name!r}", err=True)
+    click.echo(f"consumed {plural(printed, 'message')} from subscription {name!r}", err=True)
 
 
 def _detach_stdout() -> None:

@@ -17,6 +17,7 @@ from riverbed.cli._app import (
     make_console,
     make_table,
     open_log,
+    plural,
     print_json,
 )
 from riverbed.cli._reuse import if_not_exists_option, reusing
@@ -139,7 +140,7 @@ def subscription_create(
     if endpoint is not None:
         rq, dlq = queue_topics(name)
         click.echo(
-            f"delivering to {endpoint} with {definition.shard_count} shard(s),"
+            f"delivering to {endpoint} with {plural(definition.shard_count, 'shard')},"
             f" {'grouped' if definition.grouped else 'ungrouped'};"
             f" retry queue {rq!r} ({definition.rq_partitions} partitions),"
             f" dead-letter queue {dlq!r} ({definition.dlq_partitions} partitions)"
@@ -371,7 +372,7 @@ def subscription_reset(
             if as_json:
                 print_json({"subscription": name, "queue": queue, "passed_over": passed})
             else:
-                click.echo(f"{name}: {queue} moved forward past {passed} message(s)")
+                click.echo(f"{name}: {queue} moved forward past {plural(passed, 'message')}")
             return
         subscriptions = Subscriptions(log.storage)
         before = {s.stream: s.committed for s in subscriptions.lag(name)}
@@ -447,6 +448,7 @@ def subscription_delete(name: str) -> None:
     help="On SIGINT/SIGTERM, wait this long for the batch in hand to finish and commit;"
     " one cut short commits nothing and is delivered again by the next job.",
 )
+@click.option("--verbose", is_flag=True, help="Show Spark's own logging (warnings and up).")
 @db_option
 def subscription_run(
     name: str,
@@ -456,6 +458,7 @@ def subscription_run(
     until_idle: bool,
     lease_seconds: float,
     stop_grace: float,
+    verbose: bool,
 ) -> None:
     """Deliver NAME to its endpoint: a Spark Structured Streaming job, one task
     per shard, until SIGINT/SIGTERM (or --until-idle). One job at a time: a
@@ -463,7 +466,14 @@ def subscription_run(
     from riverbed.cli.delivery import run_delivery
 
     run_delivery(
-        name, master, trigger_interval, max_per_trigger, until_idle, lease_seconds, stop_grace
+        name,
+        master,
+        trigger_interval,
+        max_per_trigger,
+        until_idle,
+        lease_seconds,
+        stop_grace,
+        verbose,
     )
 
 
@@ -513,6 +523,8 @@ def subscription_reshard(name: str, shard_count: int, as_json: bool) -> None:
         else ""
     )
     click.echo(
-        f"{name}: {result.old_count} -> {result.new_count} shards; fed {result.fed_rq}"
-        f" retry and {result.fed_dlq} parked message(s) to the new shards{grew}"
+        f"{name}: {result.old_count} -> {plural(result.new_count, 'shard')}; fed"
+        f" {result.fed_rq} retry and {result.fed_dlq} parked"
+        f" {'message' if result.fed_rq + result.fed_dlq == 1 else 'messages'} to the new"
+        f" shards{grew}"
     )

@@ -20,6 +20,7 @@ from riverbed.cli._app import (
     make_console,
     make_table,
     open_log,
+    plural,
     print_json,
 )
 from riverbed.cli._reuse import if_not_exists_option, reusing
@@ -148,7 +149,7 @@ def topic_create(
             exist_ok=exist_ok,
         )
 
-    with open_log() as log:
+    with open_log(create=True) as log:
         try:
             create(log, exist_ok=False)
         except AlreadyExists:
@@ -157,7 +158,7 @@ def topic_create(
             create(log, exist_ok=True)  # AlreadyExists again if its settings differ
             reusing(f"topic {name!r}")
             return
-    click.echo(f"created topic {name!r} with {partitions} partitions")
+    click.echo(f"created topic {name!r} with {plural(partitions, 'partition')}")
 
 
 @topic.command("alter")
@@ -417,4 +418,4 @@ def retention_run(topic: str | None) -> None:
     for r in results:
         click.echo(f"{r.stream}: deleted {r.deleted}, first retained offset now {r.start_offset}")
     total = sum(r.deleted for r in results)
-    click.echo(f"deleted {total} messages from {len(results)} streams")
+    click.echo(f"deleted {plural(total, 'message')} from {plural(len(results), 'stream')}")

@@ -8,9 +8,8 @@ import sys
 
 import click
 
-from riverbed.cli._app import DB_KEY, cli, db_option
+from riverbed.cli._app import cli, command_url, db_option, open_storage_of_command, plural
 from riverbed.errors import InvalidInput, SubscriptionNotFound
-from riverbed.storage import default_url, open_storage
 from riverbed.subscriptions.running import WorkerOptions, run_processes
 from riverbed.subscriptions.workers import Guarantee, OnError, load_handler
 
@@ -95,8 +94,8 @@ def worker(
         load_handler(handler_spec)
     except InvalidInput as exc:
         raise click.BadParameter(str(exc), param_hint="'--handler'") from None
-    url = ctx.meta.get(DB_KEY) or default_url()
-    storage = open_storage(url)
+    url = command_url()
+    storage = open_storage_of_command()
     try:
         storage.get_subscription(subscription)
     except SubscriptionNotFound as exc:
@@ -112,7 +111,8 @@ def worker(
         poll_interval=poll_interval,
     )
     click.echo(
-        f"worker: consuming {subscription!r} with {handler_spec} in {processes} process(es);"
+        f"worker: consuming {subscription!r} with {handler_spec} in"
+        f" {plural(processes, 'process', 'processes')};"
         " SIGTERM or Ctrl-C stops",
         err=True,
     )

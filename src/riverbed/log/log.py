@@ -38,8 +38,16 @@ class Log:
         self.appender = Appender(storage, max_batch=max_batch, linger=linger, ids=ids)
 
     @classmethod
-    def open(cls, url: str | None = None, **options: object) -> Log:
-        return cls(open_storage(url), **options)  # type: ignore[arg-type]
+    def open(cls, url: str | None = None, *, create: bool = True, **options: object) -> Log:
+        """The log of the database `url` names (`open_storage`). With
+        `create=False` a missing database, or one without Riverbed's tables, is
+        refused (`DatabaseNotFound`) instead of created."""
+        storage = open_storage(url, create=create)
+        try:
+            return cls(storage, **options)  # type: ignore[arg-type]
+        except BaseException:
+            storage.close()
+            raise
 
     def close(self) -> None:
         self.appender.close()

@@ -28,21 +28,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
+from ssl import SSLContext
 from typing import cast
 
-from riverbed.errors import LeaseHeld, PreconditionFailed, RiverbedError
+from riverbed.errors import CannotListen, LeaseHeld, PreconditionFailed, RiverbedError
 from riverbed.log.log import Log
 from riverbed.log.retention import Retainer
 from riverbed.mqtt.auth import load_auth
 from riverbed.mqtt.codec import DisconnectReason
-from riverbed.mqtt.config import BrokerConfig
+from riverbed.mqtt.config import Address, BrokerConfig
 from riverbed.mqtt.connection import Connection
 from riverbed.mqtt.pacer import CommitPacer
 from riverbed.mqtt.retained import RetainedStore
@@ -60,6 +62,9 @@ log = logging.getLogger(__name__)
 ORPHAN_SWEEP = 60.0
 """Seconds between two looks for cursors of sessions that have no record
 (`SessionStore.drop_orphans`)."""
+CLIENT_SUMMARY = 60.0
+"""Seconds between two info lines counting the clients that came and went (each
+one is a debug line: docs/broker.md, Logging)."""
 NODE_LEASE_TTL = 30.0
 """Seconds a node's liveness lease lasts unless renewed (at each expiry sweep):
 how long after a crash other nodes still count its sessions as in use (after
@@ -76,6 +81,8 @@ class Broker:
     `checkpoint_every` / `checkpoint_interval`: a session commits its cursors
     after that many acknowledgements or that many seconds after they moved, and
     at disconnect. `expiry_sweep`: seconds between looks for expired sessions.
+    `client_summary`: seconds between info lines counting connections made and
+    ended (none when nobody came or went).
     """
 
     def __init__(
@@ -86,12 +93,18 @@ class Broker:
         checkpoint_every: int = 100,
         checkpoint_interval: float = 1.0,
         expiry_sweep: float = 5.0,
+        client_summary: float = CLIENT_SUMMARY,
     ) -> None:
         self.config = config
         self.log = log
         self.checkpoint_every = checkpoint_every
         self.checkpoint_interval = checkpoint_interval
         self.expiry_sweep = expiry_sweep
+        self.client_summary = client_summary
+        self._arrived = 0
+        self._left = 0
+        """Connections made and ended since the last summary line."""
+        self._summarizer: asyncio.Task[None] | None = None
         self.store = SessionStore(log.storage)
         self.retained = RetainedStore(log.storage)
         self.wills = Wills(self)
@@ -126,7 +139,27 @@ class Broker:
         `limits.slow_consumer_timeout`."""
 
     async def start(self) -> None:
-        """Start the router and listen on `config.listeners.mqtt` (and `.tls` if set)."""
+        """Start the router and listen on `config.listeners.mqtt` (and `.tls` if set).
+
+        The listening sockets are bound first, taking no client yet: an address
+        in use is refused (`CannotListen`) before anything else has started."""
+        loop = asyncio.get_running_loop()
+        address = self.config.listeners.mqtt
+        self._server = await _listen(loop, self._accept, address, "--mqtt", "listeners.mqtt")
+        tls = self.config.listeners.tls
+        if tls is not None:
+            try:
+                self._tls_server = await _listen(
+                    loop,
+                    self._accept,
+                    tls.address,
+                    "--tls",
+                    "listeners.tls.address",
+                    ssl=server_context(tls),
+                )
+            except BaseException:
+                self._server.close()
+                raise
         await self.router.start()
         shared = self.config.shared_subscriptions
         if shared.enabled:
@@ -139,15 +172,8 @@ class Broker:
         self._lease = await asyncio.to_thread(
             self._leases.acquire, node_lease(self.node), self.node, self._lease_ttl_us()
         )
-        address = self.config.listeners.mqtt
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self._accept, address.host, address.port)
-        tls = self.config.listeners.tls
-        if tls is not None:
-            self._tls_server = await loop.create_server(
-                self._accept, tls.address.host, tls.address.port, ssl=server_context(tls)
-            )
         self._sweeper = asyncio.create_task(self._sweep(), name="riverbed-session-expiry")
+        self._summarizer = asyncio.create_task(self._summarize(), name="riverbed-client-summary")
         retention = self.config.retention
         if retention.interval:
             self.retainer = Retainer(
@@ -160,6 +186,9 @@ class Broker:
         else:
             log.info("retention is off ([retention] interval = 0): `riverbed retention run`")
         await self.wills.restore()
+        await _serve(self._server, address, "--mqtt", "listeners.mqtt")
+        if self._tls_server is not None and tls is not None:
+            await _serve(self._tls_server, tls.address, "--tls", "listeners.tls.address")
         log.info("listening for MQTT on %s", ", ".join(self.addresses()))
 
     def addresses(self) -> list[str]:
@@ -186,10 +215,11 @@ class Broker:
             self._server.close()
         if self._tls_server is not None:
             self._tls_server.close()
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
+        for task in (self._sweeper, self._summarizer):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         connections = list(self._all)
         for connection in connections:
             connection.close(DisconnectReason.SERVER_SHUTTING_DOWN)
@@ -230,10 +260,12 @@ class Broker:
     def connection_opened(self, connection: Connection) -> None:
         """The connection is made (for TLS: after the handshake succeeded)."""
         self._all.add(connection)
+        self._arrived += 1
 
     def connection_closed(self, connection: Connection) -> None:
         """The connection's teardown finished (its session is saved)."""
         self._all.discard(connection)
+        self._left += 1
         if connection.client_id and not self.client_lock(connection.client_id).locked():
             self._locks.pop(connection.client_id, None)
 
@@ -252,6 +284,16 @@ class Broker:
         except (PreconditionFailed, LeaseHeld):
             log.warning("node %s: liveness lease lapsed; taking it again", self.node)
             self._lease = self._leases.acquire(node_lease(self.node), self.node, ttl)
+
+    async def _summarize(self) -> None:
+        while True:
+            await asyncio.sleep(self.client_summary)
+            if self._arrived or self._left:
+                log.info(
+                    "%d connected, %d disconnected in the last %g s; %d connected now",
+                    self._arrived, self._left, self.client_summary, len(self._all),
+                )  # fmt: skip
+                self._arrived = self._left = 0
 
     async def _sweep(self) -> None:
         while True:
@@ -305,6 +347,72 @@ class Broker:
             ):
                 log.info("client %s: session taken over on another node", client_id)
                 conn.close(DisconnectReason.SESSION_TAKEN_OVER)
+
+
+_LISTEN_ERRORS = {
+    errno.EADDRINUSE: "is another broker running? choose another address",
+    errno.EADDRNOTAVAIL: "it is no address of this machine; choose one that is",
+    errno.EACCES: "ports below 1024 need privileges; choose another port",
+}
+
+
+def check_listeners(config: BrokerConfig) -> None:
+    """Raise `CannotListen` if a listener's address cannot be listened on now:
+    for a caller that would rather learn it before opening the database (the
+    broker's own start refuses it too, whatever happened in between)."""
+    listeners = [(config.listeners.mqtt, "--mqtt", "listeners.mqtt")]
+    if config.listeners.tls is not None:
+        listeners.append((config.listeners.tls.address, "--tls", "listeners.tls.address"))
+    for address, flag, key in listeners:
+        try:
+            # Every address the name stands for, as `create_server` binds them all.
+            found = socket.getaddrinfo(
+                address.host, address.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            )
+            for family, _, _, _, where in found:
+                with socket.create_server(where[:2], family=family):
+                    pass
+        except OSError as exc:
+            raise _cannot_listen(exc, address, flag, key) from None
+
+
+async def _listen(
+    loop: asyncio.AbstractEventLoop,
+    accept: Callable[[], asyncio.Protocol],
+    address: Address,
+    flag: str,
+    key: str,
+    ssl: SSLContext | None = None,
+) -> asyncio.Server:
+    """A server bound to `address` that serves nobody until `start_serving`; a
+    refusal to bind becomes `CannotListen` naming the address and the way out."""
+    try:
+        return await loop.create_server(
+            accept, address.host, address.port, ssl=ssl, start_serving=False
+        )
+    except OSError as exc:
+        raise _cannot_listen(exc, address, flag, key) from None
+
+
+async def _serve(server: asyncio.Server, address: Address, flag: str, key: str) -> None:
+    """Start taking clients on a server from `_listen`."""
+    try:
+        await server.start_serving()
+    except OSError as exc:  # another process listened there since we bound it
+        raise _cannot_listen(exc, address, flag, key) from None
+
+
+def _cannot_listen(exc: OSError, address: Address, flag: str, key: str) -> Exception:
+    if exc.errno is None:
+        return exc  # not the system refusing the address: a bug, with its traceback
+    # The system's words for it, without what Python adds ("while attempting to bind").
+    reason = os.strerror(exc.errno) if exc.errno > 0 else (exc.strerror or str(exc))
+    reason = reason.partition(" (while")[0].lower()
+    hint = _LISTEN_ERRORS.get(exc.errno, "choose another address")
+    return CannotListen(
+        f"cannot listen on {address}: {reason} ({hint} with {flag} HOST:PORT or {key} in"
+        " the config file)"
+    )
 
 
 EXIT_MARGIN = 5.0

@@ -61,6 +61,10 @@ A complete file, with the defaults:
     # password_file = "passwd"       # `riverbed passwd FILE USER` manages it
     # acl_file = "acl"               # rules: riverbed.mqtt.auth
 
+    [log]                            # the broker's log, on stderr
+    level = "info"                   # debug, info, warning or error (debug: every connection)
+    format = "text"                  # text, or json: one JSON object per line
+
 Relative file names in the file are relative to the file's directory; in
 overrides, to the working directory (as is a relative `sqlite:///` path in
 `storage.url`, wherever it is given, like `--db`). Durations are whole seconds, as an integer
@@ -119,6 +123,10 @@ Why the defaults are what they are:
   `pin_warning_hours` 24: a subscription nobody reads keeps its topic's log,
   however old; a day past retention is long enough not to warn about a reader
   that is down for the night (docs/storage.md).
+- `[log] level` info: what an operator acts on (listening, stopping, sessions
+  expired, refusals, warnings), not one line per client connecting or leaving:
+  a broker with thousands of clients reconnecting would log little else. Those
+  lines are at debug.
 - `allow_anonymous` false: anonymous access only where configured (issue 3).
   A configuration with neither anonymous access nor a password file is refused,
   since no client could connect.
@@ -364,6 +372,21 @@ class RetentionConfig:
         _check_fields("retention", self)
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("text", "json")
+
+
+@dataclass(frozen=True, slots=True)
+class LogConfig:
+    """The broker's own log: how much (`level`) and how (`format`)."""
+
+    level: str = "info"
+    format: str = "text"
+
+    def __post_init__(self) -> None:
+        _check_fields("log", self)
+
+
 @dataclass(frozen=True, slots=True)
 class BrokerConfig:
     """The whole broker configuration."""
@@ -374,6 +397,7 @@ class BrokerConfig:
     auth: AuthConfig = field(default_factory=AuthConfig)
     shared_subscriptions: SharedSubscriptions = field(default_factory=SharedSubscriptions)
     retention: RetentionConfig = field(default_factory=RetentionConfig)
+    log: LogConfig = field(default_factory=LogConfig)
 
     def __post_init__(self) -> None:
         if not self.auth.allow_anonymous and self.auth.password_file is None:
@@ -490,6 +514,15 @@ def _boolean(key: str, value: object) -> bool:
     if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
         return value.strip().lower() in _TRUE
     raise _fail(key, value, "must be true or false")
+
+
+def _choice(choices: tuple[str, ...]) -> Callable[[str, object], str]:
+    def choice(key: str, value: object) -> str:
+        if isinstance(value, str) and value.strip().lower() in choices:
+            return value.strip().lower()
+        raise _fail(key, value, f"must be one of {', '.join(choices)}")
+
+    return choice
 
 
 def _address(key: str, value: object) -> Address:
@@ -627,6 +660,8 @@ KEYS: dict[str, Key] = {
         _optional(_readable_file), "user names and scrypt hashes", is_path=True
     ),
     "auth.acl_file": Key(_optional(_readable_file), "publish/subscribe rules", is_path=True),
+    "log.level": Key(_choice(LOG_LEVELS), "how much the broker logs: debug, info, warning, error"),
+    "log.format": Key(_choice(LOG_FORMATS), "log lines as text, or as one JSON object each"),
 }
 """Every configuration key, dotted (`limits.receive_maximum`), in file order."""
 
@@ -738,6 +773,7 @@ def _build(values: Mapping[str, object]) -> BrokerConfig:
         auth=AuthConfig(**section("auth")),
         shared_subscriptions=_shared(section("shared_subscriptions")),
         retention=RetentionConfig(**section("retention")),
+        log=LogConfig(**section("log")),
     )
 
 

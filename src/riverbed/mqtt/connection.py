@@ -563,7 +563,9 @@ class Connection(asyncio.Protocol):
             self._alive = self._loop.call_at(
                 self._last_read + self.keep_alive * 1.5, self._check_alive
             )
-        log.info(
+        # Per connection: debug (docs/broker.md, Logging), else a broker with many
+        # clients coming and going logs little else.
+        log.debug(
             "client %s (%s) connected: MQTT %s, session %s%s, expiry %ss",
             client_id,
             self.peer,
@@ -926,7 +928,7 @@ class Connection(asyncio.Protocol):
             if self._done is not None:
                 self._done.set()
             broker.connection_closed(self)
-            log.info("client %s (%s) disconnected", self.client_id or "-", self.peer)
+            log.debug("client %s (%s) disconnected", self.client_id or "-", self.peer)
 
     def _leave_will(self) -> None:
         """Closed without DISCONNECT 0x00 (0x04 asks for it): the Will goes after

@@ -8,8 +8,10 @@ should bind to loopback on a machine without a resolvable host name
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -25,7 +27,13 @@ LOCAL_SETTINGS = {
 shuffle partitions)."""
 
 
-def session(master: str | None = None, app_name: str = "riverbed") -> SparkSession:
+QUIET_LOG4J = Path(__file__).with_name("log4j2-quiet.properties")
+"""Spark's logging when quiet: errors only, none from a stopped streaming query."""
+
+
+def session(
+    master: str | None = None, app_name: str = "riverbed", *, quiet: bool = True
+) -> SparkSession:
     """Build (or return the running) SparkSession with the `riverbed` data source
     registered.
 
@@ -34,6 +42,11 @@ def session(master: str | None = None, app_name: str = "riverbed") -> SparkSessi
     and 4 shuffle partitions. A master URL (`spark://host:7077`, `local[2]`)
     connects there; its workers need Riverbed installed in the interpreter that
     `PYSPARK_PYTHON` names (set it before calling if theirs differs from ours).
+
+    `quiet` (the default) keeps Spark's and py4j's logging to errors, without
+    the warnings and InterruptedException traces of a streaming query stopped
+    on purpose; `quiet=False` leaves Spark's own logging (warnings and up). Either
+    applies only to the session that starts the JVM.
     """
     from pyspark.sql import SparkSession
 
@@ -47,6 +60,12 @@ def session(master: str | None = None, app_name: str = "riverbed") -> SparkSessi
             builder = builder.config(name, value)
     else:
         builder = builder.master(master).config("spark.ui.showConsoleProgress", "false")
+    if quiet:
+        builder = builder.config(
+            "spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={QUIET_LOG4J.as_uri()}"
+        )
+        # py4j logs a callback interrupted by a query's stop as an error, with its trace.
+        logging.getLogger("py4j").setLevel(logging.CRITICAL)
     spark = builder.getOrCreate()
     from riverbed.spark import register
 

@@ -69,8 +69,13 @@ def default_url() -> str:
     return os.environ.get(ENV_VAR) or DEFAULT_URL
 
 
-def open_storage(url: str | None = None) -> Storage:
+def open_storage(url: str | None = None, *, create: bool = True) -> Storage:
     """Open (creating and migrating as needed) the storage a URL names.
+
+    With `create=False` a database that does not exist, or has no Riverbed
+    tables, is refused with `DatabaseNotFound` and nothing is created (what a
+    command that only reads or changes existing things wants). Either way the
+    storage's `created` says whether this open created it.
 
     `sqlite:///relative/path.db`, `sqlite:////absolute/path.db`, with optional
     `?synchronous=full` and `?max_size=SIZE` (a cap on the file, `512MB`, `2GiB`
@@ -84,10 +89,10 @@ def open_storage(url: str | None = None) -> Storage:
         from riverbed.storage.sqlite import SqliteStorage
 
         path, synchronous, max_size = _sqlite_options(parts, shown)
-        return SqliteStorage(url, path, synchronous, max_size)
+        return SqliteStorage(url, path, synchronous, max_size, create=create)
     from riverbed.storage.postgres import PostgresStorage
 
-    return PostgresStorage(url)
+    return PostgresStorage(url, create=create)
 
 
 def storage_exists(url: str | None = None) -> bool:

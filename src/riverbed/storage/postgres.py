@@ -19,7 +19,7 @@ from typing import Any
 
 import psycopg
 
-from riverbed.errors import InvalidConfig, StorageError, StorageUnavailable
+from riverbed.errors import DatabaseNotFound, InvalidConfig, StorageError, StorageUnavailable
 from riverbed.storage import bulk
 from riverbed.storage.base import Row, StreamSealed
 from riverbed.storage.connections import Cursor
@@ -74,10 +74,18 @@ class PostgresStorage(SqlStorage):
     }
     EMPTY_BLOB = "'\\x'::bytea"
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, create: bool = True) -> None:
         super().__init__(url)
         self._watcher: threading.Thread | None = None
-        self._migrate()
+        self.create = create
+        """Whether opening may create the schema in a database without it."""
+        self.created = False
+        """This open created the schema."""
+        try:
+            self._migrate()
+        except BaseException:
+            self.close()  # the connection it opened
+            raise
 
     def _connect(self) -> Any:
         try:
@@ -129,6 +137,13 @@ class PostgresStorage(SqlStorage):
     def _schema_version(self, cur: Cursor) -> int:
         self._lock_meta(cur)
         if cur.execute("SELECT to_regclass('meta')").fetchone()[0] is None:
+            if not self.create:
+                # Raised inside the migration's transaction: it rolls back, nothing made.
+                raise DatabaseNotFound(
+                    f"no Riverbed database at {redact_url(self.url)!r}: the database has no"
+                    " Riverbed tables"
+                )
+            self.created = True
             return 0
         row = cur.execute("SELECT value FROM meta WHERE name = 'schema_version'").fetchone()
         return 0 if row is None else int(row[0])

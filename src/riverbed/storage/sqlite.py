@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from riverbed.errors import StorageUnavailable
+from riverbed.errors import DatabaseNotFound, StorageUnavailable
 from riverbed.storage import bulk
 from riverbed.storage.base import Row, StreamSealed
 from riverbed.storage.connections import Cursor, operation
@@ -54,6 +54,9 @@ _INSERT = (
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 
+_HAS_META = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'"
+"""A row if the database has Riverbed's schema (its first table)."""
+
 _COPY_STAGED = (
     "INSERT INTO main.messages"
     " (stream, off, id, ts, mqtt_topic, key, payload, properties, qos, retain)"
@@ -78,7 +81,13 @@ class SqliteStorage(SqlStorage):
     }
 
     def __init__(
-        self, url: str, path: Path, synchronous: str = "NORMAL", max_size: int | None = None
+        self,
+        url: str,
+        path: Path,
+        synchronous: str = "NORMAL",
+        max_size: int | None = None,
+        *,
+        create: bool = True,
     ) -> None:
         super().__init__(url)
         self._conn = self._waiting_conn
@@ -86,14 +95,45 @@ class SqliteStorage(SqlStorage):
         self.synchronous = synchronous
         self.max_size = max_size
         """Bytes the database file may grow to (None: as far as the disk allows)."""
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StorageUnavailable(
-                f"cannot create the directory of {redact_url(url)!r}: {exc}"
-            ) from exc
+        self.created = False
+        """This open created the database (its file, or the schema in an empty one)."""
+        if create:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StorageUnavailable(
+                    f"cannot create the directory of {redact_url(url)!r}: {exc}"
+                ) from exc
+        else:
+            # Before any connection of ours: connecting creates a missing file, and
+            # switching to WAL writes to an existing one.
+            self._require_schema()
         self._watcher: threading.Thread | None = None
-        self._migrate()
+        try:
+            self._migrate()
+        except BaseException:
+            self.close()  # the connection it opened
+            raise
+
+    def _require_schema(self) -> None:
+        """Raise `DatabaseNotFound` unless the file exists and holds Riverbed's
+        tables; looks through a read-only connection, changing nothing."""
+        if not self.path.is_file():
+            raise DatabaseNotFound(f"no Riverbed database at {self.path}")
+        try:
+            conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True)
+            try:
+                found = conn.execute(_HAS_META).fetchone()
+            finally:
+                conn.close()
+        except sqlite3.Error as exc:
+            raise StorageUnavailable(
+                f"cannot open SQLite database {redact_url(self.url)!r}: {exc}"
+            ) from exc
+        if found is None:
+            raise DatabaseNotFound(
+                f"no Riverbed database at {self.path}: the file holds no Riverbed tables"
+            )
 
     def _connect(self) -> Any:
         conn: sqlite3.Connection | None = None
@@ -172,10 +212,8 @@ class SqliteStorage(SqlStorage):
         return conn
 
     def _schema_version(self, cur: Cursor) -> int:
-        exists = cur.execute(
-            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'"
-        ).fetchone()
-        if exists is None:
+        if cur.execute(_HAS_META).fetchone() is None:
+            self.created = True
             return 0
         row = cur.execute("SELECT value FROM meta WHERE name = 'schema_version'").fetchone()
         return 0 if row is None else int(row[0])

@@ -633,11 +633,19 @@ class Worker:
             )  # fmt: skip
             self.stats.skipped += 1
             return self._done(batch)
+        if self.on_error.action is OnError.RETRY:
+            why = f"on-error retry gave up after {_attempts(batch.attempt)}"
+        else:
+            why = "on-error stop"
         raise HandlerFailed(
             failure,
-            f"handler of subscription {self.record.name!r} failed on {_where(batch)} after"
-            f" {batch.attempt} attempt(s): {failure.error!r}; the worker stops (on-error stop)",
+            f"handler of subscription {self.record.name!r} failed on {_where(batch)}"
+            f" ({_attempts(batch.attempt)}): {failure.error!r}; the worker stops ({why})",
         ) from failure.error
+
+
+def _attempts(count: int) -> str:
+    return "1 attempt" if count == 1 else f"{count} attempts"
 
 
 def _where(batch: Batch) -> str:
