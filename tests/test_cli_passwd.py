@@ -30,6 +30,12 @@ def file(tmp_path: Path) -> Path:
     return tmp_path / "passwd"
 
 
+@pytest.fixture
+def terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The prompt's input as if typed at a terminal (CliRunner's is not one)."""
+    monkeypatch.setattr("riverbed.cli.broker.stdin_is_terminal", lambda: True)
+
+
 def verifies(file: Path, username: str, password: bytes) -> bool:
     return load_password_file(file)[username].verify(password)
 
@@ -49,6 +55,7 @@ def test_stdin_without_a_newline_and_with_crlf(file: Path) -> None:
     assert verifies(file, "bob", "p wé".encode())
 
 
+@pytest.mark.usefixtures("terminal")
 def test_the_prompt_asks_twice(file: Path) -> None:
     result = ok(str(file), "alice", input="secret\nsecret\n")
     assert "Password" in result.stderr and "Repeat for confirmation" in result.stderr
@@ -56,11 +63,13 @@ def test_the_prompt_asks_twice(file: Path) -> None:
     assert verifies(file, "alice", b"secret")
 
 
+@pytest.mark.usefixtures("terminal")
 def test_the_prompt_asks_again_when_the_two_differ(file: Path) -> None:
     ok(str(file), "alice", input="one\ntwo\nthree\nthree\n")
     assert verifies(file, "alice", b"three")
 
 
+@pytest.mark.usefixtures("terminal")
 def test_the_prompt_ending_unanswered_changes_nothing(file: Path) -> None:
     result = passwd(str(file), "alice", input="one\ntwo\n")
     assert result.exit_code == 1  # click's Abort at the end of input

@@ -115,8 +115,8 @@ def test_it_creates_nothing(tmp_path: Path) -> None:
 
     assert result.exit_code == 1
     assert result.output == (
-        f"error: no Riverbed database at {url!r}: nothing has used it yet (status creates"
-        " nothing)\n"
+        f"error: no Riverbed database at {tmp_path}/data/riverbed.db (create one with"
+        " riverbed serve or riverbed topic create)\n"
     )
     assert list(tmp_path.iterdir()) == []
 

@@ -20,6 +20,11 @@ from riverbed.storage import default_url, redact_url
 # --------------------------------------------------------------------- passwd
 
 
+def stdin_is_terminal() -> bool:
+    """Whether a password can be asked for (a terminal on stdin)."""
+    return sys.stdin.isatty()
+
+
 @cli.command(short_help="Add, change or delete a user of an MQTT password file.")
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.argument("username")
@@ -60,7 +65,7 @@ def passwd(file: str, username: str, delete: bool, from_stdin: bool) -> None:
         if b"\n" in password:
             raise InvalidInput("the password on stdin must be one line; it has several")
     else:
-        if not sys.stdin.isatty():
+        if not stdin_is_terminal():
             raise click.UsageError(
                 "no terminal to read a password from: use --stdin (one line on stdin)"
             )

@@ -23,22 +23,20 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-import click
-
 from riverbed.cli._app import (
-    DB_KEY,
     cli,
     db_option,
     json_option,
     make_console,
     make_table,
+    open_storage_of_command,
     print_json,
 )
 from riverbed.errors import NotFound
 from riverbed.log.jsonlines import format_time
 from riverbed.sessions.store import NODE_LEASE_PREFIX, SessionStore, now_us
 from riverbed.sharedsub.claims import GroupStore, group_progress
-from riverbed.storage import Storage, default_url, open_storage, redact_url, storage_exists
+from riverbed.storage import Storage, redact_url
 from riverbed.storage.leases import Lease, Leases
 from riverbed.subscriptions.cursors import Subscriptions
 from riverbed.subscriptions.definition import Definitions
@@ -173,13 +171,7 @@ def status(as_json: bool) -> None:
     Read from the database, so it works with the broker stopped too; it
     changes nothing.
     """
-    url = click.get_current_context().meta.get(DB_KEY) or default_url()
-    if not storage_exists(url):
-        raise NotFound(
-            f"no Riverbed database at {redact_url(url)!r}: nothing has used it yet"
-            " (status creates nothing)"
-        )
-    storage = open_storage(url)
+    storage = open_storage_of_command()  # a database that is not there is refused
     try:
         info = collect(storage, now_us())
     finally:

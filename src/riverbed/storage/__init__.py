@@ -23,7 +23,6 @@ __all__ = [
     "parse_size",
     "redact_url",
     "size_in_bytes",
-    "storage_exists",
 ]
 
 _SIZE = re.compile(r"\s*(\d+)\s*([A-Za-z]*)\s*")
@@ -93,21 +92,6 @@ def open_storage(url: str | None = None, *, create: bool = True) -> Storage:
     from riverbed.storage.postgres import PostgresStorage
 
     return PostgresStorage(url, create=create)
-
-
-def storage_exists(url: str | None = None) -> bool:
-    """Whether the database a URL names exists with Riverbed's tables, found
-    without creating or changing anything (for read-only commands). Raises
-    `InvalidConfig` for a bad URL, `StorageUnavailable` if PostgreSQL cannot be
-    reached."""
-    url = url or default_url()
-    parts, shown = _split(url)
-    if parts.scheme.lower() == "sqlite":
-        path, _, _ = _sqlite_options(parts, shown)
-        return path.is_file()
-    from riverbed.storage.postgres import has_schema
-
-    return has_schema(url)
 
 
 def _split(url: str) -> tuple[SplitResult, str]:

@@ -258,18 +258,3 @@ class PostgresStorage(SqlStorage):
         except psycopg.Error:
             pass  # the connection broke: the caller connects again
         return True
-
-
-def has_schema(url: str) -> bool:
-    """Whether the PostgreSQL database at `url` holds Riverbed's tables; reads
-    only (`storage_exists`)."""
-    try:
-        with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
-            row = conn.execute("SELECT to_regclass('meta')").fetchone()
-    except psycopg.Error as exc:
-        # Not chained: libpq's message may quote the password.
-        detail = redact_password(" ".join(str(exc).split()), url)
-        raise StorageUnavailable(
-            f"cannot connect to PostgreSQL at {redact_url(url)!r}: {detail}"
-        ) from None
-    return row is not None and row[0] is not None
