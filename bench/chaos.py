@@ -426,8 +426,8 @@ class Run:
 
         Spark's start (30-80 s on a busy machine) is most of the run, and a
         killed job starts again from scratch: the job is killed once, as soon
-        as it delivers (0.5-2 s after its first request: within a batch), and
-        not again. The node and worker kills (`kills - 1`, each kind at least
+        as it delivers (after 20-200 requests, or 2 s after the first: within
+        its first batch), and not again. The node and worker kills (`kills - 1`, each kind at least
         once) do not wait for Spark: they are spread over the first 80% of
         `duration` from the start, while the job starts. Publishing stops after
         `duration` seconds once those kills are done, so the job killed later
@@ -451,6 +451,9 @@ class Run:
         end = begin + max(3 * o.duration, 300)
         job_kills = 0
         job_kill_at: float | None = None
+        # Within its first batch (up to 500 messages, sent in a second or so):
+        # the batch never commits and its successor delivers it again.
+        job_kill_after = rng.randint(20, 200)
         other_kills = 0
         next_kill = begin + gap * rng.uniform(0.5, 1.5)
         while time.monotonic() < end:
@@ -468,8 +471,10 @@ class Run:
                 assert self.job is not None
                 if job_kill_at is None and self.job_delivering():
                     self.note("job", "delivering")
-                    job_kill_at = now + rng.uniform(0.5, 2.0)
-                if job_kill_at is not None and now >= job_kill_at:
+                    job_kill_at = now + 2.0
+                if job_kill_at is not None and (
+                    now >= job_kill_at or self.job_requests() >= job_kill_after
+                ):
                     job_kills += int(self.kill("job", rng))
                     continue
             if other_kills < others and now >= next_kill:
@@ -512,7 +517,7 @@ class Run:
         ):
             return False
         self.job.kill()
-        requests = len(self.endpoint.requests) - self.job_requests_at_start
+        requests = self.job_requests()
         self.note(
             "job",
             "kill",
@@ -534,8 +539,12 @@ class Run:
 
     def job_delivering(self) -> bool:
         """Has the job delivered something since it (last) started?"""
+        return self.job_requests() > 0
+
+    def job_requests(self) -> int:
+        """The requests the endpoint got since the job (last) started."""
         assert self.endpoint is not None
-        return len(self.endpoint.requests) > self.job_requests_at_start
+        return len(self.endpoint.requests) - self.job_requests_at_start
 
     def _start_broker(self, i: int) -> None:
         try:
