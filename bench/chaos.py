@@ -100,6 +100,19 @@ leader_idle_stop = 5.0
 """Shortened shared-subscription timers (as tests/mqtt/test_broker_shared.py), so a
 killed member's streams move within seconds."""
 
+SHORT_JVM = (
+    {}
+    if "PYSPARK_SUBMIT_ARGS" in os.environ
+    else {
+        "PYSPARK_SUBMIT_ARGS": "--conf spark.ui.enabled=false"
+        " --driver-java-options -XX:TieredStopAtLevel=1 pyspark-shell"
+    }
+)
+"""The short mode's job: no Spark UI, and only the JVM's quick (C1) compiler,
+whose start-up takes less CPU (a job lives a minute there; 25 s instead of 43
+to the first delivery, median of 4 on a busy machine). Not when the
+environment sets Spark's submit arguments itself."""
+
 JOB_START = 300.0
 """Seconds a delivery job may take to start delivering (Spark's start-up) before
 the final drain counts it as stuck."""
@@ -304,6 +317,12 @@ class Run:
                 "--endpoint", self.endpoint.url, "--shards", str(SHARDS), "--grouped",
                 db=self.url,
             )  # fmt: skip
+            # A killed job cannot remove its Spark checkpoint: keep it in the
+            # run's directory. The driver binds to loopback, not to whatever
+            # address the host name resolves to.
+            job_env = {"TMPDIR": str(self.directory), "SPARK_LOCAL_IP": "127.0.0.1"}
+            if o.short:
+                job_env.update(SHORT_JVM)
             self.job = Process(
                 "job",
                 [sys.executable, "-m", "riverbed.cli", "subscription", "run", "deliver",
@@ -311,21 +330,23 @@ class Run:
                  "--max-per-trigger", "500", "--lease-seconds", str(o.lease),
                  "--stop-grace", "30"],
                 self.directory / "job.log",
-                # A killed job cannot remove its Spark checkpoint: keep it in the
-                # run's directory. The driver binds to loopback, not to whatever
-                # address the host name resolves to.
-                {"TMPDIR": str(self.directory), "SPARK_LOCAL_IP": "127.0.0.1"},
+                job_env,
             )  # fmt: skip
             # First: Spark takes longest to start (10-40 s, more on a busy
             # machine); the rest starts meanwhile.
             self._start_job()
-        riverbed("subscription", "create", "work", "--topic", TOPIC, db=self.url)
         config = self.directory / "riverbed.toml"
         config.write_text(SHARED_TIMERS)
         self.brokers = [
             BrokerProcess(self.url, extra_args=("--config", str(config))) for _ in range(o.nodes)
         ]
-        at_once([functools.partial(b.start, timeout=60) for b in self.brokers])
+        # The workers' subscription (for the workers, started next) while the brokers start.
+        at_once(
+            [functools.partial(b.start, timeout=60) for b in self.brokers]
+            + [functools.partial(
+                riverbed, "subscription", "create", "work", "--topic", TOPIC, db=self.url
+            )]
+        )  # fmt: skip
         for n in range(WORKERS):
             worker = Process(
                 f"worker{n}",
@@ -353,14 +374,12 @@ class Run:
                 Subscriber("share-b", port(1), f"$share/g/{TOPIC}/#", 1),
             ],
         }
-        for group in self.subscribers.values():
-            for subscriber in group:
-                subscriber.start()
+        # Connected at once; every subscription is in place before the first publish.
+        at_once([s.start for group in self.subscribers.values() for s in group])
         self.publishers = [
             Publisher(n, port(n), qos_of(f"p{n}."), KEYS, o.rate) for n in range(PUBLISHERS)
         ]
-        for publisher in self.publishers:
-            publisher.start()
+        at_once([p.start for p in self.publishers])
         self.note("run", "started", f"store {o.backend}, {o.nodes} node(s), {self.url}")
 
     def _start_job(self) -> None:
