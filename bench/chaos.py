@@ -443,16 +443,16 @@ class Run:
         """The short mode (CI): every kind killed, with one Spark start on the
         critical path after the first.
 
-        Spark's start (30-80 s on a busy machine) is most of the run, and a
+        Spark's start (25-115 s on a busy machine) is most of the run, and a
         killed job starts again from scratch: the job is killed once, as soon
         as it delivers (after 20-200 requests, or 2 s after the first: within
-        its first batch), and not again. The node and worker kills (`kills - 1`, each kind at least
-        once) do not wait for Spark: they are spread over the first 80% of
-        `duration` from the start, while the job starts. Publishing stops after
-        `duration` seconds once those kills are done, so the job killed later
-        than that is killed catching up (still mid-stream) and the backlog its
-        successor delivers stays small. PostgreSQL restarts (`--pg-restart`)
-        are spread over `duration`.
+        its first batch), and not again. The node and worker kills (`kills -
+        1`, each kind at least once) do not wait for Spark: they are spread
+        over the first 80% of `duration` from the start, while the job starts.
+        Publishing stops after `duration` seconds once those kills are done,
+        so a job killed later than that is killed catching up (still
+        mid-stream) and the backlog its successor delivers stays small.
+        PostgreSQL restarts (`--pg-restart`) are spread over `duration`.
         """
         o = self.options
         rng = random.Random(o.seed)
