@@ -36,8 +36,11 @@ acknowledged message that is not in the log).
         [--backend sqlite|postgres] [--nodes 1|2] [--pg-restart N] [--seed S]
         [--short] [--no-spark] [--json FILE] [--keep DIR]
 
-`--short` (what tests/chaos runs): 6 kills in 45 s. Exit status 0 when the
-target is met, 1 when not. Process logs (brokers, workers, the job,
+`--short` (what tests/chaos runs): 6 kills, each kind at least once, the job
+once (as soon as it delivers: one Spark start after the first) and the node
+and worker kills while it starts, 30 s of publishing; the job's lease is 10 s
+instead of 30 (its successor waits less). Exit status 0 when the target is
+met, 1 when not. Process logs (brokers, workers, the job,
 PostgreSQL) and the run's events are kept in `--keep DIR` (default: a temporary
 directory, named at the end).
 """
@@ -46,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import platform
@@ -58,7 +62,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,6 +99,23 @@ leader_idle_stop = 5.0
 """
 """Shortened shared-subscription timers (as tests/mqtt/test_broker_shared.py), so a
 killed member's streams move within seconds."""
+
+SHORT_JVM = (
+    {}
+    if "PYSPARK_SUBMIT_ARGS" in os.environ
+    else {
+        "PYSPARK_SUBMIT_ARGS": "--conf spark.ui.enabled=false"
+        " --driver-java-options -XX:TieredStopAtLevel=1 pyspark-shell"
+    }
+)
+"""The short mode's job: no Spark UI, and only the JVM's quick (C1) compiler,
+whose start-up takes less CPU (a job lives a minute there; 25 s instead of 43
+to the first delivery, median of 4 on a busy machine). Not when the
+environment sets Spark's submit arguments itself."""
+
+JOB_START = 300.0
+"""Seconds a delivery job may take to start delivering (Spark's start-up) before
+the final drain counts it as stuck."""
 
 KIND_TARGETS = {
     "session": ("node", "postgres"),
@@ -228,6 +249,11 @@ class Options:
     window: float = 10.0
     drain: float = 180.0
     keep: Path | None = None
+    short: bool = False
+    """The short mode's kill schedule (`Run._chaos_short`)."""
+    lease: float = 30.0
+    """The delivery job's `--lease-seconds`: how long a killed job's successor
+    may have to wait for its lease."""
 
 
 @dataclass
@@ -236,6 +262,10 @@ class Event:
     target: str
     what: str
     detail: str = ""
+    publishing: bool = True
+    """Were the publishers still publishing?"""
+    requests: int | None = None
+    """A job's kill: the requests it sent the endpoint since it started."""
 
 
 @dataclass
@@ -255,9 +285,10 @@ class Run:
     lock: threading.Lock = field(default_factory=threading.Lock)
     t0: float = field(default_factory=time.monotonic)
     job_requests_at_start: int = 0
+    publishing_stopped: bool = False
 
-    def note(self, target: str, what: str, detail: str = "") -> None:
-        event = Event(time.monotonic(), target, what, detail)
+    def note(self, target: str, what: str, detail: str = "", requests: int | None = None) -> None:
+        event = Event(time.monotonic(), target, what, detail, not self.publishing_stopped, requests)
         with self.lock:
             self.events.append(event)
             if what == "exit":
@@ -279,7 +310,6 @@ class Run:
             "topic", "create", TOPIC, "--partitions", str(PARTITIONS),
             "--binding", f"{TOPIC}/#", "--retention", "none", db=self.url,
         )  # fmt: skip
-        riverbed("subscription", "create", "work", "--topic", TOPIC, db=self.url)
         self.endpoint = Endpoint()
         if o.spark:
             riverbed(
@@ -287,12 +317,36 @@ class Run:
                 "--endpoint", self.endpoint.url, "--shards", str(SHARDS), "--grouped",
                 db=self.url,
             )  # fmt: skip
+            # A killed job cannot remove its Spark checkpoint: keep it in the
+            # run's directory. The driver binds to loopback, not to whatever
+            # address the host name resolves to.
+            job_env = {"TMPDIR": str(self.directory), "SPARK_LOCAL_IP": "127.0.0.1"}
+            if o.short:
+                job_env.update(SHORT_JVM)
+            self.job = Process(
+                "job",
+                [sys.executable, "-m", "riverbed.cli", "subscription", "run", "deliver",
+                 "--db", self.url, "--master", "local[2]", "--trigger-interval", "0.2",
+                 "--max-per-trigger", "500", "--lease-seconds", str(o.lease),
+                 "--stop-grace", "30"],
+                self.directory / "job.log",
+                job_env,
+            )  # fmt: skip
+            # First: Spark takes longest to start (10-40 s, more on a busy
+            # machine); the rest starts meanwhile.
+            self._start_job()
         config = self.directory / "riverbed.toml"
         config.write_text(SHARED_TIMERS)
-        for _ in range(o.nodes):
-            broker = BrokerProcess(self.url, extra_args=("--config", str(config)))
-            broker.start(timeout=60)
-            self.brokers.append(broker)
+        self.brokers = [
+            BrokerProcess(self.url, extra_args=("--config", str(config))) for _ in range(o.nodes)
+        ]
+        # The workers' subscription (for the workers, started next) while the brokers start.
+        at_once(
+            [functools.partial(b.start, timeout=60) for b in self.brokers]
+            + [functools.partial(
+                riverbed, "subscription", "create", "work", "--topic", TOPIC, db=self.url
+            )]
+        )  # fmt: skip
         for n in range(WORKERS):
             worker = Process(
                 f"worker{n}",
@@ -305,17 +359,6 @@ class Run:
             )  # fmt: skip
             worker.start()
             self.workers.append(worker)
-        if o.spark:
-            self.job = Process(
-                "job",
-                [sys.executable, "-m", "riverbed.cli", "subscription", "run", "deliver",
-                 "--db", self.url, "--master", "local[2]", "--trigger-interval", "0.2",
-                 "--max-per-trigger", "500", "--lease-seconds", "30", "--stop-grace", "30"],
-                self.directory / "job.log",
-                # A killed job cannot remove its Spark checkpoint: keep it in the run's directory.
-                {"TMPDIR": str(self.directory)},
-            )  # fmt: skip
-            self._start_job()
         ports = [b.port for b in self.brokers]
 
         def port(i: int) -> int:
@@ -331,14 +374,12 @@ class Run:
                 Subscriber("share-b", port(1), f"$share/g/{TOPIC}/#", 1),
             ],
         }
-        for group in self.subscribers.values():
-            for subscriber in group:
-                subscriber.start()
+        # Connected at once; every subscription is in place before the first publish.
+        at_once([s.start for group in self.subscribers.values() for s in group])
         self.publishers = [
             Publisher(n, port(n), qos_of(f"p{n}."), KEYS, o.rate) for n in range(PUBLISHERS)
         ]
-        for publisher in self.publishers:
-            publisher.start()
+        at_once([p.start for p in self.publishers])
         self.note("run", "started", f"store {o.backend}, {o.nodes} node(s), {self.url}")
 
     def _start_job(self) -> None:
@@ -348,7 +389,13 @@ class Run:
 
     # --- chaos -------------------------------------------------------------------
     def chaos(self) -> int:
-        """Kill and restart until `kills` kills (or 3x `duration`); returns the kills."""
+        """Kill and restart until `kills` kills; returns the kills."""
+        return self._chaos_short() if self.options.short else self._chaos_paced()
+
+    def _chaos_paced(self) -> int:
+        """Once the job delivers, kill (each kind once first, the job first of
+        all, then at random) every `0.8 * duration / kills` seconds on average,
+        until `kills` kills (or 3x `duration`)."""
         o = self.options
         rng = random.Random(o.seed)
         # Kills spread over 80% of the duration: the last one has time to heal.
@@ -392,6 +439,74 @@ class Run:
                 time.sleep(0.1)
         return kills
 
+    def _chaos_short(self) -> int:
+        """The short mode (CI): every kind killed, with one Spark start on the
+        critical path after the first.
+
+        Spark's start (25-115 s on a busy machine) is most of the run, and a
+        killed job starts again from scratch: the job is killed once, as soon
+        as it delivers (after 20-200 requests, or 2 s after the first: within
+        its first batch), and not again. The node and worker kills (`kills -
+        1`, each kind at least once) do not wait for Spark: they are spread
+        over the first 80% of `duration` from the start, while the job starts.
+        Publishing stops after `duration` seconds once those kills are done,
+        so a job killed later than that is killed catching up (still
+        mid-stream) and the backlog its successor delivers stays small.
+        PostgreSQL restarts (`--pg-restart`) are spread over `duration`.
+        """
+        o = self.options
+        rng = random.Random(o.seed)
+        begin = time.monotonic()
+        others = o.kills - 1 if o.spark else o.kills
+        gap = 0.8 * o.duration / max(others, 1)
+        first = rng.sample(["node", "worker"], 2)
+        pg_times = sorted(
+            begin + o.duration * (i + rng.uniform(0.2, 0.8)) / o.pg_restarts
+            for i in range(o.pg_restarts)
+        )
+        # Killing a job that has not delivered yet would cost a Spark start and
+        # prove nothing: the job is waited for (one that never delivers leaves
+        # the kills short of the target).
+        end = begin + max(3 * o.duration, 300)
+        job_kills = 0
+        job_kill_at: float | None = None
+        # Within its first batch (up to 500 messages, sent in a second or so):
+        # the batch never commits and its successor delivers it again.
+        job_kill_after = rng.randint(20, 200)
+        other_kills = 0
+        next_kill = begin + gap * rng.uniform(0.5, 1.5)
+        while time.monotonic() < end:
+            self.supervise()
+            now = time.monotonic()
+            if other_kills >= others and now >= begin + o.duration and not pg_times:
+                self.stop_publishing()
+                if job_kills or not o.spark:
+                    break
+            if pg_times and now >= pg_times[0]:
+                pg_times.pop(0)
+                self.restart_postgres()
+                continue
+            if o.spark and not job_kills:
+                assert self.job is not None
+                if job_kill_at is None and self.job_delivering():
+                    self.note("job", "delivering")
+                    job_kill_at = now + 2.0
+                if job_kill_at is not None and (
+                    now >= job_kill_at or self.job_requests() >= job_kill_after
+                ):
+                    job_kills += int(self.kill("job", rng))
+                    continue
+            if other_kills < others and now >= next_kill:
+                kind = first[0] if first else rng.choices(["node", "worker"], [5, 3])[0]
+                if self.kill(kind, rng):
+                    if first:
+                        first.pop(0)
+                    other_kills += 1
+                    next_kill = time.monotonic() + gap * rng.uniform(0.5, 1.5)
+                    continue
+            time.sleep(0.1)
+        return job_kills + other_kills
+
     def kill(self, kind: str, rng: random.Random) -> bool:
         """SIGKILL one `kind` that is up and start it again; False if none was up."""
         if kind == "node":
@@ -421,15 +536,34 @@ class Run:
         ):
             return False
         self.job.kill()
-        self.note("job", "kill", f"after {time.monotonic() - self.job.started_at:.1f} s")
+        requests = self.job_requests()
+        self.note(
+            "job",
+            "kill",
+            f"after {time.monotonic() - self.job.started_at:.1f} s, {requests} requests",
+            requests=requests,
+        )
         self._start_job()
         self.note("job", "restart")
         return True
 
+    def job_starting(self) -> bool:
+        """Is the job up, not delivering yet, and started less than JOB_START s ago?"""
+        return (
+            self.job is not None
+            and self.job.alive()
+            and not self.job_delivering()
+            and time.monotonic() - self.job.started_at < JOB_START
+        )
+
     def job_delivering(self) -> bool:
         """Has the job delivered something since it (last) started?"""
+        return self.job_requests() > 0
+
+    def job_requests(self) -> int:
+        """The requests the endpoint got since the job (last) started."""
         assert self.endpoint is not None
-        return len(self.endpoint.requests) > self.job_requests_at_start
+        return len(self.endpoint.requests) - self.job_requests_at_start
 
     def _start_broker(self, i: int) -> None:
         try:
@@ -460,14 +594,21 @@ class Run:
             self._start_job()
 
     # --- the end -----------------------------------------------------------------
+    def stop_publishing(self) -> None:
+        """Stop the publishers (once); what is in flight still gets acknowledged."""
+        if self.publishing_stopped:
+            return
+        self.publishing_stopped = True
+        for publisher in self.publishers:
+            publisher.stop()
+        self.note("run", "publishers stopped")
+
     def drain(self) -> dict[str, Any]:
         """Stop publishing, wait for acknowledgements and deliveries (per message,
         each consumer until nothing more arrives for `drain` seconds); returns
         what did not arrive."""
         o = self.options
-        for publisher in self.publishers:
-            publisher.stop()
-        self.note("run", "publishers stopped")
+        self.stop_publishing()
         deadline = time.monotonic() + o.drain
         while time.monotonic() < deadline and any(p.outstanding() for p in self.publishers):
             self.supervise()
@@ -478,14 +619,17 @@ class Run:
         for kind, received in self.receivers().items():
             # Until nothing is missing, or nothing more arrived for `drain`
             # seconds: a consumer still catching up (the delivery job on a busy
-            # machine) is given the time it needs, a stuck one is not.
+            # machine) is given the time it needs, a stuck one is not. A job
+            # (re)started that has not delivered yet is still starting Spark:
+            # its `drain` seconds start when it delivers, or at most
+            # JOB_START seconds after it started.
             missing = len(acked - received())
             stalled_at = time.monotonic() + o.drain
             while missing and time.monotonic() < stalled_at:
                 self.supervise()
                 time.sleep(0.2)
                 now_missing = len(acked - received())
-                if now_missing < missing:
+                if now_missing < missing or (kind == "delivery" and self.job_starting()):
                     stalled_at = time.monotonic() + o.drain
                 missing = now_missing
             pending[kind] = missing
@@ -569,22 +713,47 @@ class Run:
             publisher.close()
             wire = self.directory / f"publisher-{publisher.name}.log"
             wire.write_text("\n".join(publisher.wire) + "\n")
-        if self.job is not None:
-            self.job.stop()
-        for worker in self.workers:
-            worker.stop(30)
-        for i, broker in enumerate(self.brokers):
+
+        def stop_broker(i: int) -> None:
+            broker = self.brokers[i]
             try:
                 broker.stop(30)
             except RuntimeError as exc:
                 self.note(f"node{i}", "stop failed", str(exc)[-2000:])
             broker.kill()
             shutil.copy(broker.log_path, self.directory / f"node{i}.log")
+
+        # All at once: nothing left depends on another (the counts are taken),
+        # and the job's Spark takes a while to stop.
+        calls: list[Callable[[], object]] = [functools.partial(w.stop, 30) for w in self.workers]
+        calls += [functools.partial(stop_broker, i) for i in range(len(self.brokers))]
+        if self.job is not None:
+            calls.append(self.job.stop)
+        at_once(calls)
         if self.endpoint is not None:
             self.endpoint.close()
         if self.postgres is not None:
             (self.directory / "postgres.log").write_text(self.postgres.log_text())
             self.postgres.stop()
+
+
+def at_once(calls: Sequence[Callable[[], object]]) -> None:
+    """Run `calls` in threads of their own and wait for all; the first error is raised."""
+    errors: list[BaseException] = []
+
+    def run(call: Callable[[], object]) -> None:
+        try:
+            call()
+        except BaseException as exc:  # handed to the caller below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(call,), daemon=True) for call in calls]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
 
 
 def qos_of(message: str) -> int:
@@ -724,6 +893,16 @@ def report(run: Run, kills: int, drained: dict[str, Any]) -> dict[str, Any]:
         "seed": o.seed,
         "kills": kills,
         "kills_by_target": dict(kills_by_target),
+        "kill_events": [
+            {
+                "at": round(e.at - run.t0, 1),
+                "target": e.target,
+                "while_publishing": e.publishing,
+                "job_requests": e.requests,
+            }
+            for e in run.events
+            if e.what == "kill"
+        ],
         "pg_restarts": o.pg_restarts,
         "published": sent,
         "acknowledged": len(acked),
@@ -774,7 +953,9 @@ def main(argv: list[str] | None = None) -> int:
         help="restart the PostgreSQL server N times (default with the flag: 3)",
     )
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--short", action="store_true", help="6 kills in 45 s (CI)")
+    parser.add_argument(
+        "--short", action="store_true", help="6 kills, 30 s of publishing, one job kill (CI)"
+    )
     parser.add_argument("--no-spark", action="store_true", help="without the delivery job")
     parser.add_argument("--rate", type=float, default=25.0, help="msg/s per publisher")
     parser.add_argument(
@@ -800,7 +981,7 @@ def main(argv: list[str] | None = None) -> int:
         backend=args.backend,
         nodes=nodes,
         kills=6 if args.short else args.kills,
-        duration=45.0 if args.short else args.duration,
+        duration=30.0 if args.short else args.duration,
         pg_restarts=args.pg_restart,
         seed=args.seed,
         spark=not args.no_spark,
@@ -808,6 +989,10 @@ def main(argv: list[str] | None = None) -> int:
         window=args.window,
         drain=args.drain if args.drain is not None else (90.0 if args.short else 180.0),
         keep=args.keep,
+        short=args.short,
+        # Short: the killed job's successor waits at most 10 s (its Spark
+        # start covers most of that), not 30.
+        lease=10.0 if args.short else 30.0,
     )
     if args.keep is not None:
         args.keep.mkdir(parents=True, exist_ok=True)
