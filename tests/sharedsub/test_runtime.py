@@ -6,11 +6,13 @@ with no loss and no duplicate, and a sharer that leaves hands its streams over."
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Iterator
 
 import pytest
 
+from riverbed.errors import StorageUnavailable
 from riverbed.log.log import Log
 from riverbed.model import Message
 from riverbed.sharedsub.borrower import Send
@@ -189,3 +191,41 @@ def test_sharers_on_two_nodes_share_one_leader_over_postgres(postgres_url: str) 
         assert len(leaders) == 1 and leaders[0].startswith("node-1/")
         assert sorted(a.got + b.got) == _all(log_1)  # no loss, no duplicate
         assert a.got and b.got
+
+
+def test_an_unreachable_store_costs_the_leader_side_a_line_not_its_ticks(
+    log: Log, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A tick that meets a store being restarted is logged in one line, without
+    a traceback, and the ticks go on: the sharer still gets every message."""
+    GroupStore(log.storage).create(GroupId("g", "t/#"), start_us=None, now_us=0)
+    _publish(log, 0, 100)
+
+    async def go() -> Sharer:
+        runtime = SharedRuntime(log.storage, FAST, "node-1")
+        real_tick = runtime.host.tick
+        failures = iter(range(2))
+
+        def tick() -> None:
+            if next(failures, None) is not None:
+                raise StorageUnavailable(
+                    "cannot connect to PostgreSQL: the database system is shutting down"
+                )
+            real_tick()
+
+        runtime.host.tick = tick  # type: ignore[method-assign]
+        a = Sharer(runtime, log, "a")
+        try:
+            a.apply(a.handler.subscribe(SHARE, time.monotonic()))
+            await _run([a], lambda: len(a.got) >= 100)
+            return a
+        finally:
+            await runtime.close()
+
+    with caplog.at_level(logging.WARNING, "riverbed.sharedsub.runtime"):
+        a = asyncio.run(go())
+    assert sorted(a.got) == _all(log)
+    lines = [r for r in caplog.records if r.name == "riverbed.sharedsub.runtime"]
+    assert [r.levelno for r in lines] == [logging.WARNING, logging.WARNING]
+    assert all(r.exc_info is None for r in lines)
+    assert "waits for the store" in lines[0].getMessage()

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Generic, TypeVar
 
+from riverbed.errors import StorageUnavailable
 from riverbed.sharedsub.bus import InProcessBus, Registry
 from riverbed.sharedsub.config import SharedSubConfig
 from riverbed.sharedsub.host import LeaderHost
@@ -214,11 +215,15 @@ class SharedRuntime:
                 try:
                     call(*args)
                     self._side.bus.drain()
+                except StorageUnavailable as exc:
+                    _unreachable(exc)
                 except Exception:
                     log.exception("shared subscriptions: the leader side failed")
         try:
             self.host.flush()
             self._side.bus.drain()
+        except StorageUnavailable as exc:
+            _unreachable(exc)
         except Exception:
             log.exception("shared subscriptions: the leader side failed")
         deadline = self.host.next_deadline()
@@ -262,3 +267,10 @@ class SharedRuntime:
         self._executor.shutdown(wait=False, cancel_futures=True)
         if self.remote is not None:
             await asyncio.to_thread(self.remote.close, timeout / 2)
+
+
+def _unreachable(exc: StorageUnavailable) -> None:
+    """The store cannot be reached (a restart, a failover): one line, no
+    traceback; the next tick tries again (what it could not save is saved
+    then, or redelivered after a takeover)."""
+    log.warning("shared subscriptions: the leader side waits for the store: %s", exc)
