@@ -57,6 +57,7 @@ CALLS: dict[str, Callable[[Storage], object]] = {
     "list_topics": lambda s: s.list_topics(),
     "update_topic": lambda s: s.update_topic("t", None, RetentionPolicy.EXPIRED),
     "set_topic_limits": lambda s: s.set_topic_limits("t", None, None),
+    "set_topic_key_mode": lambda s: s.set_topic_key_mode("t", "none"),
     "delete_topic": lambda s: s.delete_topic("t"),
     "list_storage_topics": lambda s: s.list_storage_topics("t"),
     "add_storage_topic": lambda s: s.add_storage_topic("t", lambda last: (1, 1)),

@@ -24,7 +24,7 @@ from riverbed.cli._app import (
 )
 from riverbed.errors import InvalidInput
 from riverbed.log.log import Log
-from riverbed.log.topics import DEFAULT_RETENTION_US
+from riverbed.log.topics import DEFAULT_KEY_MODE, DEFAULT_RETENTION_US, KeyMode
 from riverbed.model import format_duration
 from riverbed.storage.base import RetentionPolicy, StreamHead
 from riverbed.subscriptions.cursors import Subscriptions
@@ -46,6 +46,7 @@ def _max_messages(text: str) -> int | None:
 
 
 MAX_MESSAGES = _Parsed("N|none", _max_messages)
+KEY_MODE = _Parsed("client-topic|client-id|topic|property:NAME|none", KeyMode.parse)
 
 _MAX_AGE_HELP = (
     "Delete messages older than this even if a subscription has not consumed them"
@@ -74,6 +75,15 @@ _MAX_MESSAGES_HELP = "Keep at most N messages per stream, consumed or not; `none
 )
 @click.option("--max-age", type=RETENTION, default=None, help=_MAX_AGE_HELP)
 @click.option("--max-messages", type=MAX_MESSAGES, default=None, help=_MAX_MESSAGES_HELP)
+@click.option(
+    "--key",
+    "key_mode",
+    type=KEY_MODE,
+    default=None,
+    help="The ordering key of MQTT publishes the binding brings (needs --binding):"
+    " client-topic (the order MQTT promises), client-id, topic, property:NAME (a user"
+    f" property, else the client id) or none (spread, unordered). [default: {DEFAULT_KEY_MODE}]",
+)
 @db_option
 def topic_create(
     name: str,
@@ -83,6 +93,7 @@ def topic_create(
     retention_policy: str,
     max_age: int | None,
     max_messages: int | None,
+    key_mode: KeyMode | None,
 ) -> None:
     """Create topic NAME with one storage topic of --partitions streams."""
     with open_log() as log:
@@ -94,6 +105,7 @@ def topic_create(
             RetentionPolicy(retention_policy),
             max_age_us=max_age,
             max_messages=max_messages,
+            key_mode=key_mode,
         )
     click.echo(f"created topic {name!r} with {partitions} partitions")
 
@@ -145,6 +157,7 @@ def topic_rows(log: Log) -> list[dict[str, Any]]:
             {
                 "name": record.name,
                 "binding": record.binding,
+                "key": record.key_mode,
                 "partitions": produce.partitions,
                 "generations": len(generations),
                 "retention": None
@@ -167,6 +180,7 @@ def topics_table(rows: list[dict[str, Any]]) -> Table:
         [
             r["name"],
             r["binding"],
+            r["key"],
             r["partitions"],
             r["generations"],
             f"{r['retention'] or 'none'} ({r['retention_policy']})",
@@ -175,7 +189,7 @@ def topics_table(rows: list[dict[str, Any]]) -> Table:
         ]
         for r in rows
     ]
-    columns = ["topic", "binding", "partitions", "gens", "retention", "messages", "subs"]
+    columns = ["topic", "binding", "key", "partitions", "gens", "retention", "messages", "subs"]
     return make_table("Topics", columns, cells)
 
 
@@ -209,7 +223,8 @@ def topic_describe(name: str, as_json: bool) -> None:
     produce = description.storage_topics[record.produce_pointer].generation
     console = make_console()
     console.print(
-        f"topic {name}: binding {record.binding or '-'}, retention {info['retention'] or 'none'}"
+        f"topic {name}: binding {record.binding or '-'} (key {record.key_mode}),"
+        f" retention {info['retention'] or 'none'}"
         f" ({record.retention_policy.value}),"
         f" {_limits_text(record.max_age_us, record.max_messages)},"
         f" produces to generation {produce}",

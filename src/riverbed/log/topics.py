@@ -4,11 +4,21 @@ A topic is a named log made of an ordered list of storage topics (generations);
 each generation has P partitions and a scale factor K. A binding is an MQTT
 topic filter saying which MQTT topic names the topic stores; bindings may not
 overlap, and the built-in topic `mqtt` stores whatever no binding claims.
+
+A binding also says which ordering key the MQTT publishes it brings get (its
+`KeyMode`): messages with one key stay in one stream, in order, and a shared
+group lends whole streams to its members, so the key decides both what stays in
+order and how far a group can spread the work. MQTT promises order per topic
+from each publisher ([MQTT-4.6.0-5], "Ordered Topic"); `client-topic`, the key
+new topics get, is exactly that pair, so nothing MQTT promises is lost and a
+busy publisher's topics, or one topic's many publishers, spread over streams.
+Topics made before key modes existed keep what they had: `client-id`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import re
 import time
 from collections.abc import Callable, Iterable
@@ -55,6 +65,93 @@ def validate_limits(max_age_us: int | None, max_messages: int | None) -> None:
         )
 
 
+class KeyKind(enum.Enum):
+    """Where the ordering key of an MQTT PUBLISH comes from (`KeyMode`)."""
+
+    CLIENT_ID = "client-id"
+    """The publisher's client id: each publisher's messages in order, all of
+    them in one stream (one member of a shared group)."""
+    TOPIC = "topic"
+    """The MQTT topic name: each topic in order, whoever publishes to it."""
+    CLIENT_TOPIC = "client-topic"
+    """The client id and the topic name together: what MQTT promises, order per
+    topic from each publisher, and the widest spread that keeps it."""
+    PROPERTY = "property"
+    """A user property the publisher sets (`property:NAME`)."""
+    NONE = "none"
+    """No key: messages are spread over the streams one by one, in no order."""
+
+
+KEY_FORMS = "client-id, topic, client-topic, property:NAME or none"
+"""The accepted forms of a key mode, for error messages and help."""
+
+
+@dataclass(frozen=True, slots=True)
+class KeyMode:
+    """The ordering key a topic's binding gives MQTT publishes.
+
+    Whatever the mode, a PUBLISH with the user property `key` has that key
+    (`riverbed.mqtt.messages.KEY_PROPERTY`): the publisher asked for it, so it
+    is honoured under `none` too. `property:NAME` falls back to the client id
+    when the PUBLISH has no such property (the key MQTT publishes always had).
+    """
+
+    kind: KeyKind
+    property: str | None = None
+    """The user property's name, for `KeyKind.PROPERTY` only."""
+
+    def __post_init__(self) -> None:
+        if (self.kind is KeyKind.PROPERTY) != (self.property is not None):
+            raise InvalidInput(
+                f"key mode {self.kind.value!r}: a user property name goes with"
+                " property:NAME, and only with it"
+            )
+        if self.property is not None and (not self.property or "\x00" in self.property):
+            raise InvalidInput(
+                f"key mode property:{self.property!r} needs a user property name:"
+                " at least one character, no U+0000"
+            )
+
+    @classmethod
+    def parse(cls, text: str) -> KeyMode:
+        """`client-id`, `topic`, `client-topic`, `property:NAME` or `none`;
+        anything else raises `InvalidInput` naming the value and those forms."""
+        if not isinstance(text, str):
+            raise InvalidInput(f"key mode {text!r} is not text: use one of {KEY_FORMS}")
+        name, colon, rest = text.partition(":")
+        if colon and name == KeyKind.PROPERTY.value:
+            if not rest:
+                raise InvalidInput(
+                    f"key mode {text!r} names no user property: use property:NAME,"
+                    f" e.g. property:device (accepted: {KEY_FORMS})"
+                )
+            return cls(KeyKind.PROPERTY, rest)
+        if not colon and text != KeyKind.PROPERTY.value:
+            with contextlib.suppress(ValueError):
+                return cls(KeyKind(text))
+        raise InvalidInput(f"key mode {text!r} is not one of {KEY_FORMS}")
+
+    def __str__(self) -> str:
+        if self.kind is KeyKind.PROPERTY:
+            return f"property:{self.property}"
+        return str(self.kind.value)
+
+
+CLIENT_ID_KEY = KeyMode(KeyKind.CLIENT_ID)
+"""The key MQTT publishes had before key modes: what older topics keep."""
+DEFAULT_KEY_MODE = KeyMode(KeyKind.CLIENT_TOPIC)
+"""What a topic created without a key mode gets (module docstring)."""
+
+
+def stored_key_mode(record: TopicRecord) -> KeyMode:
+    """The key mode a topic's record holds (`CLIENT_ID_KEY` if its text is
+    not one: the storage only ever gets text `KeyMode.parse` took)."""
+    try:
+        return KeyMode.parse(record.key_mode)
+    except InvalidInput:
+        return CLIENT_ID_KEY
+
+
 @dataclass(frozen=True, slots=True)
 class TopicDescription:
     topic: TopicRecord
@@ -66,6 +163,7 @@ class TopicDescription:
         return {
             "name": t.name,
             "binding": t.binding,
+            "key": t.key_mode,
             "retention": None if t.retention_us is None else format_duration(t.retention_us),
             "retention_policy": t.retention_policy.value,
             "max_age": None if t.max_age_us is None else format_duration(t.max_age_us),
@@ -103,20 +201,27 @@ class Topics:
         retention_policy: RetentionPolicy = RetentionPolicy.CONSUMED_AND_EXPIRED,
         max_age_us: int | None = None,
         max_messages: int | None = None,
+        key_mode: KeyMode | None = None,
     ) -> TopicRecord:
         """Create a topic with one storage topic of `partitions` (K=1).
 
         `max_age_us` and `max_messages` (per stream) are limits retention applies
-        whoever has not consumed (`set_limits`).
+        whoever has not consumed (`set_limits`). `key_mode`: the ordering key of
+        the MQTT publishes its binding brings (`DEFAULT_KEY_MODE` if None); only
+        for a topic with a binding.
 
         Raises `InvalidInput` subclasses for a bad name, partition count, binding,
-        retention or limit, `BindingOverlap` if the binding overlaps another
-        topic's, and `AlreadyExists`; in every case nothing is written.
+        retention, limit or key mode, `BindingOverlap` if the binding overlaps
+        another topic's, and `AlreadyExists`; in every case nothing is written.
         """
         validate_topic_name(name)
         validate_partitions(partitions)
         if binding is not None:
             validate_filter(binding)
+        if key_mode is None:
+            key_mode = DEFAULT_KEY_MODE
+        else:
+            _check_key_mode(name, binding, key_mode)
         if retention_us is not None and retention_us < 0:
             raise InvalidInput(f"retention {retention_us}us must not be negative")
         validate_limits(max_age_us, max_messages)
@@ -142,6 +247,7 @@ class Topics:
             time.time_ns() // 1000,
             max_age_us,
             max_messages,
+            str(key_mode),
         )
         self.storage.create_topic(record, partitions, no_overlap)
         self._on_change()
@@ -210,6 +316,20 @@ class Topics:
         self._on_change()
         return record
 
+    def set_key_mode(self, name: str, key_mode: KeyMode) -> TopicRecord:
+        """Set the ordering key of the MQTT publishes topic `name`'s binding
+        brings, from the next PUBLISH on (brokers see it within
+        `log.BINDINGS_TTL`). Messages already stored keep their streams: a key
+        mode that moves a publisher's messages to another stream gives no order
+        between what came before and after.
+
+        Raises `InvalidInput` for a topic without a binding (other than the
+        built-in `mqtt`), `TopicNotFound`; nothing is changed then."""
+        _check_key_mode(name, self.storage.get_topic(name).binding, key_mode)
+        record = self.storage.set_topic_key_mode(name, str(key_mode))
+        self._on_change()
+        return record
+
     def delete(self, name: str) -> int:
         """Delete a topic with its messages and subscriptions; returns messages deleted."""
         if name == BUILTIN_TOPIC:
@@ -217,6 +337,16 @@ class Topics:
         deleted = self.storage.delete_topic(name)
         self._on_change()
         return deleted
+
+
+def _check_key_mode(name: str, binding: str | None, key_mode: KeyMode) -> None:
+    if not isinstance(key_mode, KeyMode):
+        raise InvalidInput(f"key mode {key_mode!r} is not a KeyMode: use one of {KEY_FORMS}")
+    if binding is None and name != BUILTIN_TOPIC:
+        raise InvalidInput(
+            f"key mode {str(key_mode)!r} for topic {name!r}: a key mode applies to the MQTT"
+            " publishes a binding brings, and the topic has no binding"
+        )
 
 
 def reachable_topics(

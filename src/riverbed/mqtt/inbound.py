@@ -137,8 +137,7 @@ class Inbound:
         accepted = self._accept(packet)
         if accepted is None:
             return True
-        topic, message = accepted
-        log_topic = self.conn.broker.log.topic_for(topic)
+        log_topic, message = accepted
         batch = self._batches.get(log_topic)
         if batch is None:
             batch = self._batches[log_topic] = Batch(self, log_topic)
@@ -167,7 +166,7 @@ class Inbound:
 
     def _accept(self, packet: Publish) -> tuple[str, Message] | None:
         """Checks every PUBLISH passes: topic alias, Receive Maximum, retain,
-        authorization. Returns (topic name, message), or None when refused here."""
+        authorization. Returns (log topic, message), or None when refused here."""
         conn = self.conn
         conn.require_session()
         properties = packet.properties
@@ -225,7 +224,10 @@ class Inbound:
                 denied = PubrecReason.NOT_AUTHORIZED if v5 else PubrecReason.SUCCESS
                 self._answer(packet, Pubrec(packet.packet_id or 0, denied))
             return None
-        return topic, message_from_publish(packet, topic, conn.client_id)
+        # The binding that stores the topic name gives the log topic and the
+        # message's key mode, both remembered by the log (`Log.route`).
+        route = conn.broker.log.route(topic)
+        return route.topic, message_from_publish(packet, topic, conn.client_id, route.key_mode)
 
     def _answer(self, packet: Publish, answer: Puback | Pubrec) -> None:
         """Acknowledge `packet` with `answer`, decided now, in arrival order: at
@@ -243,10 +245,9 @@ class Inbound:
         accepted = self._accept(packet)
         if accepted is None:
             return
-        topic, message = accepted
+        log_topic, message = accepted
         broker = self.conn.broker
         retain = packet.retain and broker.config.limits.retain_available
-        log_topic = broker.log.topic_for(topic)
         if retain:
             # Durable before the acknowledgement, like the message (mqtt/retained.py).
             broker.log.check(log_topic, message)

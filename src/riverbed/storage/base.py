@@ -67,6 +67,10 @@ class TopicRecord:
     max_messages: int | None = None
     """A stream keeps at most this many messages, consumed or not (like Pulsar's
     backlog quota, counted in messages per stream); None: no limit."""
+    key_mode: str = "client-id"
+    """The ordering key of the MQTT publishes its binding brings, as text
+    (`riverbed.log.topics.KeyMode`; the storage does not read it). Topics made
+    before key modes existed have `client-id`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +179,11 @@ class Storage(Protocol):
     ) -> TopicRecord:
         """Set the limits retention applies regardless of subscriptions (None:
         none). Raises `TopicNotFound`."""
+        ...
+
+    def set_topic_key_mode(self, name: str, key_mode: str) -> TopicRecord:
+        """Set the key mode of the topic's binding (text the caller validated).
+        Raises `TopicNotFound`."""
         ...
 
     def delete_topic(self, name: str) -> int:

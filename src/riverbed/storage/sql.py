@@ -41,7 +41,7 @@ from riverbed.storage.schema import MESSAGE_COLUMNS, MIGRATIONS
 
 _TOPIC_COLUMNS = (
     "name, binding, retention_us, retention_policy, produce_pointer, created_us,"
-    " max_age_us, max_messages"
+    " max_age_us, max_messages, key_mode"
 )
 _SUB_COLUMNS = "name, topic, topic_filter, start_kind, start_us, created_us"
 _HEAD_COLUMNS = "id, topic, generation, part, start_offset, next_offset, sealed"
@@ -78,7 +78,7 @@ def now_us() -> int:
 
 def _topic(row: Sequence[Any]) -> TopicRecord:
     return TopicRecord(
-        row[0], row[1], row[2], RetentionPolicy(row[3]), row[4], row[5], row[6], row[7]
+        row[0], row[1], row[2], RetentionPolicy(row[3]), row[4], row[5], row[6], row[7], row[8]
     )
 
 
@@ -203,7 +203,7 @@ class SqlStorage(ConnectedStorage):
             validate(existing)
             self._x(
                 cur,
-                f"INSERT INTO topics ({_TOPIC_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO topics ({_TOPIC_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     topic.name,
                     topic.binding,
@@ -213,6 +213,7 @@ class SqlStorage(ConnectedStorage):
                     topic.created_us,
                     topic.max_age_us,
                     topic.max_messages,
+                    topic.key_mode,
                 ),
             )
             self._insert_generation(cur, StorageTopicRecord(topic.name, 0, partitions, 1))
@@ -258,6 +259,10 @@ class SqlStorage(ConnectedStorage):
         self, name: str, max_age_us: int | None, max_messages: int | None
     ) -> TopicRecord:
         return self._set_topic(name, "max_age_us = ?, max_messages = ?", (max_age_us, max_messages))
+
+    @operation
+    def set_topic_key_mode(self, name: str, key_mode: str) -> TopicRecord:
+        return self._set_topic(name, "key_mode = ?", (key_mode,))
 
     def _set_topic(self, name: str, assignments: str, values: Sequence[Any]) -> TopicRecord:
         """Change columns of a topic's row (`assignments`: `col = ?, ...`)."""
