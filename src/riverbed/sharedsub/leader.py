@@ -67,7 +67,6 @@ from riverbed.sharedsub.protocol import (
     RevokeFinished,
     ToLeader,
     UpdateProgress,
-    stream_order,
 )
 from riverbed.storage.base import StorageTopicRecord, StreamHead
 
@@ -415,7 +414,7 @@ class Leader:
                     consumed.add(head.stream)
                 else:
                     lendable.append(head.stream)
-        self.lendable = sorted(lendable, key=stream_order)
+        self.lendable = sorted(lendable, key=lending_order)
         self.consumed = consumed
 
     def _save(self) -> SaveProgress:
@@ -461,5 +460,13 @@ class Leader:
         return Send(a.borrower, Revoke(self.group, a.borrower, self.id, stream))
 
 
-def _by_stream(item: tuple[StreamId, Assignment]) -> tuple[str, int, int]:
-    return stream_order(item[0])
+def lending_order(stream: StreamId) -> tuple[int, str, int]:
+    """The order streams are lent and taken back in: by partition first, so
+    that a group whose filter reaches several topics (a bound topic and the
+    built-in `mqtt`) gives each member a share of every topic's partitions,
+    not one whole topic each (and one member all the work)."""
+    return (stream.partition, stream.topic, stream.generation)
+
+
+def _by_stream(item: tuple[StreamId, Assignment]) -> tuple[int, str, int]:
+    return lending_order(item[0])
