@@ -48,6 +48,14 @@ parent reads those files as they grow.
    counted. A SIGKILL closes the sharer's socket, so the broker learns of it at
    once (a sharer that hangs without closing it is not measured here).
 
+Key modes (`--key-mode MODE`, throughput only): the store gets a topic `bench`
+bound to `b/#` with that key mode (16 partitions) before the broker starts, and
+the publishers send no user property `key` (with `property:NAME`, the message's
+bench key goes in NAME instead), so the binding's mode alone decides the
+streams; `--topics N` publishes round robin to `b/t/0` .. `b/t/N-1`. The group
+then lends the 32 streams of `bench` and the builtin `mqtt`. A sharer knows a
+message's partition only when the key is a bench key (no mode, `property:`).
+
 Riverbed runs `riverbed serve --config FILE` with the shared subscription
 timers at their defaults (printed; `--shared KEY=VALUE` changes one), SQLite in
 a temp dir; mosquitto as in bench/mqtt.py. Everything listens on 127.0.0.1 only;
@@ -56,6 +64,7 @@ everything started is stopped by pid (SIGTERM, then SIGKILL), temp dirs removed.
     .venv/bin/python bench/shared.py [--messages 50000] [--repeats 3]
         [--brokers riverbed,mosquitto] [--sharers 1,2,4] [--publishers 2]
         [--rate 2000] [--window 0.1] [--phases throughput,rebalance]
+        [--key-mode MODE --topics N --phases throughput]
 """
 
 from __future__ import annotations
