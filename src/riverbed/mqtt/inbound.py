@@ -317,20 +317,23 @@ class Inbound:
         acknowledgements due."""
         positions = batch.positions
         if positions is not None:
+            # One run per stream of what this batch added there in a row: a key
+            # mode that spreads (`none`, keys per topic) interleaves streams
+            # message by message, and routing each message alone costs a wake-up
+            # of each waiting session per message.
             router = self.conn.broker.router
-            start = batch.start
-            run_stream: StreamId | None = None
-            run_first = 0
-            run: list[StoredMessage] = []
-            for i, message in enumerate(batch.messages, start):
+            runs: dict[StreamId, tuple[int, list[StoredMessage]]] = {}
+            for i, message in enumerate(batch.messages, batch.start):
                 stream, offset = positions[i]
-                if stream != run_stream or offset != run_first + len(run):
-                    if run_stream is not None:
-                        router.committed(run_stream, run_first, run)
-                    run_stream, run_first, run = stream, offset, []
-                run.append(committed_row(message, offset))
-            if run_stream is not None:
-                router.committed(run_stream, run_first, run)
+                run = runs.get(stream)
+                if run is not None:
+                    if offset == run[0] + len(run[1]):
+                        run[1].append(committed_row(message, offset))
+                        continue
+                    router.committed(stream, *run)  # a gap: others appended between
+                runs[stream] = (offset, [committed_row(message, offset)])
+            for stream, (first, rows) in runs.items():
+                router.committed(stream, first, rows)
         self._send_acks()
 
     def _committed(self, position: Position | None, message: Message) -> None:
