@@ -34,11 +34,11 @@ def test_create_with_a_key_shows_it_in_describe_and_list(db: str, key: str) -> N
     assert f"(key {key})" in ok(db, "topic", "describe", "jobs").stdout
 
 
-def test_the_default_key_is_client_topic(db: str) -> None:
+def test_the_default_key_is_client_topic_and_mqtt_keeps_client_id(db: str) -> None:
     ok(db, "topic", "create", "jobs", "--partitions", "4", "--binding", "jobs/#")
     rows = listed(db)
     assert rows["jobs"]["key"] == "client-topic"
-    assert rows["mqtt"]["key"] == "client-topic"  # a new database's built-in topic too
+    assert rows["mqtt"]["key"] == "client-id"  # the built-in topic, as in every database
     assert "client-topic" in ok(db, "topic", "create", "--help").stdout
 
 

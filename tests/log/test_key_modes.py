@@ -89,7 +89,9 @@ def snapshot(storage: Storage) -> tuple[object, ...]:
 def test_new_topics_get_client_topic_and_keep_what_they_are_given(storage: Storage) -> None:
     topics = Topics(storage)
     topics.ensure_builtin()
-    assert storage.get_topic(BUILTIN_TOPIC).key_mode == str(DEFAULT_KEY_MODE) == "client-topic"
+    # The catch-all of a new database is keyed as in an upgraded one.
+    assert storage.get_topic(BUILTIN_TOPIC).key_mode == "client-id"
+    assert str(DEFAULT_KEY_MODE) == "client-topic"
     assert topics.create("plain", 2, binding="plain/#").key_mode == "client-topic"
     made = topics.create("spread", 2, binding="s/#", key_mode=KeyMode.parse("none"))
     assert made.key_mode == "none"
@@ -124,7 +126,7 @@ def test_set_key_mode(storage: Storage) -> None:
 def test_route_gives_the_binding_key_mode_and_sees_changes_at_once(log: Log) -> None:
     log.topics.create("orders", 4, binding="orders/#", key_mode=KeyMode.parse("none"))
     assert log.route("orders/eu") == ("orders", KeyMode.parse("none"))
-    assert log.route("other") == (BUILTIN_TOPIC, DEFAULT_KEY_MODE)
+    assert log.route("other") == (BUILTIN_TOPIC, CLIENT_ID_KEY)
     assert log.route("orders/eu") is log.route("orders/eu")  # remembered, not resolved again
     log.topics.set_key_mode("orders", KeyMode.parse("property:device"))
     assert log.route("orders/eu") == ("orders", KeyMode.parse("property:device"))

@@ -11,7 +11,7 @@ from riverbed.errors import InvalidInput, StorageError
 from riverbed.log.appender import Appender, Positions
 from riverbed.log.topics import (
     BUILTIN_TOPIC,
-    DEFAULT_KEY_MODE,
+    CLIENT_ID_KEY,
     KeyMode,
     Topics,
     resolve_binding,
@@ -149,7 +149,9 @@ class Log:
         found = self._routes.get(mqtt_topic)
         if found is None:
             topic = resolve_binding(self._bindings, mqtt_topic)
-            found = Route(topic, self._key_modes.get(topic, DEFAULT_KEY_MODE))
+            # Not loaded (the storage unreachable so far): the commit will fail;
+            # the key every topic had before key modes meanwhile.
+            found = Route(topic, self._key_modes.get(topic, CLIENT_ID_KEY))
             if len(self._routes) >= ROUTES_CACHED:
                 self._routes.clear()
             self._routes[mqtt_topic] = found

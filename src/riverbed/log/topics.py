@@ -12,7 +12,10 @@ order and how far a group can spread the work. MQTT promises order per topic
 from each publisher ([MQTT-4.6.0-5], "Ordered Topic"); `client-topic`, the key
 new topics get, is exactly that pair, so nothing MQTT promises is lost and a
 busy publisher's topics, or one topic's many publishers, spread over streams.
-Topics made before key modes existed keep what they had: `client-id`.
+Topics made before key modes existed keep what they had, `client-id`, and so
+does the built-in `mqtt` in every database, new ones included: the catch-all
+behaves the same whichever Riverbed made the database (`Topics.set_key_mode`
+changes it).
 """
 
 from __future__ import annotations
@@ -141,6 +144,10 @@ CLIENT_ID_KEY = KeyMode(KeyKind.CLIENT_ID)
 """The key MQTT publishes had before key modes: what older topics keep."""
 DEFAULT_KEY_MODE = KeyMode(KeyKind.CLIENT_TOPIC)
 """What a topic created without a key mode gets (module docstring)."""
+BUILTIN_KEY_MODE = CLIENT_ID_KEY
+"""The built-in `mqtt`'s key mode in a new database: the one it has in every
+database made before key modes, so the catch-all (what clients publish without
+any binding) behaves the same in a new database and an upgraded one."""
 
 
 def stored_key_mode(record: TopicRecord) -> KeyMode:
@@ -254,12 +261,13 @@ class Topics:
         return record
 
     def ensure_builtin(self) -> None:
-        """Create the catch-all topic `mqtt` if it does not exist yet."""
+        """Create the catch-all topic `mqtt` if it does not exist yet, keyed by
+        client id like in every database (`BUILTIN_KEY_MODE`)."""
         try:
             self.storage.get_topic(BUILTIN_TOPIC)
         except TopicNotFound:
             with contextlib.suppress(AlreadyExists):  # another process won the race
-                self.create(BUILTIN_TOPIC, BUILTIN_PARTITIONS)
+                self.create(BUILTIN_TOPIC, BUILTIN_PARTITIONS, key_mode=BUILTIN_KEY_MODE)
 
     def get(self, name: str) -> TopicRecord:
         return self.storage.get_topic(name)

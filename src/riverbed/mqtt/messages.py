@@ -4,10 +4,10 @@ A PUBLISH becomes a `Message` with the MQTT topic name, the payload, QoS and
 retain flag. Its key (the ordering key, DESIGN.md) is the user property `key`
 if present, else what the key mode of the binding that stores the topic says
 (`riverbed.log.topics.KeyMode`): the client id and topic name together
-(`client-topic`, the default of new topics: the order MQTT promises), the client
-id (`client-id`: per-publisher order, what topics made before key modes keep),
-the topic name, another user property, or no key at all (`none`: spread one by
-one). Messages with one key stay in one stream, in order.
+(`client-topic`, the default of created topics: the order MQTT promises), the
+client id (`client-id`: per-publisher order; the built-in `mqtt` and topics made
+before key modes), the topic name, another user property, or no key at all
+(`none`: spread one by one). Messages with one key stay in one stream, in order.
 
 MQTT 5 user properties are kept as they are, in order. The other properties a
 subscriber must see again (Payload Format Indicator, Content Type, Response
