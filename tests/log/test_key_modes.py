@@ -44,6 +44,7 @@ def test_parse_property_keeps_the_name_after_the_first_colon() -> None:
         ("", "is not one of"),
         ("property", "is not one of"),
         ("property:", "names no user property"),
+        ("property:a\x00b", "names no user property"),
         ("Client-Id", "is not one of"),
         ("topic:x", "is not one of"),
         (" none", "is not one of"),

@@ -10,7 +10,7 @@ A binding also says which ordering key the MQTT publishes it brings get (its
 group lends whole streams to its members, so the key decides both what stays in
 order and how far a group can spread the work. MQTT promises order per topic
 from each publisher ([MQTT-4.6.0-5], "Ordered Topic"); `client-topic`, the key
-new topics get, is exactly that pair, so nothing MQTT promises is lost and a
+created topics get, is exactly that pair, so nothing MQTT promises is lost and a
 busy publisher's topics, or one topic's many publishers, spread over streams.
 Topics made before key modes existed keep what they had, `client-id`, and so
 does the built-in `mqtt` in every database, new ones included: the catch-all
@@ -123,10 +123,10 @@ class KeyMode:
             raise InvalidInput(f"key mode {text!r} is not text: use one of {KEY_FORMS}")
         name, colon, rest = text.partition(":")
         if colon and name == KeyKind.PROPERTY.value:
-            if not rest:
+            if not rest or "\x00" in rest:
                 raise InvalidInput(
                     f"key mode {text!r} names no user property: use property:NAME,"
-                    f" e.g. property:device (accepted: {KEY_FORMS})"
+                    f" e.g. property:device, NAME without U+0000 (accepted: {KEY_FORMS})"
                 )
             return cls(KeyKind.PROPERTY, rest)
         if not colon and text != KeyKind.PROPERTY.value:
