@@ -1,6 +1,6 @@
 """PUBLISH from a client: topic aliases, authorization, commit, acknowledgements.
 
-A PUBLISH is committed to the log (the topic `Log.topic_for` picks) before its
+A PUBLISH is committed to the log (the topic `Log.route` picks, with its key mode) before its
 PUBACK/PUBREC goes out, and acknowledgements go out in the order the PUBLISHes
 came in [MQTT-4.6.0-2], refusals included: a PUBLISH refused on arrival (not
 authorized) waits behind the commits before it, already answered (`_Answered`).
