@@ -48,6 +48,14 @@ parent reads those files as they grow.
    counted. A SIGKILL closes the sharer's socket, so the broker learns of it at
    once (a sharer that hangs without closing it is not measured here).
 
+Key modes (`--key-mode MODE`, throughput only): the store gets a topic `bench`
+bound to `b/#` with that key mode (16 partitions) before the broker starts, and
+the publishers send no user property `key` (with `property:NAME`, the message's
+bench key goes in NAME instead), so the binding's mode alone decides the
+streams; `--topics N` publishes round robin to `b/t/0` .. `b/t/N-1`. The group
+then lends the 32 streams of `bench` and the builtin `mqtt`. A sharer knows a
+message's partition only when the key is a bench key (no mode, `property:`).
+
 Riverbed runs `riverbed serve --config FILE` with the shared subscription
 timers at their defaults (printed; `--shared KEY=VALUE` changes one), SQLite in
 a temp dir; mosquitto as in bench/mqtt.py. Everything listens on 127.0.0.1 only;
@@ -56,6 +64,7 @@ everything started is stopped by pid (SIGTERM, then SIGKILL), temp dirs removed.
     .venv/bin/python bench/shared.py [--messages 50000] [--repeats 3]
         [--brokers riverbed,mosquitto] [--sharers 1,2,4] [--publishers 2]
         [--rate 2000] [--window 0.1] [--phases throughput,rebalance]
+        [--key-mode MODE --topics N --phases throughput]
 """
 
 from __future__ import annotations
@@ -130,6 +139,14 @@ def bench_keys() -> list[str]:
     return ordered[:KEYS]
 
 
+def key_property(key_mode: str | None) -> str:
+    """The user property the publishers put the bench key in: `key` without
+    --key-mode, the property of `property:NAME`, none ("") for the other modes."""
+    if key_mode is None:
+        return "key"
+    return key_mode.removeprefix("property:") if key_mode.startswith("property:") else ""
+
+
 def payload(seq: int, pad: bytes = b"x" * (PAYLOAD - 20)) -> bytes:
     return b"%020d" % seq + pad
 
@@ -181,11 +198,13 @@ def run_pub(args: argparse.Namespace) -> None:
     from paho.mqtt.properties import Properties
 
     keys = bench_keys()
-    props = []
+    props: list[Any] = []
+    name = key_property(args.key_mode)
     for key in keys:
         p = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
-        p.UserProperty = ("key", key)
-        props.append(p)
+        p.UserProperty = (name, key)
+        props.append(p if name else None)
+    topics = [TOPIC] if args.topics == 1 else [f"{TOPIC}/{i}" for i in range(args.topics)]
     c = _client(f"bench-pub-{args.first}")
     window = threading.Semaphore(RECEIVE_MAXIMUM)
     acks = [0]
@@ -229,7 +248,8 @@ def run_pub(args: argparse.Namespace) -> None:
         if not acquire():
             break
         seq = args.first + i
-        infos.append((seq, c.publish(TOPIC, payload(seq), 1, properties=props[seq % KEYS])))
+        topic = topics[seq % len(topics)]
+        infos.append((seq, c.publish(topic, payload(seq), 1, properties=props[seq % KEYS])))
         i += 1
     last = now_ns()
     deadline = time.monotonic() + args.timeout
@@ -257,14 +277,15 @@ def run_sharer(args: argparse.Namespace) -> None:
     appended to `--out` before on_message returns (before paho's PUBACK)."""
     fd = os.open(args.out, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     parts = {key: partition_of(key) for key in bench_keys()}
+    name = key_property(args.key_mode) or "\x00"  # no key known: partition -1
     c = _client(args.client_id)
     write, pack = os.write, RECORD.pack
 
     def on_message(client: Any, userdata: Any, msg: Any) -> None:
         arrived = time.monotonic_ns()
         part = -1
-        for name, value in getattr(msg.properties, "UserProperty", ()):
-            if name == "key":
+        for prop, value in getattr(msg.properties, "UserProperty", ()):
+            if prop == name:
                 part = parts.get(value, -1)
                 if part < 0:
                     part = parts[value] = partition_of(value)
@@ -400,10 +421,46 @@ def cleanup() -> None:
     BROKERS.clear()
 
 
+def client_options(args: argparse.Namespace) -> list[str]:
+    """What a client role process needs to know of --key-mode and --topics."""
+    return (["--key-mode", args.key_mode] if args.key_mode else []) + ["--topics", str(args.topics)]
+
+
 class Riverbed(Broker):
     name = "riverbed"
     shared: ClassVar[dict[str, float]] = {}
     """[shared_subscriptions] of the config file."""
+    key_mode: ClassVar[str | None] = None
+    """--key-mode: a topic `bench` bound to FILTER with this key mode, made
+    before the broker starts (None: the messages go to the builtin `mqtt`)."""
+
+    @property
+    def streams(self) -> int:
+        """The streams the group lends: the builtin topic's, and `bench`'s."""
+        return PARTITIONS * (2 if self.key_mode else 1)
+
+    def start(self, timeout: float = 30.0) -> None:
+        if self.key_mode:
+            (self.workdir / "data").mkdir(exist_ok=True)
+            create = ["topic", "create", "bench", "--partitions", str(PARTITIONS)]
+            out = subprocess.run(
+                [
+                    *riverbed_cli(),
+                    "--db",
+                    self.url,
+                    *create,
+                    "--binding",
+                    FILTER,
+                    "--key",
+                    self.key_mode,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            if out.returncode != 0 and "exists already" not in out.stderr:
+                raise RuntimeError(f"riverbed topic create bench: {out.stderr.strip()}")
+        super().start(timeout)
 
     @property
     def url(self) -> str:
@@ -441,14 +498,14 @@ class Riverbed(Broker):
         """Seconds until the group record (`group describe`, as of the Leader's
         last save) shows `members` Borrowers holding 16 div B or + 1 streams each."""
         start = time.monotonic()
-        low = PARTITIONS // members
+        low = self.streams // members
         while time.monotonic() - start < timeout:
             with contextlib.suppress(RuntimeError, ValueError):
                 held = json.loads(self.group("describe", GROUP, FILTER, "--json"))["borrowers"]
                 counts = [len(streams) for streams in held.values()]
                 if (
                     len(counts) == members
-                    and sum(counts) == PARTITIONS
+                    and sum(counts) == self.streams
                     and all(low <= n <= low + 1 for n in counts)
                 ):
                     return time.monotonic() - start
@@ -603,6 +660,7 @@ class Throughput:
             n = min(size, first + count - lo)
             cmd = ["--role", "pub", "--port", str(self.broker.port), "--out", str(out)]
             cmd += ["--first", str(lo), "--count", str(n), "--rate", "0", "--timeout", "120"]
+            cmd += client_options(self.args)
             pubs.append((Child(cmd, f"publisher {lo}"), out))
         for child, _ in pubs:
             child.expect("ready")
@@ -622,6 +680,7 @@ class Throughput:
             out = self.workdir / f"{name}.bin"
             receipts.append(Receipts(name, out))
             cmd = ["--role", "sharer", "--port", str(self.broker.port), "--out", str(out)]
+            cmd += client_options(self.args)
             children.append(Child([*cmd, "--client-id", f"sharer-{name}"], name))
         for child in children:
             child.expect("connected")
@@ -652,8 +711,9 @@ class Throughput:
         split = []
         for r in receipts:
             mine = [i for i, s in enumerate(r.seq) if first <= s < first + count]
-            parts = {r.part[i] for i in mine}
-            split.append(f"{r.name.rsplit('-', 1)[1]} {len(mine)} ({len(parts)} partitions)")
+            parts = {r.part[i] for i in mine if r.part[i] >= 0}
+            where = f" ({len(parts)} partitions)" if parts else ""
+            split.append(f"{r.name.rsplit('-', 1)[1]} {len(mine)}{where}")
         f.note = "per sharer: " + ", ".join(split)
         return f
 
@@ -1167,6 +1227,17 @@ def main() -> None:
         metavar="KEY=SECONDS",
         help="a [shared_subscriptions] timer other than its default",
     )
+    p.add_argument(
+        "--key-mode",
+        metavar="MODE",
+        help="throughput only: publish to a topic `bench` bound to b/# with this key mode"
+        " (client-topic, client-id, topic, property:NAME, none), without the user property"
+        " `key` (property:NAME: the bench key in that property); default: the builtin topic,"
+        " keys in `key`",
+    )
+    p.add_argument(
+        "--topics", type=int, default=1, help="publish to b/t (1) or round robin to b/t/0..N-1"
+    )
     p.add_argument("--keep", action="store_true", help="keep the temp dirs (logs, stores)")
     # client roles
     p.add_argument("--role", choices=["pub", "sharer"], help=argparse.SUPPRESS)
@@ -1188,6 +1259,9 @@ def main() -> None:
         overrides[key.strip()] = float(value)
     config = dataclasses.replace(SharedSubConfig(), **overrides)
     Riverbed.shared = dataclasses.asdict(config)
+    Riverbed.key_mode = args.key_mode
+    if args.key_mode and "rebalance" in args.phases.split(","):
+        p.error("--key-mode is for the throughput phase: add --phases throughput")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     print(f"command: {shlex.join(sys.orig_argv)}")
     print(f"machine: {machine()}")
@@ -1199,7 +1273,9 @@ def main() -> None:
     print(
         f"{PARTITIONS} partitions, {KEYS} keys, {PAYLOAD}-byte QoS 1 MQTT 5 messages,"
         f" in flight {RECEIVE_MAXIMUM}; throughput: {args.messages} messages,"
-        f" {args.publishers} publishers; rebalance: {args.rate:,.0f} msg/s,"
+        f" {args.publishers} publishers, {args.topics} topic(s),"
+        f" key {args.key_mode or 'user property key (builtin topic mqtt)'};"
+        f" rebalance: {args.rate:,.0f} msg/s,"
         f" {args.repeats} repeats",
         flush=True,
     )

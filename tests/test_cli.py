@@ -202,6 +202,7 @@ def test_topic_create_list_describe(db: str) -> None:
     assert listed["orders"] == {
         "name": "orders",
         "binding": "orders/#",
+        "key": "client-topic",
         "partitions": 4,
         "generations": 1,
         "retention": "12h",

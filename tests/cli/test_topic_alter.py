@@ -74,7 +74,7 @@ def test_alter_changes_what_is_given_and_keeps_the_rest(url: str) -> None:
     assert result.exit_code == 0, result.output
     assert result.output == (
         "topic 't': retention 12h (consumed-and-expired), max age 30d,"
-        " max messages 1000 per stream, max bytes 1GB per stream\n"
+        " max messages 1000 per stream, max bytes 1GB per stream, key client-topic\n"
     )
     assert settings(url) == BEFORE | {"retention": "12h", "max_bytes": 1_000_000_000}
 

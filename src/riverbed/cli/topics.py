@@ -26,7 +26,7 @@ from riverbed.cli._app import (
 from riverbed.cli._reuse import if_not_exists_option, reusing
 from riverbed.errors import AlreadyExists, InvalidInput
 from riverbed.log.log import Log
-from riverbed.log.topics import DEFAULT_RETENTION_US
+from riverbed.log.topics import DEFAULT_KEY_MODE, DEFAULT_RETENTION_US, KeyMode
 from riverbed.model import format_duration
 from riverbed.storage import size_in_bytes
 from riverbed.storage.base import RetentionPolicy, StreamHead, TopicRecord
@@ -50,6 +50,7 @@ def _max_messages(text: str) -> int | None:
 
 
 MAX_MESSAGES = _Parsed("N|none", _max_messages)
+KEY_MODE = _Parsed("client-topic|client-id|topic|property:NAME|none", KeyMode.parse)
 
 
 def _max_bytes(text: str) -> int | None:
@@ -122,6 +123,15 @@ _MAX_BYTES_HELP = (
 @click.option("--max-messages", type=MAX_MESSAGES, default=None, help=_MAX_MESSAGES_HELP)
 @click.option("--max-bytes", type=MAX_BYTES, default=None, help=_MAX_BYTES_HELP)
 @if_not_exists_option
+@click.option(
+    "--key",
+    "key_mode",
+    type=KEY_MODE,
+    default=None,
+    help="The ordering key of MQTT publishes the binding brings (needs --binding):"
+    " client-topic (the order MQTT promises), client-id, topic, property:NAME (a user"
+    f" property, else the client id) or none (spread, unordered). [default: {DEFAULT_KEY_MODE}]",
+)
 @db_option
 def topic_create(
     name: str,
@@ -133,6 +143,7 @@ def topic_create(
     max_messages: int | None,
     max_bytes: int | None,
     if_not_exists: bool,
+    key_mode: KeyMode | None,
 ) -> None:
     """Create topic NAME with one storage topic of --partitions streams."""
 
@@ -147,6 +158,7 @@ def topic_create(
             max_messages=max_messages,
             max_bytes=max_bytes,
             exist_ok=exist_ok,
+            key_mode=key_mode,
         )
 
     with open_log(create=True) as log:
@@ -176,6 +188,13 @@ def topic_create(
 @click.option("--max-age", type=RETENTION, help=_MAX_AGE_HELP)
 @click.option("--max-messages", type=MAX_MESSAGES, help=_MAX_MESSAGES_HELP)
 @click.option("--max-bytes", type=MAX_BYTES, help=_MAX_BYTES_HELP)
+@click.option(
+    "--key",
+    "key_mode",
+    type=KEY_MODE,
+    help="The ordering key of MQTT publishes the binding brings, from the next PUBLISH"
+    " on: client-topic, client-id, topic, property:NAME or none.",
+)
 @db_option
 def topic_alter(**options: Any) -> None:
     """Change topic NAME's retention and its limits.
@@ -216,7 +235,9 @@ def _alter(name: str, **options: Any) -> None:
         changes["retention_policy"] = RetentionPolicy(changes["retention_policy"])
     with open_log() as log:
         record = log.topics.alter(name, **changes)
-    click.echo(f"topic {name!r}: {_retention_text(record)}, {_limits_text(record)}")
+    click.echo(
+        f"topic {name!r}: {_retention_text(record)}, {_limits_text(record)}, key {record.key_mode}"
+    )
 
 
 def _retention_text(record: TopicRecord) -> str:
@@ -245,6 +266,7 @@ def topic_rows(log: Log) -> list[dict[str, Any]]:
             {
                 "name": record.name,
                 "binding": record.binding,
+                "key": record.key_mode,
                 "partitions": produce.partitions,
                 "generations": len(generations),
                 "retention": None
@@ -268,6 +290,7 @@ def topics_table(rows: list[dict[str, Any]]) -> Table:
         [
             r["name"],
             r["binding"],
+            r["key"],
             r["partitions"],
             r["generations"],
             f"{r['retention'] or 'none'} ({r['retention_policy']})",
@@ -276,7 +299,7 @@ def topics_table(rows: list[dict[str, Any]]) -> Table:
         ]
         for r in rows
     ]
-    columns = ["topic", "binding", "partitions", "gens", "retention", "messages", "subs"]
+    columns = ["topic", "binding", "key", "partitions", "gens", "retention", "messages", "subs"]
     return make_table("Topics", columns, cells)
 
 
@@ -310,7 +333,8 @@ def topic_describe(name: str, as_json: bool) -> None:
     produce = description.storage_topics[record.produce_pointer].generation
     console = make_console()
     console.print(
-        f"topic {name}: binding {record.binding or '-'}, retention {info['retention'] or 'none'}"
+        f"topic {name}: binding {record.binding or '-'} (key {record.key_mode}),"
+        f" retention {info['retention'] or 'none'}"
         f" ({record.retention_policy.value}),"
         f" {_limits_text(record)},"
         f" produces to generation {produce}",

@@ -5,10 +5,18 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
+from typing import NamedTuple
 
 from riverbed.errors import InvalidInput, StorageError
 from riverbed.log.appender import Appender, Positions
-from riverbed.log.topics import BUILTIN_TOPIC, Topics, resolve_binding
+from riverbed.log.topics import (
+    BUILTIN_TOPIC,
+    CLIENT_ID_KEY,
+    KeyMode,
+    Topics,
+    resolve_binding,
+    stored_key_mode,
+)
 from riverbed.model import Message, MessageIdGenerator
 from riverbed.storage import open_storage
 from riverbed.storage.base import Storage, TopicRecord
@@ -16,6 +24,16 @@ from riverbed.topics.filters import matches, validate_topic_name
 
 BINDINGS_TTL = 0.2
 """Seconds a cached view of topics and bindings is trusted."""
+ROUTES_CACHED = 65_536
+"""MQTT topic names whose `Route` is remembered (all forgotten past that)."""
+
+
+class Route(NamedTuple):
+    """Where an MQTT topic name's messages go: the topic that stores it, and
+    the key mode of that topic's binding."""
+
+    topic: str
+    key_mode: KeyMode
 
 
 class Log:
@@ -33,6 +51,9 @@ class Log:
         self._bindings: list[TopicRecord] = []
         self._bindings_version = -1
         self._bindings_checked = 0.0
+        self._key_modes: dict[str, KeyMode] = {}
+        self._routes: dict[str, Route] = {}
+        """MQTT topic name -> route, for the bindings as last loaded."""
         self.topics = Topics(storage, on_change=self._forget_bindings)
         self.topics.ensure_builtin()
         self.appender = Appender(storage, max_batch=max_batch, linger=linger, ids=ids)
@@ -125,8 +146,24 @@ class Log:
 
     def topic_for(self, mqtt_topic: str) -> str:
         """The topic that stores this MQTT topic name (by binding, else `mqtt`)."""
+        return self.route(mqtt_topic).topic
+
+    def route(self, mqtt_topic: str) -> Route:
+        """The topic that stores this MQTT topic name and its binding's key mode.
+
+        On the path of every PUBLISH: resolved once per name while the bindings
+        stay the same, the key modes parsed once per load of the bindings."""
         self._refresh_bindings()
-        return resolve_binding(self._bindings, mqtt_topic)
+        found = self._routes.get(mqtt_topic)
+        if found is None:
+            topic = resolve_binding(self._bindings, mqtt_topic)
+            # Not loaded (the storage unreachable so far): the commit will fail;
+            # the key every topic had before key modes meanwhile.
+            found = Route(topic, self._key_modes.get(topic, CLIENT_ID_KEY))
+            if len(self._routes) >= ROUTES_CACHED:
+                self._routes.clear()
+            self._routes[mqtt_topic] = found
+        return found
 
     def _topic(self, name: str) -> TopicRecord:
         self._refresh_bindings()
@@ -152,5 +189,8 @@ class Log:
             # commit (MQTT 5: 0x97), not fail here before it is even taken.
             return
         if version != self._bindings_version:
-            self._bindings = self.storage.list_topics()
+            bindings = self.storage.list_topics()
+            self._key_modes = {t.name: stored_key_mode(t) for t in bindings}
+            self._bindings = bindings
+            self._routes = {}
             self._bindings_version = version

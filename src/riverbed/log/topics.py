@@ -4,11 +4,24 @@ A topic is a named log made of an ordered list of storage topics (generations);
 each generation has P partitions and a scale factor K. A binding is an MQTT
 topic filter saying which MQTT topic names the topic stores; bindings may not
 overlap, and the built-in topic `mqtt` stores whatever no binding claims.
+
+A binding also says which ordering key the MQTT publishes it brings get (its
+`KeyMode`): messages with one key stay in one stream, in order, and a shared
+group lends whole streams to its members, so the key decides both what stays in
+order and how far a group can spread the work. MQTT promises order per topic
+from each publisher ([MQTT-4.6.0-5], "Ordered Topic"); `client-topic`, the key
+created topics get, is exactly that pair, so nothing MQTT promises is lost and a
+busy publisher's topics, or one topic's many publishers, spread over streams.
+Topics made before key modes existed keep what they had, `client-id`, and so
+does the built-in `mqtt` in every database, new ones included: the catch-all
+behaves the same whichever Riverbed made the database (`Topics.set_key_mode`
+changes it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import re
 import time
 from collections.abc import Callable, Iterable
@@ -77,6 +90,97 @@ class Keep(Enum):
     KEEP = "keep"
 
 
+class KeyKind(enum.Enum):
+    """Where the ordering key of an MQTT PUBLISH comes from (`KeyMode`)."""
+
+    CLIENT_ID = "client-id"
+    """The publisher's client id: each publisher's messages in order, all of
+    them in one stream (one member of a shared group)."""
+    TOPIC = "topic"
+    """The MQTT topic name: each topic in order, whoever publishes to it."""
+    CLIENT_TOPIC = "client-topic"
+    """The client id and the topic name together: what MQTT promises, order per
+    topic from each publisher, and the widest spread that keeps it."""
+    PROPERTY = "property"
+    """A user property the publisher sets (`property:NAME`)."""
+    NONE = "none"
+    """No key: messages are spread over the streams one by one, in no order."""
+
+
+KEY_FORMS = "client-id, topic, client-topic, property:NAME or none"
+"""The accepted forms of a key mode, for error messages and help."""
+
+
+@dataclass(frozen=True, slots=True)
+class KeyMode:
+    """The ordering key a topic's binding gives MQTT publishes.
+
+    Whatever the mode, a PUBLISH with the user property `key` has that key
+    (`riverbed.mqtt.messages.KEY_PROPERTY`): the publisher asked for it, so it
+    is honoured under `none` too. `property:NAME` falls back to the client id
+    when the PUBLISH has no such property (the key MQTT publishes always had).
+    """
+
+    kind: KeyKind
+    property: str | None = None
+    """The user property's name, for `KeyKind.PROPERTY` only."""
+
+    def __post_init__(self) -> None:
+        if (self.kind is KeyKind.PROPERTY) != (self.property is not None):
+            raise InvalidInput(
+                f"key mode {self.kind.value!r}: a user property name goes with"
+                " property:NAME, and only with it"
+            )
+        if self.property is not None and (not self.property or "\x00" in self.property):
+            raise InvalidInput(
+                f"key mode property:{self.property!r} needs a user property name:"
+                " at least one character, no U+0000"
+            )
+
+    @classmethod
+    def parse(cls, text: str) -> KeyMode:
+        """`client-id`, `topic`, `client-topic`, `property:NAME` or `none`;
+        anything else raises `InvalidInput` naming the value and those forms."""
+        if not isinstance(text, str):
+            raise InvalidInput(f"key mode {text!r} is not text: use one of {KEY_FORMS}")
+        name, colon, rest = text.partition(":")
+        if colon and name == KeyKind.PROPERTY.value:
+            if not rest or "\x00" in rest:
+                raise InvalidInput(
+                    f"key mode {text!r} names no user property: use property:NAME,"
+                    f" e.g. property:device, NAME without U+0000 (accepted: {KEY_FORMS})"
+                )
+            return cls(KeyKind.PROPERTY, rest)
+        if not colon and text != KeyKind.PROPERTY.value:
+            with contextlib.suppress(ValueError):
+                return cls(KeyKind(text))
+        raise InvalidInput(f"key mode {text!r} is not one of {KEY_FORMS}")
+
+    def __str__(self) -> str:
+        if self.kind is KeyKind.PROPERTY:
+            return f"property:{self.property}"
+        return str(self.kind.value)
+
+
+CLIENT_ID_KEY = KeyMode(KeyKind.CLIENT_ID)
+"""The key MQTT publishes had before key modes: what older topics keep."""
+DEFAULT_KEY_MODE = KeyMode(KeyKind.CLIENT_TOPIC)
+"""What a topic created without a key mode gets (module docstring)."""
+BUILTIN_KEY_MODE = CLIENT_ID_KEY
+"""The built-in `mqtt`'s key mode in a new database: the one it has in every
+database made before key modes, so the catch-all (what clients publish without
+any binding) behaves the same in a new database and an upgraded one."""
+
+
+def stored_key_mode(record: TopicRecord) -> KeyMode:
+    """The key mode a topic's record holds (`CLIENT_ID_KEY` if its text is
+    not one: the storage only ever gets text `KeyMode.parse` took)."""
+    try:
+        return KeyMode.parse(record.key_mode)
+    except InvalidInput:
+        return CLIENT_ID_KEY
+
+
 @dataclass(frozen=True, slots=True)
 class TopicDescription:
     topic: TopicRecord
@@ -88,6 +192,7 @@ class TopicDescription:
         return {
             "name": t.name,
             "binding": t.binding,
+            "key": t.key_mode,
             "retention": None if t.retention_us is None else format_duration(t.retention_us),
             "retention_policy": t.retention_policy.value,
             "max_age": None if t.max_age_us is None else format_duration(t.max_age_us),
@@ -127,6 +232,7 @@ class Topics:
         max_age_us: int | None = None,
         max_messages: int | None = None,
         max_bytes: int | None = None,
+        key_mode: KeyMode | None = None,
         *,
         exist_ok: bool = False,
     ) -> TopicRecord:
@@ -137,16 +243,22 @@ class Topics:
         settings raises `AlreadyExists` naming them.
 
         `max_age_us`, `max_messages` and `max_bytes` (per stream) are limits
-        retention applies whoever has not consumed (`alter`).
+        retention applies whoever has not consumed (`alter`). `key_mode`: the
+        ordering key of the MQTT publishes its binding brings (`DEFAULT_KEY_MODE`
+        if None); only for a topic with a binding.
 
         Raises `InvalidInput` subclasses for a bad name, partition count, binding,
-        retention or limit, `BindingOverlap` if the binding overlaps another
-        topic's, and `AlreadyExists`; in every case nothing is written.
+        retention, limit or key mode, `BindingOverlap` if the binding overlaps
+        another topic's, and `AlreadyExists`; in every case nothing is written.
         """
         validate_topic_name(name)
         validate_partitions(partitions)
         if binding is not None:
             validate_filter(binding)
+        if key_mode is None:
+            key_mode = DEFAULT_KEY_MODE
+        else:
+            _check_key_mode(name, binding, key_mode)
         validate_retention(retention_us)
         validate_limits(max_age_us, max_messages, max_bytes)
 
@@ -172,6 +284,7 @@ class Topics:
             max_age_us,
             max_messages,
             max_bytes,
+            str(key_mode),
         )
         try:
             self.storage.create_topic(record, partitions, no_overlap)
@@ -198,6 +311,7 @@ class Topics:
             ("max age", duration(existing.max_age_us), duration(wanted.max_age_us)),
             ("max messages", str(existing.max_messages), str(wanted.max_messages)),
             ("max bytes", str(existing.max_bytes), str(wanted.max_bytes)),
+            ("key mode", existing.key_mode, wanted.key_mode),
         ]
         differ = [
             f"{what} {have} (asked {asked})" for what, have, asked in compared if have != asked
@@ -210,12 +324,13 @@ class Topics:
         return existing
 
     def ensure_builtin(self) -> None:
-        """Create the catch-all topic `mqtt` if it does not exist yet."""
+        """Create the catch-all topic `mqtt` if it does not exist yet, keyed by
+        client id like in every database (`BUILTIN_KEY_MODE`)."""
         try:
             self.storage.get_topic(BUILTIN_TOPIC)
         except TopicNotFound:
             with contextlib.suppress(AlreadyExists):  # another process won the race
-                self.create(BUILTIN_TOPIC, BUILTIN_PARTITIONS)
+                self.create(BUILTIN_TOPIC, BUILTIN_PARTITIONS, key_mode=BUILTIN_KEY_MODE)
 
     def get(self, name: str) -> TopicRecord:
         return self.storage.get_topic(name)
@@ -277,13 +392,20 @@ class Topics:
         max_age_us: int | Keep | None = Keep.KEEP,
         max_messages: int | Keep | None = Keep.KEEP,
         max_bytes: int | Keep | None = Keep.KEEP,
+        key_mode: KeyMode | Keep = Keep.KEEP,
     ) -> TopicRecord:
-        """Change topic `name`'s retention time, policy and limits: those given
-        (None removes a limit, or keeps messages for ever for `retention_us`);
-        the others keep their values. One transaction: a concurrent change to
-        another setting is not undone.
+        """Change topic `name`'s retention time, policy, limits and key mode:
+        those given (None removes a limit, or keeps messages for ever for
+        `retention_us`); the others keep their values. One transaction: a
+        concurrent change to another setting is not undone.
 
-        Raises `InvalidInput` for a bad value, `TopicNotFound`; nothing is
+        A new key mode applies from the next PUBLISH on (brokers see it within
+        `log.BINDINGS_TTL`). Messages already stored keep their streams: a key
+        mode that moves a publisher's messages to another stream gives no order
+        between what came before and after.
+
+        Raises `InvalidInput` for a bad value (a key mode for a topic without a
+        binding, other than the built-in `mqtt`), `TopicNotFound`; nothing is
         changed then."""
         if not isinstance(retention_us, Keep):
             validate_retention(retention_us)
@@ -299,6 +421,8 @@ class Topics:
         )
 
         def change(current: TopicRecord) -> TopicRecord:
+            if not isinstance(key_mode, Keep):
+                _check_key_mode(name, current.binding, key_mode)
             return replace(
                 current,
                 retention_us=_given(retention_us, current.retention_us),
@@ -306,11 +430,16 @@ class Topics:
                 max_age_us=_given(max_age_us, current.max_age_us),
                 max_messages=_given(max_messages, current.max_messages),
                 max_bytes=_given(max_bytes, current.max_bytes),
+                key_mode=current.key_mode if isinstance(key_mode, Keep) else str(key_mode),
             )
 
         record = self.storage.alter_topic(name, change)
         self._on_change()
         return record
+
+    def set_key_mode(self, name: str, key_mode: KeyMode) -> TopicRecord:
+        """`alter(name, key_mode=key_mode)`."""
+        return self.alter(name, key_mode=key_mode)
 
     def delete(self, name: str) -> int:
         """Delete a topic with its messages and subscriptions; returns messages deleted."""
@@ -323,6 +452,16 @@ class Topics:
 
 def _given(value: T | Keep, current: T) -> T:
     return current if isinstance(value, Keep) else value
+
+
+def _check_key_mode(name: str, binding: str | None, key_mode: KeyMode) -> None:
+    if not isinstance(key_mode, KeyMode):
+        raise InvalidInput(f"key mode {key_mode!r} is not a KeyMode: use one of {KEY_FORMS}")
+    if binding is None and name != BUILTIN_TOPIC:
+        raise InvalidInput(
+            f"key mode {str(key_mode)!r} for topic {name!r}: a key mode applies to the MQTT"
+            " publishes a binding brings, and the topic has no binding"
+        )
 
 
 def reachable_topics(

@@ -1,6 +1,6 @@
 """PUBLISH from a client: topic aliases, authorization, commit, acknowledgements.
 
-A PUBLISH is committed to the log (the topic `Log.topic_for` picks) before its
+A PUBLISH is committed to the log (the topic `Log.route` picks, with its key mode) before its
 PUBACK/PUBREC goes out, and acknowledgements go out in the order the PUBLISHes
 came in [MQTT-4.6.0-2], refusals included: a PUBLISH refused on arrival (not
 authorized) waits behind the commits before it, already answered (`_Answered`).
@@ -158,8 +158,7 @@ class Inbound:
         accepted = self._accept(packet)
         if accepted is None:
             return True
-        topic, message = accepted
-        log_topic = self.conn.broker.log.topic_for(topic)
+        log_topic, message = accepted
         batch = self._batches.get(log_topic)
         if batch is None:
             batch = self._batches[log_topic] = Batch(self, log_topic)
@@ -195,7 +194,7 @@ class Inbound:
 
     def _accept(self, packet: Publish) -> tuple[str, Message] | None:
         """Checks every PUBLISH passes: topic alias, Receive Maximum, retain,
-        authorization. Returns (topic name, message), or None when refused here."""
+        authorization. Returns (log topic, message), or None when refused here."""
         conn = self.conn
         conn.require_session()
         if self._refused is not None:
@@ -262,7 +261,10 @@ class Inbound:
                 denied = PubrecReason.NOT_AUTHORIZED if v5 else PubrecReason.SUCCESS
                 self._answer(packet, Pubrec(packet.packet_id or 0, denied))
             return None
-        return topic, message_from_publish(packet, topic, conn.client_id)
+        # The binding that stores the topic name gives the log topic and the
+        # message's key mode, both remembered by the log (`Log.route`).
+        route = conn.broker.log.route(topic)
+        return route.topic, message_from_publish(packet, topic, conn.client_id, route.key_mode)
 
     def _answer(self, packet: Publish, answer: Puback | Pubrec) -> None:
         """Acknowledge `packet` with `answer`, decided now, in arrival order: at
@@ -280,10 +282,9 @@ class Inbound:
         accepted = self._accept(packet)
         if accepted is None:
             return
-        topic, message = accepted
+        log_topic, message = accepted
         broker = self.conn.broker
         retain = packet.retain and broker.config.limits.retain_available
-        log_topic = broker.log.topic_for(topic)
         if retain:
             # Durable before the acknowledgement, like the message (mqtt/retained.py).
             broker.log.check(log_topic, message)
@@ -350,20 +351,23 @@ class Inbound:
         acknowledgements due."""
         positions = batch.positions
         if positions is not None:
+            # One run per stream of what this batch added there in a row: a key
+            # mode that spreads (`none`, keys per topic) interleaves streams
+            # message by message, and routing each message alone costs a wake-up
+            # of each waiting session per message.
             router = self.conn.broker.router
-            start = batch.start
-            run_stream: StreamId | None = None
-            run_first = 0
-            run: list[StoredMessage] = []
-            for i, message in enumerate(batch.messages, start):
+            runs: dict[StreamId, tuple[int, list[StoredMessage]]] = {}
+            for i, message in enumerate(batch.messages, batch.start):
                 stream, offset = positions[i]
-                if stream != run_stream or offset != run_first + len(run):
-                    if run_stream is not None:
-                        router.committed(run_stream, run_first, run)
-                    run_stream, run_first, run = stream, offset, []
-                run.append(committed_row(message, offset))
-            if run_stream is not None:
-                router.committed(run_stream, run_first, run)
+                run = runs.get(stream)
+                if run is not None:
+                    if offset == run[0] + len(run[1]):
+                        run[1].append(committed_row(message, offset))
+                        continue
+                    router.committed(stream, *run)  # a gap: others appended between
+                runs[stream] = (offset, [committed_row(message, offset)])
+            for stream, (first, rows) in runs.items():
+                router.committed(stream, first, rows)
         self._send_acks()
         if self._batches:
             self.flush()  # what gathered while this commit was at the writer

@@ -2,8 +2,12 @@
 
 A PUBLISH becomes a `Message` with the MQTT topic name, the payload, QoS and
 retain flag. Its key (the ordering key, DESIGN.md) is the user property `key`
-if present, else the publisher's client id, so one publisher's messages stay in
-one stream, in order.
+if present, else what the key mode of the binding that stores the topic says
+(`riverbed.log.topics.KeyMode`): the client id and topic name together
+(`client-topic`, the default of created topics: the order MQTT promises), the
+client id (`client-id`: per-publisher order; the built-in `mqtt` and topics made
+before key modes), the topic name, another user property, or no key at all
+(`none`: spread one by one). Messages with one key stay in one stream, in order.
 
 MQTT 5 user properties are kept as they are, in order. The other properties a
 subscriber must see again (Payload Format Indicator, Content Type, Response
@@ -22,6 +26,7 @@ import math
 import time
 from collections.abc import Callable
 
+from riverbed.log.topics import KeyKind, KeyMode
 from riverbed.model import (
     Message,
     PropertyValue,
@@ -32,7 +37,10 @@ from riverbed.model import (
 from riverbed.mqtt.codec import NO_PUBLISH_PROPERTIES, Publish, PublishProperties
 
 KEY_PROPERTY = "key"
-"""The user property that sets a message's ordering key."""
+"""The user property that sets a message's ordering key, whatever the key mode."""
+KEY_SEPARATOR = "#"
+"""Between the topic name and the client id in a `client-topic` key: no topic
+name holds it ([MQTT-4.7.1-1]), so the key names the pair unambiguously."""
 
 _CLIENT = "\x00client"
 _FORMAT = "\x00format"
@@ -45,16 +53,32 @@ _EXPIRY_MARK = json.dumps(_EXPIRY).encode()[1:-1]
 so that messages without one are told apart without decoding."""
 
 
-def message_from_publish(packet: Publish, topic: str, client_id: str) -> Message:
-    """The log message for a PUBLISH to `topic` (its alias resolved) from `client_id`."""
+def message_from_publish(packet: Publish, topic: str, client_id: str, key_mode: KeyMode) -> Message:
+    """The log message for a PUBLISH to `topic` (its alias resolved) from
+    `client_id`, keyed as `key_mode` (that of the binding storing `topic`) says."""
     props = packet.properties
-    key = client_id
+    kind = key_mode.kind
+    key: str | None
+    if kind is KeyKind.CLIENT_TOPIC:
+        key = topic + KEY_SEPARATOR + client_id
+    elif kind is KeyKind.CLIENT_ID or kind is KeyKind.PROPERTY:
+        key = client_id  # property:NAME without that property: the client id
+    elif kind is KeyKind.TOPIC:
+        key = topic
+    else:
+        key = None
     properties: list[tuple[str, PropertyValue]] = [(_CLIENT, client_id)]
     if props is not NO_PUBLISH_PROPERTIES:
+        wanted = key_mode.property  # None unless property:NAME
+        chosen: str | None = None
         for name, value in props.user_properties:
             if name == KEY_PROPERTY:
+                chosen = value
+            elif name == wanted:
                 key = value
             properties.append((name, value))
+        if chosen is not None:
+            key = chosen  # the publisher's own `key` wins over any mode
         if props.payload_format_indicator is not None:
             properties.append((_FORMAT, props.payload_format_indicator))
         if props.content_type is not None:

@@ -184,8 +184,8 @@ class Wills:
             log.info("client %s: not authorized to publish its will to %r", client_id, will.topic)
             return
         try:
-            message = message_from_publish(will_publish(will), will.topic, client_id)
-            log_topic = broker.log.topic_for(will.topic)
+            log_topic, key_mode = broker.log.route(will.topic)
+            message = message_from_publish(will_publish(will), will.topic, client_id, key_mode)
             if will.retain and broker.config.limits.retain_available:
                 await asyncio.to_thread(broker.retained.put, message, now_us())
             positions = await asyncio.wrap_future(broker.log.produce_async(log_topic, [message]))

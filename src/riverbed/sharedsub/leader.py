@@ -45,6 +45,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from fractions import Fraction
 from typing import assert_never
 
 from riverbed.log.reader import readable_streams
@@ -67,7 +68,6 @@ from riverbed.sharedsub.protocol import (
     RevokeFinished,
     ToLeader,
     UpdateProgress,
-    stream_order,
 )
 from riverbed.storage.base import StorageTopicRecord, StreamHead
 
@@ -178,7 +178,9 @@ class Leader:
         self.borrowers: dict[BorrowerId, BorrowerInfo] = {}
         self.assignments: dict[StreamId, Assignment] = {}
         self.lendable: list[StreamId] = []
-        """Streams that may be lent now, in topic/generation/partition order."""
+        """Streams that may be lent now, in `lending_order`."""
+        self._order: dict[StreamId, LendingKey] = {}
+        """`lending_order` of the lendable streams."""
         self.consumed: set[StreamId] = set()
         self.stopped = False
         self._topics: Sequence[TopicStreams] = ()
@@ -207,7 +209,7 @@ class Leader:
     def holdings(self) -> dict[BorrowerId, list[StreamId]]:
         """Streams each Borrower holds or is being granted (not being revoked)."""
         out: dict[BorrowerId, list[StreamId]] = {b: [] for b in self.borrowers}
-        for stream, a in sorted(self.assignments.items(), key=_by_stream):
+        for stream, a in sorted(self.assignments.items(), key=self._by_stream):
             if a.status in (AssignmentStatus.GRANTING, AssignmentStatus.GRANTED):
                 out[a.borrower].append(stream)
         return out
@@ -366,7 +368,7 @@ class Leader:
             # The Borrower has let go by now (its fence, borrower.py).
             if now >= info.last_seen + self.config.leader_borrower_timeout:
                 self._drop(borrower, now)
-        for stream, a in sorted(self.assignments.items(), key=_by_stream):
+        for stream, a in sorted(self.assignments.items(), key=self._by_stream):
             if a.status in TRANSIENT and now >= a.sent_at + self.config.leader_resend:
                 a.sent_at = now
                 out.append(Send(a.borrower, self._message_for(stream, a)))
@@ -402,7 +404,9 @@ class Leader:
     def _refresh(self) -> None:
         lendable: list[StreamId] = []
         consumed: set[StreamId] = set()
+        order: dict[StreamId, LendingKey] = {}
         for topic in self._topics:
+            sizes = {st.generation: st.partitions for st in topic.storage_topics}
             for head in topic.heads:
                 if head.stream not in self.progress:
                     start = topic.initial.get(head.stream, head.start_offset)
@@ -415,7 +419,10 @@ class Leader:
                     consumed.add(head.stream)
                 else:
                     lendable.append(head.stream)
-        self.lendable = sorted(lendable, key=stream_order)
+                    size = sizes.get(head.stream.generation, head.stream.partition + 1)
+                    order[head.stream] = lending_order(head.stream, size)
+        self._order = order
+        self.lendable = sorted(lendable, key=order.__getitem__)
         self.consumed = consumed
 
     def _save(self) -> SaveProgress:
@@ -430,7 +437,7 @@ class Leader:
         out: list[Effect] = []
         lendable = set(self.lendable)
         # Streams that left (fully consumed, deleted) are taken back first.
-        for stream, a in sorted(self.assignments.items(), key=_by_stream):
+        for stream, a in sorted(self.assignments.items(), key=self._by_stream):
             if stream not in lendable and a.status is AssignmentStatus.GRANTED:
                 out.append(self._revoke(stream, a, now))
         quotas = self.quotas()
@@ -455,11 +462,30 @@ class Leader:
                 out.append(Send(borrower, grant))
         return out
 
+    def _by_stream(self, item: tuple[StreamId, Assignment]) -> LendingKey:
+        """`lending_order` of an assignment's stream (after the lendable ones if
+        it is lendable no more)."""
+        stream = item[0]
+        found = self._order.get(stream)
+        if found is None:
+            return (Fraction(1), stream.topic, stream.generation, stream.partition)
+        return found
+
     def _revoke(self, stream: StreamId, a: Assignment, now: float) -> Send:
         a.status = AssignmentStatus.REVOKING
         a.sent_at = now
         return Send(a.borrower, Revoke(self.group, a.borrower, self.id, stream))
 
 
-def _by_stream(item: tuple[StreamId, Assignment]) -> tuple[str, int, int]:
-    return stream_order(item[0])
+LendingKey = tuple[Fraction, str, int, int]
+
+
+def lending_order(stream: StreamId, partitions: int) -> LendingKey:
+    """Where a stream of a generation of `partitions` comes in the order streams
+    are lent and taken back in: by its place within its topic (partition /
+    partitions), then topic. A group's filter reaches a bound topic and the
+    built-in `mqtt` too; in topic order one member held all of one topic, and
+    so did all of its work. This way each member's contiguous share of the
+    order holds a like share of every topic, whatever their partition counts."""
+    place = Fraction(stream.partition, partitions)
+    return (place, stream.topic, stream.generation, stream.partition)

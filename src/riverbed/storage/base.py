@@ -70,6 +70,10 @@ class TopicRecord:
     max_bytes: int | None = None
     """A stream keeps at most this many bytes of payload, consumed or not, and
     always its newest message (Pulsar's backlog quota in bytes); None: no limit."""
+    key_mode: str = "client-id"
+    """The ordering key of the MQTT publishes its binding brings, as text
+    (`riverbed.log.topics.KeyMode`; the storage does not read it). Topics made
+    before key modes existed have `client-id`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,8 +188,8 @@ class Storage(Protocol):
     def alter_topic(self, name: str, change: Callable[[TopicRecord], TopicRecord]) -> TopicRecord:
         """Change a topic's retention and limits: `change(current)` runs in the
         transaction and returns the record to store, of which only
-        `retention_us`, `retention_policy`, `max_age_us`, `max_messages` and
-        `max_bytes` are written. Returns the stored record. Raises
+        `retention_us`, `retention_policy`, `max_age_us`, `max_messages`,
+        `max_bytes` and `key_mode` are written. Returns the stored record. Raises
         `TopicNotFound`; whatever `change` raises leaves the topic as it was."""
         ...
 

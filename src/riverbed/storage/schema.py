@@ -104,6 +104,12 @@ MIGRATIONS: list[list[str]] = [
     [
         "ALTER TABLE topics ADD COLUMN max_bytes {int}",
     ],
+    # 6: the ordering key of the MQTT publishes a topic's binding brings
+    # (`log.topics.KeyMode`, as text). Topics made before it keep the key they
+    # had: the publisher's client id. New topics always write it.
+    [
+        "ALTER TABLE topics ADD COLUMN key_mode {text} NOT NULL DEFAULT 'client-id'",
+    ],
 ]
 
 MESSAGE_COLUMNS = "off, id, ts, mqtt_topic, key, payload, properties, qos, retain"

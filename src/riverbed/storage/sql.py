@@ -41,7 +41,7 @@ from riverbed.storage.schema import MESSAGE_COLUMNS, MIGRATIONS
 
 _TOPIC_COLUMNS = (
     "name, binding, retention_us, retention_policy, produce_pointer, created_us,"
-    " max_age_us, max_messages, max_bytes"
+    " max_age_us, max_messages, max_bytes, key_mode"
 )
 _SUB_COLUMNS = "name, topic, topic_filter, start_kind, start_us, created_us"
 _HEAD_COLUMNS = "id, topic, generation, part, start_offset, next_offset, sealed"
@@ -93,7 +93,16 @@ def now_us() -> int:
 
 def _topic(row: Sequence[Any]) -> TopicRecord:
     return TopicRecord(
-        row[0], row[1], row[2], RetentionPolicy(row[3]), row[4], row[5], row[6], row[7], row[8]
+        row[0],
+        row[1],
+        row[2],
+        RetentionPolicy(row[3]),
+        row[4],
+        row[5],
+        row[6],
+        row[7],
+        row[8],
+        row[9],
     )
 
 
@@ -218,7 +227,7 @@ class SqlStorage(ConnectedStorage):
             validate(existing)
             self._x(
                 cur,
-                f"INSERT INTO topics ({_TOPIC_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO topics ({_TOPIC_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     topic.name,
                     topic.binding,
@@ -229,6 +238,7 @@ class SqlStorage(ConnectedStorage):
                     topic.max_age_us,
                     topic.max_messages,
                     topic.max_bytes,
+                    topic.key_mode,
                 ),
             )
             self._insert_generation(cur, StorageTopicRecord(topic.name, 0, partitions, 1))
@@ -283,13 +293,14 @@ class SqlStorage(ConnectedStorage):
             self._x(
                 cur,
                 "UPDATE topics SET retention_us = ?, retention_policy = ?, max_age_us = ?,"
-                " max_messages = ?, max_bytes = ? WHERE name = ?",
+                " max_messages = ?, max_bytes = ?, key_mode = ? WHERE name = ?",
                 (
                     wanted.retention_us,
                     wanted.retention_policy.value,
                     wanted.max_age_us,
                     wanted.max_messages,
                     wanted.max_bytes,
+                    wanted.key_mode,
                     name,
                 ),
             )
