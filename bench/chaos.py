@@ -73,12 +73,23 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(BENCH))
 
 from _chaos_clients import Publisher, Subscriber  # noqa: E402
-from _chaos_tally import Counts, Delivery, Disruption, message_id, parse_id, tally  # noqa: E402
+from _chaos_tally import (  # noqa: E402
+    Clock,
+    Counts,
+    Delivery,
+    Disruption,
+    group_disruptions,
+    message_id,
+    parse_group_log,
+    parse_id,
+    tally,
+)
 from harness.broker import BrokerProcess  # noqa: E402
 from harness.endpoint import Endpoint  # noqa: E402
 from harness.postgres import PostgresServer  # noqa: E402
 
 TOPIC = "chaos"
+GROUP = f"$share/g/{TOPIC}/#"
 PARTITIONS = 4
 PUBLISHERS = 4
 KEYS = 4
@@ -123,7 +134,9 @@ KIND_TARGETS = {
     "workers": ("worker", "postgres"),
     "delivery": ("job", "postgres"),
 }
-"""Which disruptions are on each consumer kind's path (by target name prefix)."""
+"""Which disruptions are on each consumer kind's path (by target name prefix).
+The shared group's path also has the fences and Leader changes the broker
+nodes log about it (`_chaos_tally.group_disruptions`)."""
 
 
 def _env() -> dict[str, str]:
@@ -284,6 +297,9 @@ class Run:
     unexpected: list[Event] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     t0: float = field(default_factory=time.monotonic)
+    clock: Clock = field(default_factory=Clock.now)
+    """Both clocks read at the run's start: the broker logs' wall-clock times
+    (fences, Leader changes) on the run's monotonic clock."""
     job_requests_at_start: int = 0
     publishing_stopped: bool = False
 
@@ -761,13 +777,81 @@ def qos_of(message: str) -> int:
     return 1 + int(message.split(".", 1)[0][1:]) % 2
 
 
-def disruptions(run: Run, kind: str) -> list[Disruption]:
+def disruptions(events: Sequence[Event], kind: str) -> list[Disruption]:
+    """The run's kills and restarts on `kind`'s path (KIND_TARGETS)."""
     prefixes = KIND_TARGETS[kind]
     return [
         Disruption(e.at, e.target, e.what)
-        for e in run.events
+        for e in events
         if e.target.startswith(prefixes) and e.what in ("kill", "restart", "exit", "pg-restart")
     ]
+
+
+def tally_kinds(
+    consumers: Sequence[str],
+    deliveries: Sequence[Delivery],
+    acked: set[str],
+    copies: Counter[str],
+    events: Sequence[Event],
+    group: Sequence[Disruption],
+    window: float,
+) -> dict[str, Counts]:
+    """`tally` per consumer kind: each session (`sess-...`) on its own, the shared
+    group's members (`share-...`) as one `shared`, `workers`, `delivery`.
+    `group`: the shared group's disruptions the brokers logged, on its path only."""
+    by_consumer: dict[str, list[Delivery]] = {name: [] for name in consumers}
+    for d in deliveries:
+        by_consumer["shared" if d.consumer.startswith("share-") else d.consumer].append(d)
+    out: dict[str, Counts] = {}
+    for name in consumers:
+        kind = "session" if name.startswith("sess-") else name
+        path = disruptions(events, kind) + (list(group) if kind == "shared" else [])
+        out[name] = tally(name, by_consumer[name], acked, copies, path, window)
+    return out
+
+
+def group_counts(group: Sequence[Disruption]) -> dict[str, dict[str, int]]:
+    """Per node, the shared group's fences and Leader changes the brokers logged."""
+    out: dict[str, dict[str, int]] = {}
+    for d in group:
+        counts = out.setdefault(d.target, {"fences": 0, "leader_changes": 0})
+        counts["fences" if d.what == "fence" else "leader_changes"] += 1
+    return dict(sorted(out.items()))
+
+
+def print_counts(per_kind: dict[str, Counts], group: Sequence[Disruption]) -> None:
+    header = (
+        f"  {'consumer':10} {'expected':>8} {'lost':>5} {'order':>5} {'dups':>6}"
+        f" {'repub':>6} {'window':>6} {'w/DUP':>6} {'stale':>5} {'1st DUP':>7} {'max w':>6}"
+    )
+    print(header)
+    for c in per_kind.values():
+        print(
+            f"  {c.consumer:10} {c.expected:8} {len(c.lost):5} {len(c.order_violations):5}"
+            f" {c.duplicates:6} {c.republished:6} {c.in_window:6} {c.in_window_dup_flag:6}"
+            f" {len(c.stale):5} {c.first_with_dup_flag:7} {c.largest_window:6.1f}"
+        )
+    per_node = group_counts(group)
+    print(
+        "  on the shared group's path, as the brokers logged (fences, Leader changes): "
+        + (
+            "; ".join(
+                f"{node} {n['fences']} fence(s), {n['leader_changes']} Leader change(s)"
+                for node, n in per_node.items()
+            )
+            or "none"
+        )
+    )
+
+
+def print_failures(per_kind: dict[str, Counts]) -> None:
+    for c in per_kind.values():
+        if c.lost:
+            print(f"  {c.consumer} lost (first 20): {c.lost[:20]}")
+        if c.stale:
+            print(f"  {c.consumer} stale (first 10): {c.stale[:10]}")
+        if c.order_violations:
+            print(f"  {c.consumer} order violations (first 10): {c.order_violations[:10]}")
 
 
 def report(run: Run, kills: int, drained: dict[str, Any]) -> dict[str, Any]:
@@ -775,32 +859,26 @@ def report(run: Run, kills: int, drained: dict[str, Any]) -> dict[str, Any]:
     acked = run.acknowledged()
     copies, log_disorder = run.log_copies()
     false_acks = sorted(acked - copies.keys())
-    per_kind: dict[str, Counts] = {}
-    for sub in run.subscribers["session"]:
-        with sub.lock:
-            deliveries = list(sub.deliveries)
-        per_kind[sub.name] = tally(
-            sub.name, deliveries, acked, copies, disruptions(run, "session"), o.window
-        )
     shared: list[Delivery] = []
     for sub in run.subscribers["shared"]:
         with sub.lock:
             shared.extend(sub.deliveries)
-    per_kind["shared"] = tally(
-        "shared", shared, acked, copies, disruptions(run, "shared"), o.window
+    deliveries = list(shared)
+    for sub in run.subscribers["session"]:
+        with sub.lock:
+            deliveries.extend(sub.deliveries)
+    deliveries += run.worker_deliveries() + (run.endpoint_deliveries() if o.spark else [])
+    group = group_disruptions(
+        (
+            e
+            for i, broker in enumerate(run.brokers)
+            for e in parse_group_log(broker.log_path.read_text(errors="replace"), f"node{i}", GROUP)
+        ),
+        run.clock,
     )
-    per_kind["workers"] = tally(
-        "workers", run.worker_deliveries(), acked, copies, disruptions(run, "workers"), o.window
-    )
-    if o.spark:
-        per_kind["delivery"] = tally(
-            "delivery",
-            run.endpoint_deliveries(),
-            acked,
-            copies,
-            disruptions(run, "delivery"),
-            o.window,
-        )
+    consumers = [s.name for s in run.subscribers["session"]] + ["shared", "workers"]
+    consumers += ["delivery"] if o.spark else []
+    per_kind = tally_kinds(consumers, deliveries, acked, copies, run.events, group, o.window)
     # QoS 2 end to end (a QoS 2 publisher, the QoS 2 subscription): exactly once
     # (DESIGN.md, guarantee 3): any repeat beyond the log's copies breaks it.
     qos2_repeats: dict[str, int] = {}
@@ -820,12 +898,19 @@ def report(run: Run, kills: int, drained: dict[str, Any]) -> dict[str, Any]:
         c.order_violations = kept
     log_refused = [v for v in log_disorder if message_id(v[0], v[1]) in refused]
     log_disorder = [v for v in log_disorder if v not in log_refused]
-    with (run.directory / "deliveries.jsonl").open("w") as raw:  # to count again later
-        for deliveries in (shared, *(s.deliveries for s in run.subscribers["session"])):
-            for d in deliveries:
-                raw.write(json.dumps([d.consumer, d.message, d.at, d.order, d.dup, d.copy]) + "\n")
-        for d in run.worker_deliveries() + (run.endpoint_deliveries() if o.spark else []):
+    # To count again later (--retally).
+    with (run.directory / "deliveries.jsonl").open("w") as raw:
+        for d in deliveries:
             raw.write(json.dumps([d.consumer, d.message, d.at, d.order, d.dup, d.copy]) + "\n")
+    (run.directory / "acknowledged.json").write_text(
+        json.dumps(
+            {
+                "acknowledged": sorted(acked),
+                "log_copies_beyond_one": {m: n for m, n in sorted(copies.items()) if n > 1},
+                "refused": sorted(refused),
+            }
+        )
+    )
     kills_by_target = Counter(e.target for e in run.events if e.what == "kill")
     sent = sum(len(p.sent) for p in run.publishers)
     lost = sum(len(c.lost) for c in per_kind.values())
@@ -860,17 +945,7 @@ def report(run: Run, kills: int, drained: dict[str, Any]) -> dict[str, Any]:
     )
     print(f"  unexpected exits: {len(run.unexpected)}")
     print(f"  QoS 2 messages delivered twice to a QoS 2 subscription: {qos2_repeats}")
-    header = (
-        f"  {'consumer':10} {'expected':>8} {'lost':>5} {'order':>5} {'dups':>6}"
-        f" {'repub':>6} {'window':>6} {'w/DUP':>6} {'stale':>5} {'1st DUP':>7} {'max w':>6}"
-    )
-    print(header)
-    for c in per_kind.values():
-        print(
-            f"  {c.consumer:10} {c.expected:8} {len(c.lost):5} {len(c.order_violations):5}"
-            f" {c.duplicates:6} {c.republished:6} {c.in_window:6} {c.in_window_dup_flag:6}"
-            f" {len(c.stale):5} {c.first_with_dup_flag:7} {c.largest_window:6.1f}"
-        )
+    print_counts(per_kind, group)
     sessions_lost = {s.name: s.sessions_lost for g in run.subscribers.values() for s in g}
     if any(sessions_lost.values()):
         print(f"  sessions found gone at a reconnect: {sessions_lost}")
@@ -878,13 +953,7 @@ def report(run: Run, kills: int, drained: dict[str, Any]) -> dict[str, Any]:
         f"  target ({o.kills} kills, 0 lost, 0 stale, 0 order violations, 0 false"
         f" acknowledgements, QoS 2 exactly once): {'met' if met else 'NOT met'}"
     )
-    for c in per_kind.values():
-        if c.lost:
-            print(f"  {c.consumer} lost (first 20): {c.lost[:20]}")
-        if c.stale:
-            print(f"  {c.consumer} stale (first 10): {c.stale[:10]}")
-        if c.order_violations:
-            print(f"  {c.consumer} order violations (first 10): {c.order_violations[:10]}")
+    print_failures(per_kind)
     if false_acks:
         print(f"  false acknowledgements (first 20): {false_acks[:20]}")
     return {
@@ -904,6 +973,8 @@ def report(run: Run, kills: int, drained: dict[str, Any]) -> dict[str, Any]:
             if e.what == "kill"
         ],
         "pg_restarts": o.pg_restarts,
+        "clock": {"wall": run.clock.wall, "monotonic": run.clock.monotonic},
+        "shared_group_disruptions": group_counts(group),
         "published": sent,
         "acknowledged": len(acked),
         "refused": sum(len(p.refused) for p in run.publishers),
@@ -1015,7 +1086,13 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         run.stop()
         (directory / "events.json").write_text(
-            json.dumps([e.__dict__ for e in run.events], indent=1)
+            json.dumps(
+                {
+                    "clock": {"wall": run.clock.wall, "monotonic": run.clock.monotonic},
+                    "events": [e.__dict__ for e in run.events],
+                },
+                indent=1,
+            )
         )
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=1))
