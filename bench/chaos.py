@@ -35,6 +35,7 @@ acknowledged message that is not in the log).
     .venv/bin/python bench/chaos.py [--kills 100] [--duration 600]
         [--backend sqlite|postgres] [--nodes 1|2] [--pg-restart N] [--seed S]
         [--short] [--no-spark] [--json FILE] [--keep DIR]
+    .venv/bin/python bench/chaos.py --retally DIR [--window 10] [--json FILE]
 
 `--short` (what tests/chaos runs): 6 kills, each kind at least once, the job
 once (as soon as it delivers: one Spark start after the first) and the node
@@ -42,7 +43,10 @@ and worker kills while it starts, 30 s of publishing; the job's lease is 10 s
 instead of 30 (its successor waits less). Exit status 0 when the target is
 met, 1 when not. Process logs (brokers, workers, the job,
 PostgreSQL) and the run's events are kept in `--keep DIR` (default: a temporary
-directory, named at the end).
+directory, named at the end), with what the counts are made of (the
+deliveries, what was acknowledged, the clocks read at the start: the broker
+logs' wall-clock times on the run's monotonic clock); `--retally DIR` counts
+that again (exit status 1 when something was lost, stale or out of order).
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ import json
 import os
 import platform
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -79,6 +84,7 @@ from _chaos_tally import (  # noqa: E402
     Delivery,
     Disruption,
     group_disruptions,
+    local_time,
     message_id,
     parse_group_log,
     parse_id,
@@ -1006,6 +1012,142 @@ def report(run: Run, kills: int, drained: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# --------------------------------------------------------------------- counting again
+
+
+class KeptRunError(ValueError):
+    """A `--retally` directory that is not what a chaos run keeps."""
+
+
+CONNECTED = re.compile(
+    r"^(?P<stamp>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(?P<ms>\d{3}) INFO riverbed\.mqtt\.connection:"
+    r" client (?P<client>chaos-p\d+) \(.*\) connected: "
+)
+
+
+def retally(directory: Path, window: float) -> dict[str, Any]:
+    """Count the run kept in `directory` (`--keep`) again, from its files: the
+    deliveries (deliveries.jsonl), the run's events and clocks (events.json),
+    the broker logs (node*.log), what was acknowledged and refused and the
+    log's copies (acknowledged.json). A directory kept before those were
+    recorded is counted as well as its files allow: the clocks from the
+    publishers' connections (`clock_from_connects`), the acknowledged messages
+    from what the publishers sent (right when the run ended with none
+    unacknowledged) and the refused from what they sent twice (their wire logs),
+    the log's copies from the workers' (each names the log record it got)."""
+    for name in ("events.json", "deliveries.jsonl"):
+        if not (directory / name).is_file():
+            raise KeptRunError(
+                f"--retally {directory}: no {name} there (not a directory a chaos run kept)"
+            )
+    recorded = json.loads((directory / "events.json").read_text())
+    notes: list[str] = []
+    if isinstance(recorded, dict):
+        clock = Clock(**recorded["clock"])
+        events = [Event(**e) for e in recorded["events"]]
+    else:
+        clock, error = clock_from_connects(directory)
+        events = [Event(**e) for e in recorded]
+        notes.append(f"clocks matched by the publishers' connections (within {error:.3f} s)")
+    deliveries = []
+    with (directory / "deliveries.jsonl").open() as raw:
+        for line in raw:
+            consumer, message, at, order, dup, copy = json.loads(line)
+            deliveries.append(Delivery(consumer, message, at, order, dup, copy))
+    kept = directory / "acknowledged.json"
+    if kept.is_file():
+        inputs = json.loads(kept.read_text())
+        acked = set(inputs["acknowledged"])
+        copies = Counter(inputs["log_copies_beyond_one"])  # the rest: once (tally's default)
+        refused = set(inputs["refused"])
+    else:
+        published: Counter[str] = Counter()
+        for log in sorted(directory.glob("publisher-*.log")):
+            for line in log.read_text(errors="replace").splitlines():
+                fields = line.split(" ")
+                if len(fields) >= 3 and fields[1] == "publish":
+                    published[fields[2]] += 1
+        acked = set(published)
+        # A publisher publishes a message again (not a QoS resend) only once refused.
+        refused = {m for m, n in published.items() if n > 1}
+        records: dict[str, set[str | None]] = {}
+        for d in deliveries:
+            if d.consumer == "workers":
+                records.setdefault(d.message, set()).add(d.copy)
+        copies = Counter({m: len(r) for m, r in records.items()})
+        notes.append(
+            "acknowledged: every message a publisher sent; refused: those it published"
+            " again; the log's copies: the workers' (no acknowledged.json)"
+        )
+    group = group_disruptions(
+        (
+            e
+            for log in sorted(directory.glob("node*.log"))
+            for e in parse_group_log(log.read_text(errors="replace"), log.stem, GROUP)
+        ),
+        clock,
+    )
+    names = {d.consumer for d in deliveries}
+    consumers = [*sorted(n for n in names if n.startswith("sess-")), "shared", "workers"]
+    consumers += ["delivery"] if "delivery" in names else []
+    per_kind = tally_kinds(consumers, deliveries, acked, copies, events, group, window)
+    for c in per_kind.values():
+        c.order_violations = [
+            v for v in c.order_violations if message_id(v[0], v[1]) not in refused
+        ]
+    print(f"chaos run counted again: {directory}, window {window} s")
+    for note in notes:
+        print(f"  {note}")
+    print_counts(per_kind, group)
+    print_failures(per_kind)
+    return {
+        "directory": str(directory),
+        "window": window,
+        "notes": notes,
+        "clock": {"wall": clock.wall, "monotonic": clock.monotonic},
+        "shared_group_disruptions": group_counts(group),
+        "consumers": {name: c.summary() for name, c in per_kind.items()},
+        "target_met": not any(c.lost or c.stale or c.order_violations for c in per_kind.values()),
+    }
+
+
+def clock_from_connects(directory: Path) -> tuple[Clock, float]:
+    """The clocks of a kept run that did not record them, matched by the
+    publishers' connections: a broker logs a publisher `connected` (wall clock)
+    after the publisher sent CONNECT and before it got CONNACK (both in its
+    wire log, monotonic). Each connection bounds the difference of the clocks;
+    returns the middle of the bounds of all, and how far from it the truth can be."""
+    low, high = -float("inf"), float("inf")
+    for log in sorted(directory.glob("publisher-*.log")):
+        client = f"chaos-{log.stem.removeprefix('publisher-')}"
+        connects: list[tuple[float, float]] = []  # (CONNECT sent, CONNACK in)
+        sent = None
+        for line in log.read_text(errors="replace").splitlines():
+            at, _, text = line.partition(" ")
+            if text.startswith("Sending CONNECT"):
+                sent = float(at)
+            elif text == "on_connect Success" and sent is not None:
+                connects.append((sent, float(at)))
+        walls = sorted(
+            local_time(m["stamp"], int(m["ms"]))
+            for node in directory.glob("node*.log")
+            for m in map(CONNECTED.match, node.read_text(errors="replace").splitlines())
+            if m is not None and m["client"] == client
+        )
+        if len(walls) != len(connects):
+            raise KeptRunError(
+                f"--retally {directory}: {client} connected {len(connects)} time(s) by its"
+                f" log and {len(walls)} by the broker logs: the clocks cannot be matched"
+            )
+        for (sent_at, connack_at), wall in zip(connects, walls, strict=True):
+            low = max(low, wall - connack_at)
+            high = min(high, wall + 0.001 - sent_at)  # asctime drops the rest of the ms
+    if not low <= high:
+        raise KeptRunError(f"--retally {directory}: the publishers' connections do not match")
+    # wall - monotonic, the same for every moment: Clock(that, 0).
+    return Clock((low + high) / 2, 0.0), (high - low) / 2
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kills", type=int, default=100)
@@ -1040,7 +1182,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, default=None, help="write the counts here")
     parser.add_argument("--keep", type=Path, default=None, help="directory for logs")
+    parser.add_argument(
+        "--retally",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="count again the run kept in DIR (--keep), with --window; runs nothing",
+    )
     args = parser.parse_args(argv)
+    if args.retally is not None:
+        try:
+            counted = retally(args.retally, args.window)
+        except KeptRunError as exc:
+            parser.error(str(exc))
+        if args.json is not None:
+            args.json.write_text(json.dumps(counted, indent=1))
+        return 0 if counted["target_met"] else 1
     nodes = args.nodes or (2 if args.backend == "postgres" else 1)
     if nodes > 1 and args.backend == "sqlite":
         parser.error(f"--nodes {nodes} needs --backend postgres (one SQLite file, one node)")
