@@ -817,7 +817,8 @@ def tally_kinds(
 
 
 def group_counts(group: Sequence[Disruption]) -> dict[str, dict[str, int]]:
-    """Per node, the shared group's fences and Leader changes the brokers logged."""
+    """Per node, the shared group's fences and Leader changes the brokers logged
+    (a Leader change: a Leader starting, but the group's first, or stopping)."""
     out: dict[str, dict[str, int]] = {}
     for d in group:
         counts = out.setdefault(d.target, {"fences": 0, "leader_changes": 0})
@@ -1020,7 +1021,7 @@ class KeptRunError(ValueError):
 
 
 CONNECTED = re.compile(
-    r"^(?P<stamp>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(?P<ms>\d{3}) INFO riverbed\.mqtt\.connection:"
+    r"^(?P<stamp>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(?P<ms>\d{3}) \w+ riverbed\.mqtt\.connection:"
     r" client (?P<client>chaos-p\d+) \(.*\) connected: "
 )
 

@@ -21,7 +21,7 @@ WALL = time.mktime(time.strptime("2026-11-26 20:18:00", "%Y-%m-%d %H:%M:%S"))
 
 NODE0_LOG = """\
 --- start 1
-2026-11-26 20:18:01,500 INFO riverbed.mqtt.connection: client chaos-p0 (('127.0.0.1', 1)) \
+2026-11-26 20:18:01,500 DEBUG riverbed.mqtt.connection: client chaos-p0 (('127.0.0.1', 1)) \
 connected: MQTT 5, session 40, expiry 3600s
 2026-11-26 20:18:05,000 INFO riverbed.sharedsub.host: group $share/g/chaos/#: leading as v1/leader/a
 2026-11-26 20:18:20,000 INFO riverbed.sharedsub.agent: group $share/g/chaos/#: borrower s/n/1 \
