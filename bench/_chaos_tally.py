@@ -19,10 +19,12 @@ merged by time) `tally` counts:
     extra copies first;
   - *in window*: the consumer acknowledged the message's previous delivery at
     most `window` seconds before (or `SLACK` after) a disruption on its path (a kill or restart of
-    a broker node, a worker, the delivery job, or the PostgreSQL server) that
-    came before this delivery: the window the kill cut off before its
-    acknowledgement was committed (session checkpoints, a worker's position, a
-    delivery batch's commit);
+    a broker node, a worker, the delivery job, or the PostgreSQL server; for
+    the shared group also what the broker reports in its log: a Borrower
+    replaced after a fence, a Leader change, `group_events`) that came before
+    this delivery: the window the disruption cut off before its acknowledgement
+    was committed (session checkpoints, a worker's position, a delivery batch's
+    commit, a shared group's progress, saved in batches);
   - *stale*: neither: the message came again although its acknowledgement had
     had `window` seconds, with nothing on the path disrupted, to be committed.
 - with the DUP flag (MQTT consumers): how many repeats, and how many first
@@ -33,6 +35,8 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import re
+import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -68,7 +72,9 @@ class Disruption:
     target: str
     """`node0`, `node1`, `worker0`, `worker1`, `job` or `postgres`."""
     what: str
-    """`kill`, `restart`, `exit` (it died by itself) or `pg-restart`."""
+    """`kill`, `restart`, `exit` (it died by itself) or `pg-restart`; reported by
+    a broker node about a shared group (`GroupEvent`): `fence`, `leading` or
+    `leader-stops`."""
 
 
 def parse_id(message: str) -> tuple[str, int]:
@@ -183,3 +189,84 @@ def tally(
             else:
                 counts.stale.append((message, before.at, again.at))
     return counts
+
+
+# ------------------------------------------------- what the broker logs about a group
+
+GROUP_LINE = re.compile(
+    r"^(?P<stamp>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(?P<ms>\d{3}) \w+"
+    r" riverbed\.sharedsub\.(?:agent|host): group (?P<group>\S+): (?P<message>.*)$"
+)
+"""A broker log line (`riverbed serve`: asctime, level, logger, message) of the
+shared-subscription Agent or Leader host about a group."""
+
+FENCE = re.compile(r"^borrower \S+ replaced by \S+: .*\(fence\)$")
+LEADING = re.compile(r"^leading as \S+$")
+LEADER_STOPS = re.compile(r"\bleader (?:\S+ )?stops\b")
+
+
+@dataclass(frozen=True, slots=True)
+class GroupEvent:
+    """A shared group's disruption a broker node reported in its log: a
+    Borrower replaced after a fence (its Leader ran late: the unsaved window is
+    delivered again), a Leader starting (`leading`) or stopping."""
+
+    wall: float
+    """When (time.time() seconds, from the log line's local time, to the millisecond)."""
+    node: str
+    what: str
+    """`fence`, `leading` or `leader-stops`."""
+
+
+def parse_group_log(text: str, node: str, group: str) -> list[GroupEvent]:
+    """The fences and Leader starts and stops broker `node` logged for `group`
+    (e.g. `$share/g/chaos/#`); every other line is ignored."""
+    out: list[GroupEvent] = []
+    for line in text.splitlines():
+        match = GROUP_LINE.match(line)
+        if match is None or match["group"] != group:
+            continue
+        message = match["message"]
+        if FENCE.match(message):
+            what = "fence"
+        elif LEADING.match(message):
+            what = "leading"
+        elif LEADER_STOPS.search(message):
+            what = "leader-stops"
+        else:
+            continue
+        out.append(GroupEvent(local_time(match["stamp"], int(match["ms"])), node, what))
+    return out
+
+
+def local_time(stamp: str, ms: int = 0) -> float:
+    """`YYYY-MM-DD HH:MM:SS` in this machine's local time (logging's asctime) ->
+    time.time() seconds."""
+    return time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S")) + ms / 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Clock:
+    """One moment read on both clocks: converts the broker logs' wall-clock
+    times to the run's time.monotonic() (one clock for every process)."""
+
+    wall: float
+    monotonic: float
+
+    @classmethod
+    def now(cls) -> Clock:
+        return cls(time.time(), time.monotonic())
+
+    def to_monotonic(self, wall: float) -> float:
+        return wall - self.wall + self.monotonic
+
+
+def group_disruptions(events: Iterable[GroupEvent], clock: Clock) -> list[Disruption]:
+    """The group's disruptions on the run's clock: every fence and Leader stop,
+    and every Leader start but the group's first (on any node), which changed
+    nothing."""
+    ordered = sorted(events, key=lambda e: e.wall)
+    first = next((e for e in ordered if e.what == "leading"), None)
+    return [
+        Disruption(clock.to_monotonic(e.wall), e.node, e.what) for e in ordered if e is not first
+    ]

@@ -35,6 +35,7 @@ acknowledged message that is not in the log).
     .venv/bin/python bench/chaos.py [--kills 100] [--duration 600]
         [--backend sqlite|postgres] [--nodes 1|2] [--pg-restart N] [--seed S]
         [--short] [--no-spark] [--json FILE] [--keep DIR]
+    .venv/bin/python bench/chaos.py --retally DIR [--window 10] [--json FILE]
 
 `--short` (what tests/chaos runs): 6 kills, each kind at least once, the job
 once (as soon as it delivers: one Spark start after the first) and the node
@@ -42,7 +43,10 @@ and worker kills while it starts, 30 s of publishing; the job's lease is 10 s
 instead of 30 (its successor waits less). Exit status 0 when the target is
 met, 1 when not. Process logs (brokers, workers, the job,
 PostgreSQL) and the run's events are kept in `--keep DIR` (default: a temporary
-directory, named at the end).
+directory, named at the end), with what the counts are made of (the
+deliveries, what was acknowledged, the clocks read at the start: the broker
+logs' wall-clock times on the run's monotonic clock); `--retally DIR` counts
+that again (exit status 1 when something was lost, stale or out of order).
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ import json
 import os
 import platform
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -73,12 +78,24 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(BENCH))
 
 from _chaos_clients import Publisher, Subscriber  # noqa: E402
-from _chaos_tally import Counts, Delivery, Disruption, message_id, parse_id, tally  # noqa: E402
+from _chaos_tally import (  # noqa: E402
+    Clock,
+    Counts,
+    Delivery,
+    Disruption,
+    group_disruptions,
+    local_time,
+    message_id,
+    parse_group_log,
+    parse_id,
+    tally,
+)
 from harness.broker import BrokerProcess  # noqa: E402
 from harness.endpoint import Endpoint  # noqa: E402
 from harness.postgres import PostgresServer  # noqa: E402
 
 TOPIC = "chaos"
+GROUP = f"$share/g/{TOPIC}/#"
 PARTITIONS = 4
 PUBLISHERS = 4
 KEYS = 4
@@ -123,7 +140,9 @@ KIND_TARGETS = {
     "workers": ("worker", "postgres"),
     "delivery": ("job", "postgres"),
 }
-"""Which disruptions are on each consumer kind's path (by target name prefix)."""
+"""Which disruptions are on each consumer kind's path (by target name prefix).
+The shared group's path also has the fences and Leader changes the broker
+nodes log about it (`_chaos_tally.group_disruptions`)."""
 
 
 def _env() -> dict[str, str]:
@@ -284,6 +303,9 @@ class Run:
     unexpected: list[Event] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     t0: float = field(default_factory=time.monotonic)
+    clock: Clock = field(default_factory=Clock.now)
+    """Both clocks read at the run's start: the broker logs' wall-clock times
+    (fences, Leader changes) on the run's monotonic clock."""
     job_requests_at_start: int = 0
     publishing_stopped: bool = False
 
@@ -761,13 +783,82 @@ def qos_of(message: str) -> int:
     return 1 + int(message.split(".", 1)[0][1:]) % 2
 
 
-def disruptions(run: Run, kind: str) -> list[Disruption]:
+def disruptions(events: Sequence[Event], kind: str) -> list[Disruption]:
+    """The run's kills and restarts on `kind`'s path (KIND_TARGETS)."""
     prefixes = KIND_TARGETS[kind]
     return [
         Disruption(e.at, e.target, e.what)
-        for e in run.events
+        for e in events
         if e.target.startswith(prefixes) and e.what in ("kill", "restart", "exit", "pg-restart")
     ]
+
+
+def tally_kinds(
+    consumers: Sequence[str],
+    deliveries: Sequence[Delivery],
+    acked: set[str],
+    copies: Counter[str],
+    events: Sequence[Event],
+    group: Sequence[Disruption],
+    window: float,
+) -> dict[str, Counts]:
+    """`tally` per consumer kind: each session (`sess-...`) on its own, the shared
+    group's members (`share-...`) as one `shared`, `workers`, `delivery`.
+    `group`: the shared group's disruptions the brokers logged, on its path only."""
+    by_consumer: dict[str, list[Delivery]] = {name: [] for name in consumers}
+    for d in deliveries:
+        by_consumer["shared" if d.consumer.startswith("share-") else d.consumer].append(d)
+    out: dict[str, Counts] = {}
+    for name in consumers:
+        kind = "session" if name.startswith("sess-") else name
+        path = disruptions(events, kind) + (list(group) if kind == "shared" else [])
+        out[name] = tally(name, by_consumer[name], acked, copies, path, window)
+    return out
+
+
+def group_counts(group: Sequence[Disruption]) -> dict[str, dict[str, int]]:
+    """Per node, the shared group's fences and Leader changes the brokers logged
+    (a Leader change: a Leader starting, but the group's first, or stopping)."""
+    out: dict[str, dict[str, int]] = {}
+    for d in group:
+        counts = out.setdefault(d.target, {"fences": 0, "leader_changes": 0})
+        counts["fences" if d.what == "fence" else "leader_changes"] += 1
+    return dict(sorted(out.items()))
+
+
+def print_counts(per_kind: dict[str, Counts], group: Sequence[Disruption]) -> None:
+    header = (
+        f"  {'consumer':10} {'expected':>8} {'lost':>5} {'order':>5} {'dups':>6}"
+        f" {'repub':>6} {'window':>6} {'w/DUP':>6} {'stale':>5} {'1st DUP':>7} {'max w':>6}"
+    )
+    print(header)
+    for c in per_kind.values():
+        print(
+            f"  {c.consumer:10} {c.expected:8} {len(c.lost):5} {len(c.order_violations):5}"
+            f" {c.duplicates:6} {c.republished:6} {c.in_window:6} {c.in_window_dup_flag:6}"
+            f" {len(c.stale):5} {c.first_with_dup_flag:7} {c.largest_window:6.1f}"
+        )
+    per_node = group_counts(group)
+    print(
+        "  on the shared group's path, as the brokers logged (fences, Leader changes): "
+        + (
+            "; ".join(
+                f"{node} {n['fences']} fence(s), {n['leader_changes']} Leader change(s)"
+                for node, n in per_node.items()
+            )
+            or "none"
+        )
+    )
+
+
+def print_failures(per_kind: dict[str, Counts]) -> None:
+    for c in per_kind.values():
+        if c.lost:
+            print(f"  {c.consumer} lost (first 20): {c.lost[:20]}")
+        if c.stale:
+            print(f"  {c.consumer} stale (first 10): {c.stale[:10]}")
+        if c.order_violations:
+            print(f"  {c.consumer} order violations (first 10): {c.order_violations[:10]}")
 
 
 def report(run: Run, kills: int, drained: dict[str, Any]) -> dict[str, Any]:
@@ -775,32 +866,26 @@ def report(run: Run, kills: int, drained: dict[str, Any]) -> dict[str, Any]:
     acked = run.acknowledged()
     copies, log_disorder = run.log_copies()
     false_acks = sorted(acked - copies.keys())
-    per_kind: dict[str, Counts] = {}
-    for sub in run.subscribers["session"]:
-        with sub.lock:
-            deliveries = list(sub.deliveries)
-        per_kind[sub.name] = tally(
-            sub.name, deliveries, acked, copies, disruptions(run, "session"), o.window
-        )
     shared: list[Delivery] = []
     for sub in run.subscribers["shared"]:
         with sub.lock:
             shared.extend(sub.deliveries)
-    per_kind["shared"] = tally(
-        "shared", shared, acked, copies, disruptions(run, "shared"), o.window
+    deliveries = list(shared)
+    for sub in run.subscribers["session"]:
+        with sub.lock:
+            deliveries.extend(sub.deliveries)
+    deliveries += run.worker_deliveries() + (run.endpoint_deliveries() if o.spark else [])
+    group = group_disruptions(
+        (
+            e
+            for i, broker in enumerate(run.brokers)
+            for e in parse_group_log(broker.log_path.read_text(errors="replace"), f"node{i}", GROUP)
+        ),
+        run.clock,
     )
-    per_kind["workers"] = tally(
-        "workers", run.worker_deliveries(), acked, copies, disruptions(run, "workers"), o.window
-    )
-    if o.spark:
-        per_kind["delivery"] = tally(
-            "delivery",
-            run.endpoint_deliveries(),
-            acked,
-            copies,
-            disruptions(run, "delivery"),
-            o.window,
-        )
+    consumers = [s.name for s in run.subscribers["session"]] + ["shared", "workers"]
+    consumers += ["delivery"] if o.spark else []
+    per_kind = tally_kinds(consumers, deliveries, acked, copies, run.events, group, o.window)
     # QoS 2 end to end (a QoS 2 publisher, the QoS 2 subscription): exactly once
     # (DESIGN.md, guarantee 3): any repeat beyond the log's copies breaks it.
     qos2_repeats: dict[str, int] = {}
@@ -820,12 +905,19 @@ def report(run: Run, kills: int, drained: dict[str, Any]) -> dict[str, Any]:
         c.order_violations = kept
     log_refused = [v for v in log_disorder if message_id(v[0], v[1]) in refused]
     log_disorder = [v for v in log_disorder if v not in log_refused]
-    with (run.directory / "deliveries.jsonl").open("w") as raw:  # to count again later
-        for deliveries in (shared, *(s.deliveries for s in run.subscribers["session"])):
-            for d in deliveries:
-                raw.write(json.dumps([d.consumer, d.message, d.at, d.order, d.dup, d.copy]) + "\n")
-        for d in run.worker_deliveries() + (run.endpoint_deliveries() if o.spark else []):
+    # To count again later (--retally).
+    with (run.directory / "deliveries.jsonl").open("w") as raw:
+        for d in deliveries:
             raw.write(json.dumps([d.consumer, d.message, d.at, d.order, d.dup, d.copy]) + "\n")
+    (run.directory / "acknowledged.json").write_text(
+        json.dumps(
+            {
+                "acknowledged": sorted(acked),
+                "log_copies_beyond_one": {m: n for m, n in sorted(copies.items()) if n > 1},
+                "refused": sorted(refused),
+            }
+        )
+    )
     kills_by_target = Counter(e.target for e in run.events if e.what == "kill")
     sent = sum(len(p.sent) for p in run.publishers)
     lost = sum(len(c.lost) for c in per_kind.values())
@@ -860,17 +952,7 @@ def report(run: Run, kills: int, drained: dict[str, Any]) -> dict[str, Any]:
     )
     print(f"  unexpected exits: {len(run.unexpected)}")
     print(f"  QoS 2 messages delivered twice to a QoS 2 subscription: {qos2_repeats}")
-    header = (
-        f"  {'consumer':10} {'expected':>8} {'lost':>5} {'order':>5} {'dups':>6}"
-        f" {'repub':>6} {'window':>6} {'w/DUP':>6} {'stale':>5} {'1st DUP':>7} {'max w':>6}"
-    )
-    print(header)
-    for c in per_kind.values():
-        print(
-            f"  {c.consumer:10} {c.expected:8} {len(c.lost):5} {len(c.order_violations):5}"
-            f" {c.duplicates:6} {c.republished:6} {c.in_window:6} {c.in_window_dup_flag:6}"
-            f" {len(c.stale):5} {c.first_with_dup_flag:7} {c.largest_window:6.1f}"
-        )
+    print_counts(per_kind, group)
     sessions_lost = {s.name: s.sessions_lost for g in run.subscribers.values() for s in g}
     if any(sessions_lost.values()):
         print(f"  sessions found gone at a reconnect: {sessions_lost}")
@@ -878,13 +960,7 @@ def report(run: Run, kills: int, drained: dict[str, Any]) -> dict[str, Any]:
         f"  target ({o.kills} kills, 0 lost, 0 stale, 0 order violations, 0 false"
         f" acknowledgements, QoS 2 exactly once): {'met' if met else 'NOT met'}"
     )
-    for c in per_kind.values():
-        if c.lost:
-            print(f"  {c.consumer} lost (first 20): {c.lost[:20]}")
-        if c.stale:
-            print(f"  {c.consumer} stale (first 10): {c.stale[:10]}")
-        if c.order_violations:
-            print(f"  {c.consumer} order violations (first 10): {c.order_violations[:10]}")
+    print_failures(per_kind)
     if false_acks:
         print(f"  false acknowledgements (first 20): {false_acks[:20]}")
     return {
@@ -904,6 +980,8 @@ def report(run: Run, kills: int, drained: dict[str, Any]) -> dict[str, Any]:
             if e.what == "kill"
         ],
         "pg_restarts": o.pg_restarts,
+        "clock": {"wall": run.clock.wall, "monotonic": run.clock.monotonic},
+        "shared_group_disruptions": group_counts(group),
         "published": sent,
         "acknowledged": len(acked),
         "refused": sum(len(p.refused) for p in run.publishers),
@@ -933,6 +1011,142 @@ def report(run: Run, kills: int, drained: dict[str, Any]) -> dict[str, Any]:
         "directory": str(run.directory),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
     }
+
+
+# --------------------------------------------------------------------- counting again
+
+
+class KeptRunError(ValueError):
+    """A `--retally` directory that is not what a chaos run keeps."""
+
+
+CONNECTED = re.compile(
+    r"^(?P<stamp>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(?P<ms>\d{3}) \w+ riverbed\.mqtt\.connection:"
+    r" client (?P<client>chaos-p\d+) \(.*\) connected: "
+)
+
+
+def retally(directory: Path, window: float) -> dict[str, Any]:
+    """Count the run kept in `directory` (`--keep`) again, from its files: the
+    deliveries (deliveries.jsonl), the run's events and clocks (events.json),
+    the broker logs (node*.log), what was acknowledged and refused and the
+    log's copies (acknowledged.json). A directory kept before those were
+    recorded is counted as well as its files allow: the clocks from the
+    publishers' connections (`clock_from_connects`), the acknowledged messages
+    from what the publishers sent (right when the run ended with none
+    unacknowledged) and the refused from what they sent twice (their wire logs),
+    the log's copies from the workers' (each names the log record it got)."""
+    for name in ("events.json", "deliveries.jsonl"):
+        if not (directory / name).is_file():
+            raise KeptRunError(
+                f"--retally {directory}: no {name} there (not a directory a chaos run kept)"
+            )
+    recorded = json.loads((directory / "events.json").read_text())
+    notes: list[str] = []
+    if isinstance(recorded, dict):
+        clock = Clock(**recorded["clock"])
+        events = [Event(**e) for e in recorded["events"]]
+    else:
+        clock, error = clock_from_connects(directory)
+        events = [Event(**e) for e in recorded]
+        notes.append(f"clocks matched by the publishers' connections (within {error:.3f} s)")
+    deliveries = []
+    with (directory / "deliveries.jsonl").open() as raw:
+        for line in raw:
+            consumer, message, at, order, dup, copy = json.loads(line)
+            deliveries.append(Delivery(consumer, message, at, order, dup, copy))
+    kept = directory / "acknowledged.json"
+    if kept.is_file():
+        inputs = json.loads(kept.read_text())
+        acked = set(inputs["acknowledged"])
+        copies = Counter(inputs["log_copies_beyond_one"])  # the rest: once (tally's default)
+        refused = set(inputs["refused"])
+    else:
+        published: Counter[str] = Counter()
+        for log in sorted(directory.glob("publisher-*.log")):
+            for line in log.read_text(errors="replace").splitlines():
+                fields = line.split(" ")
+                if len(fields) >= 3 and fields[1] == "publish":
+                    published[fields[2]] += 1
+        acked = set(published)
+        # A publisher publishes a message again (not a QoS resend) only once refused.
+        refused = {m for m, n in published.items() if n > 1}
+        records: dict[str, set[str | None]] = {}
+        for d in deliveries:
+            if d.consumer == "workers":
+                records.setdefault(d.message, set()).add(d.copy)
+        copies = Counter({m: len(r) for m, r in records.items()})
+        notes.append(
+            "acknowledged: every message a publisher sent; refused: those it published"
+            " again; the log's copies: the workers' (no acknowledged.json)"
+        )
+    group = group_disruptions(
+        (
+            e
+            for log in sorted(directory.glob("node*.log"))
+            for e in parse_group_log(log.read_text(errors="replace"), log.stem, GROUP)
+        ),
+        clock,
+    )
+    names = {d.consumer for d in deliveries}
+    consumers = [*sorted(n for n in names if n.startswith("sess-")), "shared", "workers"]
+    consumers += ["delivery"] if "delivery" in names else []
+    per_kind = tally_kinds(consumers, deliveries, acked, copies, events, group, window)
+    for c in per_kind.values():
+        c.order_violations = [
+            v for v in c.order_violations if message_id(v[0], v[1]) not in refused
+        ]
+    print(f"chaos run counted again: {directory}, window {window} s")
+    for note in notes:
+        print(f"  {note}")
+    print_counts(per_kind, group)
+    print_failures(per_kind)
+    return {
+        "directory": str(directory),
+        "window": window,
+        "notes": notes,
+        "clock": {"wall": clock.wall, "monotonic": clock.monotonic},
+        "shared_group_disruptions": group_counts(group),
+        "consumers": {name: c.summary() for name, c in per_kind.items()},
+        "target_met": not any(c.lost or c.stale or c.order_violations for c in per_kind.values()),
+    }
+
+
+def clock_from_connects(directory: Path) -> tuple[Clock, float]:
+    """The clocks of a kept run that did not record them, matched by the
+    publishers' connections: a broker logs a publisher `connected` (wall clock)
+    after the publisher sent CONNECT and before it got CONNACK (both in its
+    wire log, monotonic). Each connection bounds the difference of the clocks;
+    returns the middle of the bounds of all, and how far from it the truth can be."""
+    low, high = -float("inf"), float("inf")
+    for log in sorted(directory.glob("publisher-*.log")):
+        client = f"chaos-{log.stem.removeprefix('publisher-')}"
+        connects: list[tuple[float, float]] = []  # (CONNECT sent, CONNACK in)
+        sent = None
+        for line in log.read_text(errors="replace").splitlines():
+            at, _, text = line.partition(" ")
+            if text.startswith("Sending CONNECT"):
+                sent = float(at)
+            elif text == "on_connect Success" and sent is not None:
+                connects.append((sent, float(at)))
+        walls = sorted(
+            local_time(m["stamp"], int(m["ms"]))
+            for node in directory.glob("node*.log")
+            for m in map(CONNECTED.match, node.read_text(errors="replace").splitlines())
+            if m is not None and m["client"] == client
+        )
+        if len(walls) != len(connects):
+            raise KeptRunError(
+                f"--retally {directory}: {client} connected {len(connects)} time(s) by its"
+                f" log and {len(walls)} by the broker logs: the clocks cannot be matched"
+            )
+        for (sent_at, connack_at), wall in zip(connects, walls, strict=True):
+            low = max(low, wall - connack_at)
+            high = min(high, wall + 0.001 - sent_at)  # asctime drops the rest of the ms
+    if not low <= high:
+        raise KeptRunError(f"--retally {directory}: the publishers' connections do not match")
+    # wall - monotonic, the same for every moment: Clock(that, 0).
+    return Clock((low + high) / 2, 0.0), (high - low) / 2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -969,7 +1183,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, default=None, help="write the counts here")
     parser.add_argument("--keep", type=Path, default=None, help="directory for logs")
+    parser.add_argument(
+        "--retally",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="count again the run kept in DIR (--keep), with --window; runs nothing",
+    )
     args = parser.parse_args(argv)
+    if args.retally is not None:
+        try:
+            counted = retally(args.retally, args.window)
+        except KeptRunError as exc:
+            parser.error(str(exc))
+        if args.json is not None:
+            args.json.write_text(json.dumps(counted, indent=1))
+        return 0 if counted["target_met"] else 1
     nodes = args.nodes or (2 if args.backend == "postgres" else 1)
     if nodes > 1 and args.backend == "sqlite":
         parser.error(f"--nodes {nodes} needs --backend postgres (one SQLite file, one node)")
@@ -1015,7 +1244,13 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         run.stop()
         (directory / "events.json").write_text(
-            json.dumps([e.__dict__ for e in run.events], indent=1)
+            json.dumps(
+                {
+                    "clock": {"wall": run.clock.wall, "monotonic": run.clock.monotonic},
+                    "events": [e.__dict__ for e in run.events],
+                },
+                indent=1,
+            )
         )
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=1))

@@ -61,6 +61,15 @@ def chaos(tmp_path: Path, *args: str) -> dict[str, Any]:
     assert out.exists(), f"no counts (exit {code}):\n{report}"
     counts: dict[str, Any] = json.loads(out.read_text())
     counts["report"] = report
+    # Counted again from the kept files (--retally): the same counts.
+    again = tmp_path / "again.json"
+    subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "chaos.py"), "--retally", str(tmp_path / "run"),
+         "--json", str(again)],
+        env=env, capture_output=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert again.exists(), f"--retally wrote no counts:\n{report}"
+    counts["counted_again"] = json.loads(again.read_text())["consumers"]
     return counts
 
 
@@ -87,6 +96,10 @@ def check(counts: dict[str, Any]) -> None:
         assert c["stale_ids"] == [], (name, report)
         assert c["order_violation_ids"] == [], (name, report)
     assert counts["target_met"], report
+    for name, c in counts["consumers"].items():
+        assert counts["counted_again"][name] == {
+            k: v for k, v in c.items() if not k.endswith("_ids")
+        }, (name, report)
 
 
 def test_chaos_on_sqlite(tmp_path: Path) -> None:

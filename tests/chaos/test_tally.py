@@ -3,7 +3,8 @@ message acknowledged and never delivered is lost; per key a first delivery
 after a later one is an order violation; a repeat is a republished copy (a
 second log copy, where the consumer names the copy; else up to the log's extra
 copies), within a kill's window (a disruption on the path within `window`
-seconds after the previous acknowledgement), or stale."""
+seconds after the previous acknowledgement), or stale. A shared group's path
+also has what the broker logs about the group: fences and Leader changes."""
 
 from __future__ import annotations
 
@@ -13,7 +14,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from _chaos_tally import Delivery, Disruption, message_id, parse_id, tally
+from _chaos_tally import (
+    Clock,
+    Delivery,
+    Disruption,
+    GroupEvent,
+    group_disruptions,
+    local_time,
+    message_id,
+    parse_group_log,
+    parse_id,
+    tally,
+)
 
 KILL = [Disruption(10.0, "node0", "kill")]
 
@@ -80,4 +92,89 @@ def test_message_id_undoes_parse_id() -> None:
 def test_an_acknowledgement_recorded_just_after_the_kill_is_in_window() -> None:
     # An HTTP 200 answered to a job killed while it waited: recorded after the kill.
     counts = tally("c", [d("p0.k0.0", 10.3), d("p0.k0.0", 60)], set(), Counter(), KILL, 5)
+    assert (counts.in_window, counts.stale) == (1, [])
+
+
+GROUP = "$share/g/chaos/#"
+NODE0_LOG = """\
+--- start 1
+2026-11-26 20:18:10,206 INFO riverbed.mqtt.broker: listening for MQTT on 127.0.0.1:59973
+2026-11-26 20:18:15,211 INFO riverbed.sharedsub.host: group $share/g/chaos/#: leading as v1/leader/b
+2026-11-26 20:18:18,716 INFO riverbed.sharedsub.agent: group $share/g/chaos/#: borrower s1/aa/1 \
+replaced by s1/aa/2: the Leader may have dropped this Borrower (fence)
+2026-11-26 20:18:19,000 INFO riverbed.sharedsub.agent: group $share/g/chaos/#: borrower s1/aa/2 \
+replaced by s1/aa/3: the Leader did not answer a ping in time
+2026-11-26 20:18:20,500 INFO riverbed.sharedsub.host: group $share/g/other/#: leading as v1/leader/c
+2026-11-26 20:18:21,000 INFO riverbed.mqtt.connection: group $share/g/chaos/#: leading as nobody
+2026-11-26 20:22:19,669 INFO riverbed.sharedsub.host: group $share/g/chaos/#: leading as v2/leader/d
+2026-11-26 20:23:41,555 WARNING riverbed.sharedsub.pgbus: node v2: the shared-subscription \
+listener reconnects
+2026-11-26 20:23:41,604 WARNING riverbed.sharedsub.host: group $share/g/chaos/#: leader \
+v2/leader/d stops: its claim was taken
+"""
+"""A broker node's log: both INFO lines the tally reads, a WARNING "stops" line,
+and lines it ignores (other loggers, another group, another replacement reason)."""
+
+
+def test_a_broker_log_gives_the_groups_fences_and_leader_starts_and_stops() -> None:
+    events = parse_group_log(NODE0_LOG, "node0", GROUP)
+    assert [(e.what, e.node) for e in events] == [
+        ("leading", "node0"),
+        ("fence", "node0"),
+        ("leading", "node0"),
+        ("leader-stops", "node0"),
+    ]
+    assert events[1].wall == local_time("2026-11-26 20:18:18", 716)
+    assert round(events[1].wall - events[0].wall, 3) == 3.505
+
+
+def test_the_groups_first_leader_is_no_disruption_and_times_move_to_the_runs_clock() -> None:
+    wall = local_time("2026-11-26 20:18:00")
+    clock = Clock(wall, 1000.0)  # 20:18:00 is 1000.0 on the run's clock
+    events = [
+        GroupEvent(wall + 15, "node1", "leading"),
+        GroupEvent(wall + 10, "node0", "leading"),
+        GroupEvent(wall + 20, "node0", "fence"),
+    ]
+    assert group_disruptions(events, clock) == [
+        Disruption(1015.0, "node1", "leading"),
+        Disruption(1020.0, "node0", "fence"),
+    ]
+
+
+def shared_path(log: str, clock: Clock) -> list[Disruption]:
+    return group_disruptions(parse_group_log(log, "node0", GROUP), clock)
+
+
+# The fence line (20:18:18,716) is 13472.2 on the run's clock.
+PG2_CLOCK = Clock(local_time("2026-11-26 20:18:18", 716), 13472.2)
+
+
+def test_a_repeat_right_after_a_fence_on_the_shared_path_is_in_window() -> None:
+    # The repeat of /work/chaos-pg2's stale shared message, acknowledged just
+    # after the fence and delivered again by the Borrower that replaced the fenced one.
+    repeat = [d("p0.k2.11", 13472.45), d("p0.k2.11", 13474.31)]
+    counts = tally("c", repeat, set(), Counter(), shared_path(NODE0_LOG, PG2_CLOCK), 10)
+    assert (counts.in_window, counts.stale) == (1, [])
+
+
+def test_the_same_repeat_on_another_consumers_path_is_still_stale() -> None:
+    # Another consumer's path has only the run's own kills and restarts: none here.
+    repeat = [d("p0.k2.11", 13472.45), d("p0.k2.11", 13474.31)]
+    counts = tally("c", repeat, set(), Counter(), [], 10)
+    assert counts.stale == [("p0.k2.11", 13472.45, 13474.31)] and counts.in_window == 0
+
+
+def test_a_repeat_long_after_a_fence_is_stale() -> None:
+    # Acknowledged 30 s after the fence (and long before the next Leader change).
+    repeat = [d("p0.k2.11", 13502.2), d("p0.k2.11", 13504.0)]
+    counts = tally("c", repeat, set(), Counter(), shared_path(NODE0_LOG, PG2_CLOCK), 10)
+    assert counts.stale == [("p0.k2.11", 13502.2, 13504.0)] and counts.in_window == 0
+
+
+def test_a_leader_change_on_the_shared_path_puts_a_repeat_in_window() -> None:
+    # 20:22:19,669, the second "leading as": 240.953 s after the fence.
+    change = 13472.2 + 240.953
+    repeat = [d("p0.k0.5", change - 2), d("p0.k0.5", change + 1)]
+    counts = tally("c", repeat, set(), Counter(), shared_path(NODE0_LOG, PG2_CLOCK), 10)
     assert (counts.in_window, counts.stale) == (1, [])
