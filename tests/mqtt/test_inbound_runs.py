@@ -35,6 +35,10 @@ def commit(placed: list[tuple[int, int]]) -> Router:
     inbound._acks = deque()
     inbound._unacked = 0
     inbound._qos2 = set()
+    inbound._batches = {}
+    inbound._taken = []
+    inbound._refused = None
+    inbound._progress = None
     batch = Batch(inbound, "t")
     batch.messages = [Message(b"%d" % i, key=None, mqtt_topic="t/x") for i in range(len(placed))]
     batch.positions = cast(Any, [(STREAMS[s], offset) for s, offset in placed])
