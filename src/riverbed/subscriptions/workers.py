@@ -569,10 +569,20 @@ class Worker:
         the position must be where we read it (either failing rolls `tx` back)."""
         locks = self._session_locks
         if lock is not None and locks is not None and not locks.still_held(lock, tx):
-            logger.info("worker of %r lost its lock of stream %d", self.record.name, stream_key)
+            # Seen by operators (a worker logs warnings only): the batch it
+            # handled is handled again by the worker that has the stream now.
+            logger.warning(
+                "worker of %r lost its lock of stream %d: its batch is left to another worker",
+                self.record.name,
+                stream_key,
+            )
             raise _Abandon
         if not self.state.advance(tx, self.record, stream_key, stored, end):
-            logger.info("position of stream %d moved meanwhile: batch left", stream_key)
+            logger.warning(
+                "worker of %r: the position of stream %d moved meanwhile: its batch is left",
+                self.record.name,
+                stream_key,
+            )
             raise _Abandon
 
     def _should_retry(self, batch: Batch, error: Exception) -> bool:
