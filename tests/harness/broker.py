@@ -8,10 +8,10 @@
 
 `start()` runs `python -m riverbed.cli serve --mqtt 127.0.0.1:PORT --db URL
 --allow-anonymous --log-level debug` on a free loopback port and waits until the port accepts
-connections. `stop()` sends SIGTERM and waits (SIGKILL after `timeout`);
-`kill()` sends SIGKILL; `rss()` reads its resident memory. The broker's
-output goes to a log file whose tail is shown when the broker fails to start or
-exits with an error.
+connections (with `http=True`, also `--http 127.0.0.1:HTTP_PORT`, waited for
+too). `stop()` sends SIGTERM and waits (SIGKILL after `timeout`); `kill()` sends
+SIGKILL; `rss()` reads its resident memory. The broker's output goes to a log
+file whose tail is shown when the broker fails to start or exits with an error.
 """
 
 from __future__ import annotations
@@ -53,10 +53,19 @@ STOP_TIMEOUT = 45.0 * SLOW
 class BrokerProcess:
     """`riverbed serve` in a subprocess, on a free loopback port."""
 
-    def __init__(self, db_url: str, *, extra_args: tuple[str, ...] = (), port: int = 0) -> None:
+    def __init__(
+        self,
+        db_url: str,
+        *,
+        extra_args: tuple[str, ...] = (),
+        port: int = 0,
+        http: bool = False,
+    ) -> None:
         self.db_url = db_url
         self.extra_args = extra_args
         self.port = port or free_port()
+        self.http_port = free_port() if http else None
+        """With `http`: the admin HTTP API's port (`--http 127.0.0.1:PORT`)."""
         self.process: subprocess.Popen[bytes] | None = None
         self._log_dir = Path(tempfile.mkdtemp(prefix="riverbed-broker-"))
         self.log_path = self._log_dir / "broker.log"
@@ -84,6 +93,7 @@ class BrokerProcess:
                 "--allow-anonymous",
                 "--log-level",  # every client connecting and leaving: tests wait for those
                 "debug",
+                *(() if self.http_port is None else ("--http", f"127.0.0.1:{self.http_port}")),
                 *self.extra_args,
             ],
             stdout=log,
@@ -92,6 +102,14 @@ class BrokerProcess:
         )
         log.close()
         wait_listening(self.process, self.port, timeout, "broker", self.tail, self.kill)
+        if self.http_port is not None:
+            wait_listening(self.process, self.http_port, timeout, "HTTP API", self.tail, self.kill)
+
+    @property
+    def http_url(self) -> str:
+        """The admin HTTP API's base URL (started with `http=True`)."""
+        assert self.http_port is not None, "started without http=True"
+        return f"http://127.0.0.1:{self.http_port}"
 
     def stop(self, timeout: float = STOP_TIMEOUT) -> int:
         """SIGTERM, then wait; SIGKILL if it takes longer than `timeout`."""

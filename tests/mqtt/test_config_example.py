@@ -52,7 +52,7 @@ def test_loading_the_example_gives_the_defaults() -> None:
 def test_uncommented_the_example_values_load(tmp_path: Path) -> None:
     """Every commented-out line (the TLS section, the keys unset by default)
     taken in, beside the files it names: it loads, with the example values."""
-    for name in ("server.pem", "server.key", "clients-ca.pem", "passwd", "acl"):
+    for name in ("server.pem", "server.key", "clients-ca.pem", "passwd", "acl", "tokens"):
         (tmp_path / name).write_text("")
     uncommented = re.sub(
         r"^# ((\[[a-z_.]+\])|([a-z_]+ = .*))$", r"\1", CHECKED_IN.read_text(), flags=re.M
@@ -68,6 +68,7 @@ def test_uncommented_the_example_values_load(tmp_path: Path) -> None:
     assert loaded.limits.server_keep_alive == EXAMPLES["limits.server_keep_alive"]
     assert loaded.limits.default_session_expiry == 7 * 24 * 3600
     assert loaded.storage.url == EXAMPLES["storage.url"]
+    assert loaded.http.token_file == tmp_path / "tokens"
 
 
 def test_a_key_no_dataclass_holds_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

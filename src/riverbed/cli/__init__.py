@@ -19,6 +19,7 @@ from __future__ import annotations
 
 # Each module adds its commands to `cli` when imported.
 from riverbed.cli import (
+    admin,
     broker,
     config,
     demo,
@@ -36,6 +37,7 @@ from riverbed.cli.demo import DEMO_MESSAGES
 __all__ = [
     "DEMO_MESSAGES",
     "PRODUCE_BATCH",
+    "admin",
     "broker",
     "cli",
     "config",

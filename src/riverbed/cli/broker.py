@@ -6,16 +6,22 @@ import json
 import logging
 import signal
 import sys
+from collections.abc import Callable
 from contextlib import suppress
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 import click
 
 from riverbed.cli._app import DB_KEY, cli, db_option
 from riverbed.errors import InvalidInput
 from riverbed.log.log import Log
-from riverbed.mqtt.config import LOG_LEVELS, LogConfig
+from riverbed.mqtt.config import LOG_LEVELS, BrokerConfig, LogConfig
 from riverbed.storage import default_url, redact_url
+
+if TYPE_CHECKING:
+    from riverbed.http.server import HttpServer
+    from riverbed.mqtt.broker import Broker
 
 # --------------------------------------------------------------------- passwd
 
@@ -107,6 +113,14 @@ def passwd(file: str, username: str, delete: bool, from_stdin: bool) -> None:
     type=click.Choice(LOG_LEVELS, case_sensitive=False),
     help="How much to log (default info; debug adds every client connecting and leaving).",
 )
+@click.option(
+    "--http",
+    metavar="HOST:PORT",
+    help="Serve the admin HTTP API there (docs/http.md); without a token file, loopback only.",
+)
+@click.option(
+    "--token-file", metavar="FILE", help="Bearer tokens of the HTTP API (`riverbed token add`)."
+)
 @db_option
 def serve(
     config_file: str | None,
@@ -117,6 +131,8 @@ def serve(
     keyfile: str | None,
     cafile: str | None,
     log_level: str | None,
+    http: str | None,
+    token_file: str | None,
 ) -> None:
     """Run the MQTT 3.1.1 / 5 broker until SIGTERM or SIGINT.
 
@@ -143,6 +159,8 @@ def serve(
             "storage.url": db,
             "auth.allow_anonymous": allow_anonymous,
             "log.level": log_level,
+            "http.address": http,
+            "http.token_file": token_file,
         },
     )
     if config.listeners.tls is not None:
@@ -160,7 +178,7 @@ def serve(
         with Log.open(url) as log:
             if getattr(log.storage, "created", False):
                 logging.getLogger(__name__).info("created a new database at %s", redact_url(url))
-            await run_broker(config, log, stop)
+            await run_broker(config, log, stop, beside=http_beside(config, log))
 
     try:
         import uvloop
@@ -168,6 +186,32 @@ def serve(
         asyncio.run(main())
     else:
         uvloop.run(main())
+
+
+def http_beside(config: BrokerConfig, log: Log) -> Callable[[Broker], HttpServer] | None:
+    """The admin HTTP API to run beside the broker, if `[http] address` is set.
+    The token file is read now: a bad one is refused before anything listens."""
+    from riverbed.http.app import HttpContext, config_view
+    from riverbed.http.auth import TokenFile
+    from riverbed.http.server import HttpServer
+
+    settings = config.http
+    if settings.address is None:
+        return None
+    tokens = None if settings.token_file is None else TokenFile(settings.token_file)
+
+    def beside(broker: Broker) -> HttpServer:
+        context = HttpContext(
+            log,
+            broker.node,
+            config_view(config),
+            tokens=tokens,
+            broker=broker,
+            listening=broker.serving,
+        )
+        return HttpServer(settings, context)
+
+    return beside
 
 
 def _configure_logging(settings: LogConfig) -> None:

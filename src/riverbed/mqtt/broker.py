@@ -37,7 +37,7 @@ import time
 import uuid
 from collections.abc import Callable, Hashable
 from ssl import SSLContext
-from typing import cast
+from typing import Protocol, cast
 
 from riverbed.errors import CannotListen, LeaseHeld, PreconditionFailed, RiverbedError
 from riverbed.log.log import Log
@@ -198,6 +198,10 @@ class Broker:
             host, port = cast(tuple[str, int], sock.getsockname()[:2])
             out.append(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
         return out
+
+    def serving(self) -> bool:
+        """Whether the MQTT listener takes clients (started and not stopping)."""
+        return self._server is not None and self._server.is_serving()
 
     @property
     def port(self) -> int:
@@ -420,16 +424,40 @@ EXIT_MARGIN = 5.0
 it is doing (closing the log, threads still in the database)."""
 
 
-async def serve(config: BrokerConfig, log_: Log, stop: asyncio.Event, **options: float) -> None:
+class Companion(Protocol):
+    """A server that runs beside the broker on its loop (the admin HTTP API):
+    started after the broker, stopped before it."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+async def serve(
+    config: BrokerConfig,
+    log_: Log,
+    stop: asyncio.Event,
+    *,
+    beside: Callable[[Broker], Companion] | None = None,
+    **options: float,
+) -> None:
     """Run a broker until `stop` is set, then stop it gracefully, within
     `limits.stop_grace` seconds: past that the process exits at once (status
     1), as after a crash, which the log and the sessions are made to survive. A
-    database that stopped answering must not keep a broker from stopping."""
+    database that stopped answering must not keep a broker from stopping.
+    `beside(broker)` makes a companion server run alongside (the layer above
+    supplies it: this one does not know it)."""
     broker = Broker(config, log_, **options)  # type: ignore[arg-type]
     await broker.start()
+    companion = None
     try:
+        if beside is not None:
+            companion = beside(broker)
+            await companion.start()
         await stop.wait()
     finally:
+        if companion is not None:
+            await companion.stop()
         grace = config.limits.stop_grace
         watchdog = threading.Timer(grace + EXIT_MARGIN, _exit_now, (grace + EXIT_MARGIN,))
         watchdog.daemon = True

@@ -61,6 +61,12 @@ A complete file, with the defaults:
     # password_file = "passwd"       # `riverbed passwd FILE USER` manages it
     # acl_file = "acl"               # rules: riverbed.mqtt.auth
 
+    [http]                           # the admin HTTP API (riverbed.http); off unless set
+    # address = "127.0.0.1:8080"     # HOST:PORT; without token_file only a loopback address
+    # token_file = "tokens"          # bearer tokens: `riverbed token add FILE NAME --role ROLE`
+    # certfile = "server.pem"        # serve HTTPS (with keyfile)
+    # keyfile = "server.key"
+
     [log]                            # the broker's log, on stderr
     level = "info"                   # debug, info, warning or error (debug: every connection)
     format = "text"                  # text, or json: one JSON object per line
@@ -372,6 +378,51 @@ class RetentionConfig:
         _check_fields("retention", self)
 
 
+@dataclass(frozen=True, slots=True)
+class HttpConfig:
+    """The admin HTTP API (`riverbed.http`): off without an `address`. Without a
+    `token_file` every request is an admin's, so only a loopback address is
+    allowed; `certfile` and `keyfile` together serve HTTPS."""
+
+    address: Address | None = None
+    token_file: Path | None = None
+    certfile: Path | None = None
+    keyfile: Path | None = None
+
+    def __post_init__(self) -> None:
+        _check_fields("http", self)
+        if (self.certfile is None) != (self.keyfile is None):
+            given, missing = (
+                ("http.certfile", "http.keyfile")
+                if self.keyfile is None
+                else ("http.keyfile", "http.certfile")
+            )
+            raise InvalidConfig(
+                f"HTTPS needs http.certfile and http.keyfile: {given} given but {missing} missing"
+            )
+        if (
+            self.address is not None
+            and self.token_file is None
+            and not is_loopback(self.address.host)
+        ):
+            raise InvalidConfig(
+                f"http.address {self.address} is not a loopback address and no http.token_file"
+                " is set: without tokens anyone who reaches it would be an admin; set"
+                " http.token_file (`riverbed token add FILE NAME --role admin`) or listen on"
+                " 127.0.0.1"
+            )
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is this machine only (127.0.0.0/8, ::1 or localhost)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
 
@@ -398,6 +449,7 @@ class BrokerConfig:
     shared_subscriptions: SharedSubscriptions = field(default_factory=SharedSubscriptions)
     retention: RetentionConfig = field(default_factory=RetentionConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    http: HttpConfig = field(default_factory=HttpConfig)
 
     def __post_init__(self) -> None:
         if not self.auth.allow_anonymous and self.auth.password_file is None:
@@ -660,6 +712,16 @@ KEYS: dict[str, Key] = {
         _optional(_readable_file), "user names and scrypt hashes", is_path=True
     ),
     "auth.acl_file": Key(_optional(_readable_file), "publish/subscribe rules", is_path=True),
+    # --- [http]: the admin HTTP API
+    "http.address": Key(_optional(_address), "HOST:PORT of the admin HTTP API; unset: off"),
+    "http.token_file": Key(
+        _optional(_readable_file), "names, roles and hashes of bearer tokens", is_path=True
+    ),
+    "http.certfile": Key(
+        _optional(_readable_file), "PEM certificate chain: serve HTTPS", is_path=True
+    ),
+    "http.keyfile": Key(_optional(_readable_file), "PEM private key of HTTPS", is_path=True),
+    # ---
     "log.level": Key(_choice(LOG_LEVELS), "how much the broker logs: debug, info, warning, error"),
     "log.format": Key(_choice(LOG_FORMATS), "log lines as text, or as one JSON object each"),
 }
@@ -774,6 +836,7 @@ def _build(values: Mapping[str, object]) -> BrokerConfig:
         shared_subscriptions=_shared(section("shared_subscriptions")),
         retention=RetentionConfig(**section("retention")),
         log=LogConfig(**section("log")),
+        http=HttpConfig(**section("http")),
     )
 
 

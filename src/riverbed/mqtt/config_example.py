@@ -36,6 +36,10 @@ EXAMPLES: dict[str, object] = {
     "limits.default_session_expiry": "7d",
     "auth.password_file": "passwd",
     "auth.acl_file": "acl",
+    "http.address": "127.0.0.1:8080",
+    "http.token_file": "tokens",
+    "http.certfile": "server.pem",
+    "http.keyfile": "server.key",
 }
 """The value shown (commented out) for a key with no default or a `None` one."""
 
