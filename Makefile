@@ -11,10 +11,14 @@ TEST_WORKERS ?= 3
 # `make run PORT=1884` listens on 127.0.0.1:1884; `make run ARGS="..."` adds options to
 # `riverbed serve`. With --config in ARGS the file decides who may connect, so
 # --allow-anonymous is left out.
+# The admin HTTP API listens on 127.0.0.1:$(HTTP_PORT) (docs/http.md; `HTTP_PORT=` turns it
+# off, as do --http in ARGS or a config file, which then decide).
 PORT ?=
 ARGS ?=
+HTTP_PORT ?= 8080
+HTTP_ADDRESS = $(if $(HTTP_PORT),$(if $(findstring --config,$(ARGS))$(findstring --http,$(ARGS)),,127.0.0.1:$(HTTP_PORT)))
 SERVE_ARGS = $(strip $(if $(findstring --config,$(ARGS)),,--allow-anonymous) \
-	$(if $(PORT),--mqtt 127.0.0.1:$(PORT)) $(ARGS))
+	$(if $(PORT),--mqtt 127.0.0.1:$(PORT)) $(if $(HTTP_ADDRESS),--http $(HTTP_ADDRESS)) $(ARGS))
 
 # ruff fails on a path that does not exist, so lint only the directories that do.
 LINT_PATHS := $(wildcard src tests bench examples)
@@ -45,8 +49,9 @@ $(EXTRAS_STAMP): pyproject.toml | $(PY)
 	touch $@ $(CORE_STAMP)
 
 # The broker on 127.0.0.1:1883 (anonymous clients allowed, messages in
-# ./riverbed-data); Ctrl-C stops it.
+# ./riverbed-data) and its admin HTTP API on 127.0.0.1:8080; Ctrl-C stops it.
 run: venv-core
+	$(if $(HTTP_ADDRESS),@echo "admin HTTP API: http://$(HTTP_ADDRESS)/api/v1 (docs/http.md)")
 	$(VENV)/bin/riverbed serve $(SERVE_ARGS)
 
 # Each line stops make at its first failure.

@@ -81,7 +81,8 @@ def test_run_on_a_fresh_machine_installs_the_core_only(venv: Path) -> None:
     commands = make_n(venv, "run")
     assert commands[0] == f"python3 -m venv {venv}"
     assert pip_installs(commands) == ["."]
-    assert serve_command(commands) == ["--allow-anonymous"]
+    assert serve_command(commands) == ["--allow-anonymous", "--http", "127.0.0.1:8080"]
+    assert "admin HTTP API: http://127.0.0.1:8080/api/v1" in " ".join(commands)
 
 
 def test_test_on_a_fresh_machine_installs_dev_and_spark(venv: Path) -> None:
@@ -123,15 +124,22 @@ def test_a_changed_pyproject_reinstalls(venv: Path) -> None:
 
 def test_port_and_args_change_what_run_starts(venv: Path) -> None:
     stamp(venv, "core")
-    assert serve_command(make_n(venv, "run", "PORT=1884")) == [
+    assert serve_command(make_n(venv, "run", "PORT=1884", "HTTP_PORT=")) == [
         "--allow-anonymous",
         "--mqtt",
         "127.0.0.1:1884",
     ]
-    assert serve_command(make_n(venv, "run", "ARGS=--mqtt 127.0.0.1:1885")) == [
+    assert serve_command(make_n(venv, "run", "ARGS=--mqtt 127.0.0.1:1885", "HTTP_PORT=8081")) == [
         "--allow-anonymous",
+        "--http",
+        "127.0.0.1:8081",
         "--mqtt",
         "127.0.0.1:1885",
+    ]
+    assert serve_command(make_n(venv, "run", "ARGS=--http 127.0.0.1:9090")) == [
+        "--allow-anonymous",
+        "--http",
+        "127.0.0.1:9090",
     ]
     # A config file decides who may connect: no --allow-anonymous over it.
     assert serve_command(make_n(venv, "run", "ARGS=--config riverbed.toml")) == [
@@ -157,11 +165,14 @@ def make_run(linked_venv: Path, tmp_path: Path) -> Iterator[tuple[int, Path]]:
     """`make run PORT=...` started for real, in a session of its own (so the
     broker under it gets the SIGTERM too, as Ctrl-C reaches both); yields the
     port and the output's path."""
-    port = free_port()
+    port, http_port = free_port(), free_port()
     out = tmp_path / "make-run.log"
     with out.open("wb") as log:
         process = subprocess.Popen(
-            ["make", "-C", str(ROOT), f"VENV={linked_venv}", "run", f"PORT={port}"],
+            [
+                *("make", "-C", str(ROOT), f"VENV={linked_venv}", "run"),
+                *(f"PORT={port}", f"HTTP_PORT={http_port}"),
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=tmp_path,

@@ -183,8 +183,10 @@ def test_admin_serves_the_api_without_mqtt(sqlite_url: str, tmp_path: Path) -> N
     log = tmp_path / "admin.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "riverbed.cli", "admin", "--http", f"127.0.0.1:{port}"]
-            + ["--db", sqlite_url],
+            [
+                *(sys.executable, "-m", "riverbed.cli", "admin"),
+                *("--http", f"127.0.0.1:{port}", "--db", sqlite_url),
+            ],
             stdout=out,
             stderr=subprocess.STDOUT,
         )
