@@ -118,6 +118,7 @@ def test_requests_without_or_with_a_wrong_token_are_401(
         assert "token" in refused.json()["error"]
         assert refused.headers["www-authenticate"] == "Bearer"
     assert guarded.post("/api/v1/topics", json=TOPIC).status_code == 401
+    assert guarded.get("/metrics").status_code == 401
     # Health needs no token.
     assert guarded.get("/healthz").status_code == 200
     assert guarded.get("/readyz").status_code == 200
