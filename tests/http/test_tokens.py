@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -172,6 +173,20 @@ def test_a_non_loopback_address_without_tokens_is_refused(sqlite_url: str, comma
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
     assert "is not a loopback address" in lines[0] and "http.token_file" in lines[0]
+    assert "Traceback" not in done.stderr
+
+
+def test_an_http_address_in_use_is_refused_and_nothing_runs(sqlite_url: str) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        done = run_riverbed(
+            "serve", "--allow-anonymous", "--mqtt", f"127.0.0.1:{free_port()}",
+            "--http", f"127.0.0.1:{port}", "--db", sqlite_url,
+        )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert f"error: cannot listen for HTTP on 127.0.0.1:{port}: address already in use" in (
+        done.stderr
+    )
     assert "Traceback" not in done.stderr
 
 

@@ -84,6 +84,8 @@ class HttpServer:
             make_app(self.context),
             lifespan="off",
             log_config=None,
+            # Its own start and stop lines repeat ours; its warnings and errors stay.
+            log_level="warning",
             access_log=False,
             ssl_certfile=None if self.config.certfile is None else str(self.config.certfile),
             ssl_keyfile=None if self.config.keyfile is None else str(self.config.keyfile),
