@@ -11,6 +11,7 @@ import pytest
 from harness.broker import BrokerProcess, Client
 from harness.cli import rb
 from harness.waiting import eventually
+from riverbed.http.app import MAX_MESSAGE_BODY
 from riverbed.storage import redact_url
 
 
@@ -136,6 +137,16 @@ def test_bad_message_is_refused_and_nothing_is_written(
     refused = api.post("/api/v1/topics/orders/messages", json=body)
     assert refused.status_code == 422, refused.text
     assert words in refused.json()["error"]
+    summary = next(t for t in api.get("/api/v1/topics").json() if t["name"] == "orders")
+    assert summary["messages"] == 0
+
+
+def test_a_body_over_the_limit_is_413_and_nothing_is_written(api: httpx.Client) -> None:
+    assert api.post("/api/v1/topics", json=ORDERS).status_code == 201
+    huge = {"payload": "x" * (MAX_MESSAGE_BODY + 1)}
+    refused = api.post("/api/v1/topics/orders/messages", json=huge)
+    assert refused.status_code == 413
+    assert str(MAX_MESSAGE_BODY) in refused.json()["error"]
     summary = next(t for t in api.get("/api/v1/topics").json() if t["name"] == "orders")
     assert summary["messages"] == 0
 

@@ -70,6 +70,10 @@ API = "/api/v1"
 READY_DEADLINE = 2.0
 """Seconds the store has to answer for `/readyz` to say ready."""
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+MAX_MESSAGE_BODY = 8 * 1024 * 1024
+"""Bytes a produce request's body may have: a message is held whole in memory
+until it is committed. The default largest MQTT packet (1 MiB) in base64 is
+1.4 MB; this leaves room for larger configured ones."""
 
 
 @dataclass(slots=True)
@@ -415,7 +419,7 @@ def make_app(context: HttpContext) -> FastAPI:
     async def produce(name: str, request: Request) -> JSONResponse:
         """Produce one message (the fields of `riverbed produce`'s JSON lines);
         answered once it is committed, as a PUBACK is."""
-        raw = await request.body()
+        raw = await _body(request, MAX_MESSAGE_BODY)
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -445,6 +449,21 @@ def make_app(context: HttpContext) -> FastAPI:
     _add_client_routes(api, context)
     app.include_router(api)
     return app
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    """The request's body; 413 once it is over `limit` bytes (read no further)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"the body is {declared} bytes; at most {limit} are accepted")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, f"the body is over {limit} bytes, the most accepted")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _add_client_routes(api: APIRouter, context: HttpContext) -> None:
