@@ -76,7 +76,7 @@ until it is committed. The default largest MQTT packet (1 MiB) in base64 is
 1.4 MB; this leaves room for larger configured ones."""
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class HttpContext:
     """What the app serves: the log, this node, the settings in force, and the
     broker beside it (None under `riverbed admin`)."""
