@@ -267,3 +267,19 @@ def test_the_sys_topic_keeps_its_limit(tmp_path: Path) -> None:
             updates = len(SysState(0.0, "").update(_counters(0.0)))  # every name
             assert head.next_offset - head.start_offset <= 10 + updates
         watcher.disconnect()
+
+
+def test_reading_sys_needs_an_acl_rule_that_names_it(tmp_path: Path) -> None:
+    # "#" covers no "$" topic [MQTT-4.7.2-1]: only the monitor may read $SYS.
+    (tmp_path / "acl").write_text("allow all anyone #\nallow subscribe client monitor $SYS/#\n")
+    config = '[sys]\ninterval = 1\n[auth]\nacl_file = "acl"\n'
+    with _broker(tmp_path, config) as broker:
+        nosy = Client(broker.port, "nosy")
+        nosy.connect()
+        assert nosy.subscribe("$SYS/#", qos=0) == [0x87]
+        monitor = Client(broker.port, "monitor")
+        monitor.connect()
+        assert monitor.subscribe("$SYS/#", qos=0) == [0]
+        eventually(lambda: _latest(monitor, CONNECTED) == "2", what="two clients connected")
+        nosy.disconnect()
+        monitor.disconnect()
