@@ -278,12 +278,12 @@ class SysPublisher:
 
 def _stored_counts(broker: Broker) -> tuple[int, int, int, int]:
     """(sessions, disconnected, subscriptions, retained messages) from the
-    database: one read of the session records and of the retained keys, as
-    the expiry sweep reads the sessions every few seconds."""
+    database: one read of the session records, as the expiry sweep does every
+    few seconds, and a count of the retained ones."""
     records = [stored.record for stored in broker.store.all()]
     disconnected = sum(1 for record in records if not record.connected)
     subscriptions = sum(len(record.subscriptions) for record in records)
-    retained = len(broker.log.storage.kv_list(RETAINED_NAMESPACE))
+    retained = broker.log.storage.kv_count(RETAINED_NAMESPACE)
     return len(records), disconnected, subscriptions, retained
 
 
