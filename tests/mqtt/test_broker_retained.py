@@ -91,25 +91,25 @@ def test_retain_handling_and_retain_as_published(broker: BrokerProcess) -> None:
 
 
 def test_dollar_topics_are_not_matched_by_leading_wildcards(broker: BrokerProcess) -> None:
-    _retain(broker.port, "$SYS/x", b"sys")
+    _retain(broker.port, "$app/x", b"dollar")
     _retain(broker.port, "plain", b"p")
     sub = Client(broker.port, "dollar")
     sub.connect()
     # Each SUBSCRIBE's retained messages go out together, in topic name order
-    # ("$SYS/x" before "plain"): had "#" matched "$SYS/x", it would be here
+    # ("$app/x" before "plain"): had "#" matched "$app/x", it would be here
     # before "plain" came for "#".
     sub.subscribe("#", identifier=1)
-    sub.subscribe("$SYS/#", identifier=2)
+    sub.subscribe("$app/#", identifier=2)
     eventually(
         lambda: (
-            {(b"p", (1,)), (b"sys", (2,))}
+            {(b"p", (1,)), (b"dollar", (2,))}
             <= {(m.payload, m.identifiers) for m in sub.received_now()}
         ),
         what="the retained messages",
     )
     assert sorted((m.payload, m.identifiers) for m in sub.received_now()) == [
         (b"p", (1,)),
-        (b"sys", (2,)),
+        (b"dollar", (2,)),
     ]
     sub.disconnect()
 

@@ -31,7 +31,9 @@ def commit(placed: list[tuple[int, int]]) -> Router:
     ((stream index, offset) each) and return what the router was told."""
     router = Router()
     inbound = Inbound.__new__(Inbound)  # no connection or loop: only routing runs
-    inbound.conn = cast(Any, SimpleNamespace(broker=SimpleNamespace(router=router)))
+    inbound.conn = cast(
+        Any, SimpleNamespace(broker=SimpleNamespace(router=router, messages_received=0))
+    )
     inbound._acks = deque()
     inbound._unacked = 0
     inbound._qos2 = set()

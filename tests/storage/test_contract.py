@@ -823,6 +823,17 @@ def test_kv_namespaces_are_separate(storage: Storage) -> None:
     assert storage.kv_list("two") == []
 
 
+def test_kv_count_counts_the_keys_of_one_namespace(storage: Storage) -> None:
+    assert storage.kv_count("one") == 0
+    storage.kv_put("one", "a", b"1")
+    storage.kv_put("one", "a", b"11")  # written over: still one key
+    storage.kv_put("one", "b", b"2")
+    storage.kv_put("two", "a", b"3")
+    assert (storage.kv_count("one"), storage.kv_count("two")) == (2, 1)
+    storage.kv_delete_if_version("one", "a", 2)
+    assert storage.kv_count("one") == 1
+
+
 # --------------------------------------------------------------------------- meta version
 
 

@@ -15,7 +15,9 @@ node's liveness lease: several brokers may share a database, and a session
 connected to another running node is never expired here; a connection whose
 session a client took over on another node is closed (0x8E) at the next sweep.
 A thread applies the topics' retention every `[retention] interval` seconds
-(`log/retention.py: Retainer`; off with 0).
+(`log/retention.py: Retainer`; off with 0). A task publishes the `$SYS/broker/...`
+topics every `[sys] interval` seconds (`mqtt/sys.py`; off with 0), from the
+plain counters below (`messages_received`, `bytes_sent`, ...).
 
 Stopping: stop the retention thread (after its transaction in progress), stop
 accepting, send every MQTT 5 client DISCONNECT 0x8B Server shutting down,
@@ -49,6 +51,7 @@ from riverbed.mqtt.connection import Connection
 from riverbed.mqtt.pacer import CommitPacer
 from riverbed.mqtt.retained import RetainedStore
 from riverbed.mqtt.router import Router
+from riverbed.mqtt.sys import SysPublisher
 from riverbed.mqtt.tls import server_context
 from riverbed.mqtt.wills import Wills
 from riverbed.sessions.store import SessionStore, node_lease, now_us
@@ -137,6 +140,18 @@ class Broker:
         self.slow_consumers_disconnected = 0
         """Connections aborted because their write buffer stayed full for
         `limits.slow_consumer_timeout`."""
+        self.messages_received = 0
+        """PUBLISHes from clients committed to the log (counted per commit)."""
+        self.messages_sent = 0
+        """PUBLISHes written to clients (first sends and resends)."""
+        self.bytes_received = 0
+        """Bytes read from clients' connections (counted per read)."""
+        self.bytes_sent = 0
+        """Bytes written to clients' connections (counted per write)."""
+        self.connections_opened = 0
+        """Connections accepted (TLS: handshake done) since the start."""
+        self.sys: SysPublisher | None = None
+        """The `$SYS` topics (`[sys] interval`), unless off."""
 
     async def start(self) -> None:
         """Start the router and listen on `config.listeners.mqtt` (and `.tls` if set).
@@ -186,6 +201,11 @@ class Broker:
         else:
             log.info("retention is off ([retention] interval = 0): `riverbed retention run`")
         await self.wills.restore()
+        if self.config.sys.interval:
+            self.sys = SysPublisher(self, self.config.sys.interval)
+            await self.sys.start()
+        else:
+            log.info("$SYS topics are off ([sys] interval = 0)")
         await _serve(self._server, address, "--mqtt", "listeners.mqtt")
         if self._tls_server is not None and tls is not None:
             await _serve(self._tls_server, tls.address, "--tls", "listeners.tls.address")
@@ -224,6 +244,8 @@ class Broker:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        if self.sys is not None:
+            await self.sys.stop()
         connections = list(self._all)
         for connection in connections:
             connection.close(DisconnectReason.SERVER_SHUTTING_DOWN)
@@ -265,6 +287,7 @@ class Broker:
         """The connection is made (for TLS: after the handshake succeeded)."""
         self._all.add(connection)
         self._arrived += 1
+        self.connections_opened += 1
 
     def connection_closed(self, connection: Connection) -> None:
         """The connection's teardown finished (its session is saved)."""

@@ -56,6 +56,9 @@ A complete file, with the defaults:
     pin_warning_hours = 24           # warn when a subscription holds messages this old
     batch = 10000                    # messages deleted per transaction
 
+    [sys]                            # $SYS/broker/... status topics (mqtt/sys.py)
+    interval = 10                    # seconds between updates (0: none published)
+
     [auth]
     allow_anonymous = false          # clients without a user name
     # password_file = "passwd"       # `riverbed passwd FILE USER` manages it
@@ -423,6 +426,17 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+@dataclass(frozen=True, slots=True)
+class SysConfig:
+    """The `$SYS/broker/...` status topics (`mqtt/sys.py`): updated every
+    `interval` seconds (0: never published)."""
+
+    interval: int = 10
+
+    def __post_init__(self) -> None:
+        _check_fields("sys", self)
+
+
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
 
@@ -448,6 +462,7 @@ class BrokerConfig:
     auth: AuthConfig = field(default_factory=AuthConfig)
     shared_subscriptions: SharedSubscriptions = field(default_factory=SharedSubscriptions)
     retention: RetentionConfig = field(default_factory=RetentionConfig)
+    sys: SysConfig = field(default_factory=SysConfig)
     log: LogConfig = field(default_factory=LogConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
 
@@ -528,6 +543,13 @@ def _retention_interval(key: str, value: object) -> int:
     seconds: int = _seconds(7 * DAY)(key, value)
     if seconds < 0:
         raise _fail(key, value, f"must be whole seconds from 0 to {7 * DAY} (0: no retention)")
+    return seconds
+
+
+def _sys_interval(key: str, value: object) -> int:
+    seconds: int = _seconds(DAY)(key, value)
+    if seconds < 0:
+        raise _fail(key, value, f"must be whole seconds from 0 to {DAY} (0: no $SYS topics)")
     return seconds
 
 
@@ -707,6 +729,7 @@ KEYS: dict[str, Key] = {
     "retention.batch": Key(
         _integer(100, 1_000_000, " messages"), "messages retention deletes per transaction"
     ),
+    "sys.interval": Key(_sys_interval, "seconds between $SYS/broker/... updates (0: none)"),
     "auth.allow_anonymous": Key(_boolean, "let clients without a user name connect"),
     "auth.password_file": Key(
         _optional(_readable_file), "user names and scrypt hashes", is_path=True
@@ -835,6 +858,7 @@ def _build(values: Mapping[str, object]) -> BrokerConfig:
         auth=AuthConfig(**section("auth")),
         shared_subscriptions=_shared(section("shared_subscriptions")),
         retention=RetentionConfig(**section("retention")),
+        sys=SysConfig(**section("sys")),
         log=LogConfig(**section("log")),
         http=HttpConfig(**section("http")),
     )

@@ -268,6 +268,7 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._last_read = self._loop.time()
+        self.broker.bytes_received += len(data)
         if self.closing:
             return
         try:
@@ -786,6 +787,7 @@ class Connection(asyncio.Protocol):
             return
         if new_alias:
             self._aliases[message.mqtt_topic] = new_alias
+        self.broker.messages_sent += 1
         self._write(data)
 
     def _discard(self, effect: Deliver) -> None:
@@ -982,6 +984,7 @@ class Connection(asyncio.Protocol):
         data = out[0] if len(out) == 1 else b"".join(out)
         out.clear()
         if transport is not None and not transport.is_closing():
+            self.broker.bytes_sent += len(data)
             transport.write(data)
 
     # --- slow consumers -------------------------------------------------------------------

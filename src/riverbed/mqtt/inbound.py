@@ -62,6 +62,7 @@ from riverbed.mqtt.codec import (
 )
 from riverbed.mqtt.messages import committed_row, message_from_publish
 from riverbed.mqtt.pacer import Batch, refusal_reason
+from riverbed.mqtt.sys import is_sys_topic
 from riverbed.sessions.store import now_us, qos2_marker
 from riverbed.storage.base import Row
 
@@ -251,8 +252,14 @@ class Inbound:
                 DisconnectReason.RETAIN_NOT_SUPPORTED,
                 "retained messages are not available (CONNACK Retain Available 0) [MQTT-3.2.2-14]",
             )
-        if not conn.broker.authorizer.can_publish(conn.username, conn.client_id, topic):
-            log.info("client %s: not authorized to publish to %r", conn.client_id, topic)
+        # Topic names starting with `$` are the server's (MQTT 5.0 §4.7.2): the
+        # broker's own `$SYS` tree (mqtt/sys.py) is refused to every client.
+        sys_topic = is_sys_topic(topic)
+        if sys_topic or not conn.broker.authorizer.can_publish(
+            conn.username, conn.client_id, topic
+        ):
+            why = "only the broker publishes to $SYS" if sys_topic else "not authorized"
+            log.info("client %s: %s: refused PUBLISH to %r", conn.client_id, why, topic)
             v5 = conn.level == MQTT_5
             if qos == 1:
                 refused = PubackReason.NOT_AUTHORIZED if v5 else PubackReason.SUCCESS
@@ -351,6 +358,7 @@ class Inbound:
         acknowledgements due."""
         positions = batch.positions
         if positions is not None:
+            self.conn.broker.messages_received += len(batch.messages)
             # One run per stream of what this batch added there in a row: a key
             # mode that spreads (`none`, keys per topic) interleaves streams
             # message by message, and routing each message alone costs a wake-up
@@ -376,6 +384,7 @@ class Inbound:
         """A QoS 2 PUBLISH was committed (at `position`; None: failed, or resent
         and committed before): route it, and send the acknowledgements now due."""
         if position is not None:
+            self.conn.broker.messages_received += 1
             stream, offset = position
             self.conn.broker.router.committed(stream, offset, [committed_row(message, offset)])
         self._send_acks()

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from riverbed.errors import PreconditionFailed, RiverbedError
 from riverbed.mqtt.codec import Publish, PublishProperties, Will, WillProperties
 from riverbed.mqtt.messages import committed_row, message_from_publish
+from riverbed.mqtt.sys import is_sys_topic
 from riverbed.sessions.store import NEVER_EXPIRES, now_us
 
 if TYPE_CHECKING:
@@ -180,7 +181,10 @@ class Wills:
 
     async def _publish(self, client_id: str, username: str | None, will: Will) -> None:
         broker = self.broker
-        if not broker.authorizer.can_publish(username, client_id, will.topic):
+        if is_sys_topic(will.topic) or not broker.authorizer.can_publish(
+            username, client_id, will.topic
+        ):
+            # Like its PUBLISH would be (mqtt/inbound.py): $SYS is the broker's.
             log.info("client %s: not authorized to publish its will to %r", client_id, will.topic)
             return
         try:

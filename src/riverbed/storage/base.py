@@ -350,6 +350,10 @@ class Storage(Protocol):
 
     def kv_list(self, namespace: str, prefix: str = "") -> list[KVEntry]: ...
 
+    def kv_count(self, namespace: str) -> int:
+        """How many keys `namespace` holds (without reading their values)."""
+        ...
+
     def kv_put(self, namespace: str, key: str, value: bytes) -> KVEntry:
         """Unconditional write; the version goes up by one."""
         ...

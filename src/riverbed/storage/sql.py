@@ -766,6 +766,11 @@ class SqlStorage(ConnectedStorage):
         return [KVEntry(namespace, k, bytes(v), int(ver)) for k, v, ver in rows]
 
     @operation
+    def kv_count(self, namespace: str) -> int:
+        row = self._q("SELECT count(*) FROM kv WHERE namespace = ?", (namespace,)).fetchone()
+        return int(row[0])
+
+    @operation
     def kv_put(self, namespace: str, key: str, value: bytes) -> KVEntry:
         with self._write() as cur:
             row = self._x(
