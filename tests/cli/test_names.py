@@ -63,6 +63,9 @@ NOT_LOOKUPS = {
     ("topic", "create"),  # creates NAME
     ("group", "create"),  # creates NAME
     ("passwd",),  # a file and a user name, no database
+    ("token", "add"),  # a token file and a token's name, no database
+    ("token", "list"),
+    ("token", "revoke"),
 }
 """Commands with a name argument that do not look an existing thing up by it."""
 

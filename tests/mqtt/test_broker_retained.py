@@ -108,8 +108,8 @@ def test_dollar_topics_are_not_matched_by_leading_wildcards(broker: BrokerProces
         what="the retained messages",
     )
     assert sorted((m.payload, m.identifiers) for m in sub.received_now()) == [
-        (b"p", (1,)),
         (b"dollar", (2,)),
+        (b"p", (1,)),
     ]
     sub.disconnect()
 
