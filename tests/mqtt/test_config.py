@@ -480,8 +480,8 @@ def test_unknown_keys_are_refused_with_the_known_ones(tmp_path: Path) -> None:
         ("[listener]\nmqtt = 'a:1'\n", "unknown section [listener] (did you mean [listeners]?)"),
         (
             "[tls]\n",
-            "known sections: [auth], [limits], [listeners], [listeners.tls], [log], [retention],"
-            " [shared_subscriptions], [storage]",
+            "known sections: [auth], [limits], [listeners], [listeners.tls], [log], [metrics],"
+            " [retention], [shared_subscriptions], [storage]",
         ),
         ("port = 1883\n", "unknown key 'port'; known keys: listeners.mqtt, listeners.tls.address"),
         ("[listeners.tls]\nport = 1\n", "unknown key 'listeners.tls.port'"),

@@ -56,6 +56,10 @@ A complete file, with the defaults:
     pin_warning_hours = 24           # warn when a subscription holds messages this old
     batch = 10000                    # messages deleted per transaction
 
+    [metrics]                        # Prometheus metrics (riverbed.metrics; docs/metrics.md)
+    enabled = true                   # count (false: nothing is counted or exposed)
+    refresh_interval = 15            # seconds between readings of lag, queue depths, sessions
+
     [auth]
     allow_anonymous = false          # clients without a user name
     # password_file = "passwd"       # `riverbed passwd FILE USER` manages it
@@ -123,6 +127,12 @@ Why the defaults are what they are:
   `pin_warning_hours` 24: a subscription nobody reads keeps its topic's log,
   however old; a day past retention is long enough not to warn about a reader
   that is down for the night (docs/storage.md).
+- `[metrics] refresh_interval` 15 s: subscription lag, retry and dead-letter
+  queue depths, offline sessions and retained messages cost storage queries,
+  so a background thread reads them this often and a scrape shows the last
+  reading (Prometheus scrapes every 15 to 60 s). From 1 s to an hour.
+  `enabled` true: counting costs the broker about 1% of its CPU per message
+  (docs/benchmarks.md, Metrics on and off).
 - `[log] level` info: what an operator acts on (listening, stopping, sessions
   expired, refusals, warnings), not one line per client connecting or leaving:
   a broker with thousands of clients reconnecting would log little else. Those
@@ -372,6 +382,18 @@ class RetentionConfig:
         _check_fields("retention", self)
 
 
+@dataclass(frozen=True, slots=True)
+class MetricsConfig:
+    """Prometheus metrics (`riverbed.metrics`): counted if `enabled`; the
+    storage-derived gauges read every `refresh_interval` seconds."""
+
+    enabled: bool = True
+    refresh_interval: int = 15
+
+    def __post_init__(self) -> None:
+        _check_fields("metrics", self)
+
+
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
 
@@ -397,6 +419,7 @@ class BrokerConfig:
     auth: AuthConfig = field(default_factory=AuthConfig)
     shared_subscriptions: SharedSubscriptions = field(default_factory=SharedSubscriptions)
     retention: RetentionConfig = field(default_factory=RetentionConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
     def __post_init__(self) -> None:
@@ -655,6 +678,10 @@ KEYS: dict[str, Key] = {
     "retention.batch": Key(
         _integer(100, 1_000_000, " messages"), "messages retention deletes per transaction"
     ),
+    "metrics.enabled": Key(_boolean, "count and expose Prometheus metrics"),
+    "metrics.refresh_interval": Key(
+        _seconds(3600, low=1), "seconds between readings of lag, queue depths and sessions"
+    ),
     "auth.allow_anonymous": Key(_boolean, "let clients without a user name connect"),
     "auth.password_file": Key(
         _optional(_readable_file), "user names and scrypt hashes", is_path=True
@@ -773,6 +800,7 @@ def _build(values: Mapping[str, object]) -> BrokerConfig:
         auth=AuthConfig(**section("auth")),
         shared_subscriptions=_shared(section("shared_subscriptions")),
         retention=RetentionConfig(**section("retention")),
+        metrics=MetricsConfig(**section("metrics")),
         log=LogConfig(**section("log")),
     )
 
