@@ -7,7 +7,8 @@
 
 The hot path pays as little as it can: what happens per message or per read is
 counted in plain ints (`Counts`), which a collector reads when Prometheus
-scrapes; what happens per commit (a transaction) goes straight to histograms.
+scrapes; what happens per commit (a transaction) goes to histogram buckets
+kept the same way (`Buckets`: a lock and a bisect, not `Histogram.observe`).
 Values a process already keeps (connections, dropped QoS 0 messages) are read
 through callables at scrape time (`gauge`, `counter`). Values that cost storage
 queries (subscription lag, queue depths, offline sessions, retained messages)
@@ -24,14 +25,21 @@ docs/metrics.md lists every metric and what it means.
 
 from __future__ import annotations
 
+import bisect
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
@@ -95,6 +103,39 @@ class Readings:
     """When this was read (Unix time; 0: never yet)."""
 
 
+class Buckets:
+    """A histogram's counts per bucket, for one observation per commit: a lock
+    and a bisect (well under a microsecond), where prometheus_client's
+    `Histogram.observe` costs a few (its collector turns these into the
+    cumulative `_bucket` series at scrape time)."""
+
+    __slots__ = ("bounds", "counts", "lock", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        """Observations per bucket: `counts[i]` those in (bounds[i-1], bounds[i]];
+        the last one those above every bound."""
+        self.sum = 0.0
+        self.lock = threading.Lock()
+
+    def observe(self, value: float) -> None:
+        i = bisect.bisect_left(self.bounds, value)
+        with self.lock:
+            self.counts[i] += 1
+            self.sum += value
+
+    def family(self, name: str, help: str) -> HistogramMetricFamily:
+        with self.lock:
+            counts, total = list(self.counts), self.sum
+        cumulative = 0
+        buckets = []
+        for bound, n in zip((*self.bounds, math.inf), counts, strict=True):
+            cumulative += n
+            buckets.append(("+Inf" if bound == math.inf else repr(float(bound)), cumulative))
+        return HistogramMetricFamily(name, help, buckets=buckets, sum_value=total)
+
+
 class Metrics:
     """One broker's metrics: `counts` for the hot path, histograms for commits,
     whatever is registered with `gauge`/`counter`, and the storage readings."""
@@ -107,18 +148,10 @@ class Metrics:
         self._appended: dict[str, int] = {}
         """Log topic -> messages appended by this process."""
         self._appended_lock = threading.Lock()
-        self.commit_seconds = Histogram(
-            "riverbed_commit_seconds",
-            "Duration of the log's append transactions (group commits), in seconds.",
-            buckets=COMMIT_SECONDS_BUCKETS,
-            registry=self.registry,
-        )
-        self.commit_messages = Histogram(
-            "riverbed_commit_messages",
-            "Messages per append transaction of the log (the group commit's batch size).",
-            buckets=COMMIT_MESSAGES_BUCKETS,
-            registry=self.registry,
-        )
+        self.commit_seconds = Buckets(COMMIT_SECONDS_BUCKETS)
+        """How long the log's append transactions took."""
+        self.commit_messages = Buckets(COMMIT_MESSAGES_BUCKETS)
+        """Messages per append transaction."""
         self._own = _Collected(self)
         self.registry.register(self._own)
 
@@ -199,6 +232,14 @@ class _Collected(Collector):
         for topic, n in sorted(metrics.appended().items()):
             appended.add_metric([topic], n)
         yield appended
+        yield metrics.commit_seconds.family(
+            "riverbed_commit_seconds",
+            "Duration of the log's append transactions (group commits), in seconds.",
+        )
+        yield metrics.commit_messages.family(
+            "riverbed_commit_messages",
+            "Messages per append transaction of the log (the group commit's batch size).",
+        )
         for name, help, kind, read in self.extra:
             if kind == "counter":
                 yield _counter(name, help, read())
