@@ -30,11 +30,13 @@ sessions are kept, SessionDBPlugin for persistence). Every broker listens on
 
     .venv/bin/python bench/mqtt.py [--messages 100000] [--paced 20000]
         [--brokers riverbed,mosquitto,amqtt] [--riverbed-db sqlite|postgres]
-        [--metrics on|off|both]
+        [--metrics on|off|both] [--rounds 1]
 
 `--metrics`: Riverbed with its Prometheus metrics (`[metrics] enabled`, the
 default) or without; `both` runs it with them, then without, and prints the
 broker CPU per message of the two side by side (the target: on within 5% of off).
+`--rounds N` repeats the runs in turn (on, off, on, off, ...) and pools them:
+on a busy machine one pair differs by more than 5% either way.
 """
 
 from __future__ import annotations
@@ -596,6 +598,12 @@ def main() -> None:
         default="on",
         help="Riverbed's Prometheus metrics; both: a run with them, then one without",
     )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run the brokers this many times in turn (--metrics both: on, off, on, off, ...)",
+    )
     p.add_argument("--keep", action="store_true", help="keep the temp dirs (logs, stores)")
     # client roles
     p.add_argument("--role", choices=["pub", "sub"])
@@ -645,7 +653,8 @@ def compare(args: argparse.Namespace, kinds: dict[str, type[Broker]]) -> None:
     if args.metrics == "both" and "riverbed" in names:
         names.insert(names.index("riverbed") + 1, "riverbed-metrics-off")
     runs: dict[str, Run] = {}
-    for name in names:
+    rounds: dict[str, list[Run]] = {}
+    for name in names * args.rounds:
         workdir = Path(tempfile.mkdtemp(prefix=f"bench-mqtt-{name}-"))
         broker = kinds[name](workdir)
         run = Run(broker, args)
@@ -657,6 +666,7 @@ def compare(args: argparse.Namespace, kinds: dict[str, type[Broker]]) -> None:
             print(f"  ! {name} failed: {exc}", flush=True)
         print(f"   ({time.monotonic() - t:.0f} s)", flush=True)
         runs[name] = run
+        rounds.setdefault(name, []).append(run)
         run.report()
         if name == "mosquitto":
             print("  settings: " + broker.settings().replace("\n", "; "))  # type: ignore[attr-defined]
@@ -695,21 +705,28 @@ def compare(args: argparse.Namespace, kinds: dict[str, type[Broker]]) -> None:
             ok = "met" if crash["lost"] == 0 and crash["stale"] == 0 else "NOT met"
             print(f"  SIGKILL: lost {crash['lost']}, stale {crash['stale']} (target 0, 0) {ok}")
         if "riverbed-metrics-off" in runs:
-            metrics_ratio(r, runs["riverbed-metrics-off"])
+            metrics_ratio(rounds["riverbed"], rounds["riverbed-metrics-off"])
 
 
-def metrics_ratio(on: Run, off: Run) -> None:
-    """Riverbed's broker CPU per message with its metrics over without, per phase."""
+def metrics_ratio(on: list[Run], off: list[Run]) -> None:
+    """Riverbed's broker CPU per message with its metrics over without, per
+    phase: each round's, then all rounds pooled (CPU seconds over messages)."""
     print("\n== Riverbed broker CPU per message, metrics on / off (target <= 1.05)")
-    print(f"  {'phase':<22} {'on µs/msg':>10} {'off µs/msg':>11} {'on/off':>7}")
-    phases = [label for label in on.cpu if label != "after restart"]
+    phases = [label for label in on[0].cpu if label != "after restart"]
+    print(f"  {'phase':<22} {'on µs/msg':>10} {'off µs/msg':>11} {'on/off':>7}   by round")
+
+    def pooled(runs: list[Run], labels: list[str]) -> float:
+        cpu = sum(r.cpu.get(label, (float("nan"), 0))[0] for r in runs for label in labels)
+        msgs = sum(r.cpu.get(label, (0.0, 0))[1] for r in runs for label in labels)
+        return cpu / msgs if msgs else float("nan")
+
     for label in [*phases, "all four"]:
-        if label == "all four":
-            a, b = on.total(phases), off.total(phases)
-        else:
-            a, b = on.per_msg(label), off.per_msg(label)
+        labels = phases if label == "all four" else [label]
+        a, b = pooled(on, labels), pooled(off, labels)
+        pairs = zip(on, off, strict=False)
+        each = " ".join(f"{pooled([x], labels) / pooled([y], labels):.3f}" for x, y in pairs)
         ratio = a / b if b else float("nan")
-        print(f"  {label:<22} {a * 1e6:>10.1f} {b * 1e6:>11.1f} {ratio:>7.3f}")
+        print(f"  {label:<22} {a * 1e6:>10.1f} {b * 1e6:>11.1f} {ratio:>7.3f}   {each}")
 
 
 if __name__ == "__main__":
