@@ -21,9 +21,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from harness.broker import Client
 from harness.raw_mqtt import RawClient
 from harness.waiting import DEFAULT_TIMEOUT, eventually
-from riverbed.errors import InvalidConfig
+from riverbed.errors import InvalidConfig, StorageUnavailable
 from riverbed.log.log import Log
-from riverbed.metrics import CONTENT_TYPE, Metrics
+from riverbed.metrics import CONTENT_TYPE, Metrics, Readings, Refresher
 from riverbed.mqtt.broker import Broker
 from riverbed.mqtt.codec import MQTT_3_1_1, Connack, ConnectReason
 from riverbed.mqtt.config import (
@@ -277,3 +277,36 @@ def test_metrics_settings_are_read() -> None:
     config = load_config(None, {**given, "auth.allow_anonymous": "true"})
     assert config.metrics == MetricsConfig(enabled=False, refresh_interval=120)
     assert MetricsConfig() == MetricsConfig(enabled=True, refresh_interval=15)
+
+
+def test_a_failed_reading_is_logged_and_the_last_stays(caplog: pytest.LogCaptureFixture) -> None:
+    metrics = Metrics()
+    answers: list[Readings | Exception] = [
+        Readings(subscription_lag={"s": 4}),
+        StorageUnavailable("the database does not answer"),
+    ]
+
+    def read() -> Readings:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    refresher = Refresher(metrics, read, interval=60)
+    refresher.refresh()
+    first = metrics.readings
+    assert first.subscription_lag == {"s": 4} and first.at > 0
+    refresher.refresh()
+    assert metrics.readings is first
+    assert "reading the storage-derived metrics failed" in caplog.text
+    assert _value(_samples(metrics), "riverbed_subscription_lag", subscription="s") == 4
+
+
+def test_a_commit_slower_than_every_bucket_counts_only_in_plus_inf() -> None:
+    metrics = Metrics()
+    metrics.committed({"t": 20_000}, 9.0)
+    samples = _samples(metrics)
+    assert _value(samples, "riverbed_commit_seconds_bucket", le="5.0") == 0
+    assert _value(samples, "riverbed_commit_seconds_bucket", le="+Inf") == 1
+    assert _value(samples, "riverbed_commit_messages_bucket", le="10000.0") == 0
+    assert _value(samples, "riverbed_commit_messages_sum") == 20_000
