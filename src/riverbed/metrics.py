@@ -331,6 +331,7 @@ class Refresher:
             return
         self.metrics.readings = replace(readings, at=time.time())
         took = time.monotonic() - started
+        log.debug("read the storage-derived metrics in %.1f ms", took * 1000)
         if took > self.interval / 2:
             log.warning(
                 "reading the storage-derived metrics took %.1f s; [metrics] refresh_interval"
