@@ -30,6 +30,13 @@ sessions are kept, SessionDBPlugin for persistence). Every broker listens on
 
     .venv/bin/python bench/mqtt.py [--messages 100000] [--paced 20000]
         [--brokers riverbed,mosquitto,amqtt] [--riverbed-db sqlite|postgres]
+        [--metrics on|off|both] [--rounds 1]
+
+`--metrics`: Riverbed with its Prometheus metrics (`[metrics] enabled`, the
+default) or without; `both` runs it with them, then without, and prints the
+broker CPU per message of the two side by side (the target: on within 5% of off).
+`--rounds N` repeats the runs in turn (on, off, then off, on, ...) and pools
+them: on a busy machine one pair differs by more than 5% either way.
 """
 
 from __future__ import annotations
@@ -308,13 +315,17 @@ class Riverbed(Broker):
     v311 = False
     db_url: str | None = None
     """`--riverbed-db postgres`: a database on a throwaway PostgreSQL server."""
+    metrics = True
+    """`[metrics] enabled` (`--metrics`)."""
 
     def command(self) -> list[str]:
         db = self.workdir / "data" / "riverbed.db"
         db.parent.mkdir(exist_ok=True)
         url = self.db_url or f"sqlite:///{db}"
+        conf = self.workdir / "riverbed.toml"
+        conf.write_text(f"[metrics]\nenabled = {'true' if self.metrics else 'false'}\n")
         return [
-            str(ROOT / ".venv" / "bin" / "python"),
+            sys.executable,  # the venv running this script (.venv/bin/python)
             "-m",
             "riverbed.cli",
             "serve",
@@ -323,7 +334,16 @@ class Riverbed(Broker):
             "--db",
             url,
             "--allow-anonymous",
+            "--config",
+            str(conf),
         ]
+
+
+class RiverbedMetricsOff(Riverbed):
+    """Riverbed with `[metrics] enabled = false` (`--metrics both`)."""
+
+    name = "riverbed-metrics-off"
+    metrics = False
 
 
 class Mosquitto(Broker):
@@ -572,6 +592,18 @@ def main() -> None:
         default="sqlite",
         help="Riverbed's storage (postgres: a throwaway server from Debian's binaries)",
     )
+    p.add_argument(
+        "--metrics",
+        choices=["on", "off", "both"],
+        default="on",
+        help="Riverbed's Prometheus metrics; both: a run with them, then one without",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run the brokers this many times in turn (--metrics both: on, off, off, on, ...)",
+    )
     p.add_argument("--keep", action="store_true", help="keep the temp dirs (logs, stores)")
     # client roles
     p.add_argument("--role", choices=["pub", "sub"])
@@ -592,7 +624,13 @@ def main() -> None:
         return run_sub(args)
 
     Amqtt.python = args.amqtt_python
-    kinds = {"riverbed": Riverbed, "mosquitto": Mosquitto, "amqtt": Amqtt}
+    Riverbed.metrics = args.metrics != "off"
+    kinds = {
+        "riverbed": Riverbed,
+        "riverbed-metrics-off": RiverbedMetricsOff,
+        "mosquitto": Mosquitto,
+        "amqtt": Amqtt,
+    }
     with contextlib.ExitStack() as stack:
         if args.riverbed_db == "postgres":
             server = PostgresServer()
@@ -608,11 +646,23 @@ def compare(args: argparse.Namespace, kinds: dict[str, type[Broker]]) -> None:
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
         f"load {os.getloadavg()[0]:.2f}; {args.messages} messages of {PAYLOAD} bytes, QoS 1, "
         f"paced run {args.paced} at {args.rate:,.0f}/s, in flight {RECEIVE_MAXIMUM};"
-        f" Riverbed on {args.riverbed_db}",
+        f" Riverbed on {args.riverbed_db}, metrics {args.metrics}",
         flush=True,
     )
+    names = args.brokers.split(",")
+    if args.metrics == "both" and "riverbed" in names:
+        names.insert(names.index("riverbed") + 1, "riverbed-metrics-off")
     runs: dict[str, Run] = {}
-    for name in args.brokers.split(","):
+    rounds: dict[str, list[Run]] = {}
+    order: list[str] = []
+    for i in range(args.rounds):
+        # --metrics both: on, off, then off, on, ... so neither always goes first.
+        this = list(names)
+        if i % 2 and "riverbed-metrics-off" in this:
+            on, off = this.index("riverbed"), this.index("riverbed-metrics-off")
+            this[on], this[off] = this[off], this[on]
+        order += this
+    for name in order:
         workdir = Path(tempfile.mkdtemp(prefix=f"bench-mqtt-{name}-"))
         broker = kinds[name](workdir)
         run = Run(broker, args)
@@ -624,6 +674,7 @@ def compare(args: argparse.Namespace, kinds: dict[str, type[Broker]]) -> None:
             print(f"  ! {name} failed: {exc}", flush=True)
         print(f"   ({time.monotonic() - t:.0f} s)", flush=True)
         runs[name] = run
+        rounds.setdefault(name, []).append(run)
         run.report()
         if name == "mosquitto":
             print("  settings: " + broker.settings().replace("\n", "; "))  # type: ignore[attr-defined]
@@ -635,7 +686,7 @@ def compare(args: argparse.Namespace, kinds: dict[str, type[Broker]]) -> None:
     if "riverbed" in runs:
         r = runs["riverbed"]
         print("\n== broker CPU per message, Riverbed / peer")
-        peers = [n for n in runs if n != "riverbed"]
+        peers = [n for n in runs if not n.startswith("riverbed")]
         print(f"  {'phase':<22}" + "".join(f" {'/' + n:>12}" for n in peers))
         for label in r.cpu:
             line = f"  {label:<22}"
@@ -661,6 +712,29 @@ def compare(args: argparse.Namespace, kinds: dict[str, type[Broker]]) -> None:
         if crash:
             ok = "met" if crash["lost"] == 0 and crash["stale"] == 0 else "NOT met"
             print(f"  SIGKILL: lost {crash['lost']}, stale {crash['stale']} (target 0, 0) {ok}")
+        if "riverbed-metrics-off" in runs:
+            metrics_ratio(rounds["riverbed"], rounds["riverbed-metrics-off"])
+
+
+def metrics_ratio(on: list[Run], off: list[Run]) -> None:
+    """Riverbed's broker CPU per message with its metrics over without, per
+    phase: each round's, then all rounds pooled (CPU seconds over messages)."""
+    print("\n== Riverbed broker CPU per message, metrics on / off (target <= 1.05)")
+    phases = [label for label in on[0].cpu if label != "after restart"]
+    print(f"  {'phase':<22} {'on µs/msg':>10} {'off µs/msg':>11} {'on/off':>7}   by round")
+
+    def pooled(runs: list[Run], labels: list[str]) -> float:
+        cpu = sum(r.cpu.get(label, (float("nan"), 0))[0] for r in runs for label in labels)
+        msgs = sum(r.cpu.get(label, (0.0, 0))[1] for r in runs for label in labels)
+        return cpu / msgs if msgs else float("nan")
+
+    for label in [*phases, "all four"]:
+        labels = phases if label == "all four" else [label]
+        a, b = pooled(on, labels), pooled(off, labels)
+        pairs = zip(on, off, strict=False)
+        each = " ".join(f"{pooled([x], labels) / pooled([y], labels):.3f}" for x, y in pairs)
+        ratio = a / b if b else float("nan")
+        print(f"  {label:<22} {a * 1e6:>10.1f} {b * 1e6:>11.1f} {ratio:>7.3f}   {each}")
 
 
 if __name__ == "__main__":

@@ -224,3 +224,37 @@ def test_unknown_path_is_a_json_404(api: httpx.Client) -> None:
     missing = api.get("/api/v1/nothing-here")
     assert missing.status_code == 404
     assert "error" in missing.json()
+
+
+def test_metrics_count_what_the_broker_did(broker: BrokerProcess, api: httpx.Client) -> None:
+    """`/metrics` serves the broker's own counters (`riverbed.metrics`), in a
+    form prometheus-client's parser reads."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    publisher = Client(broker.port, "metrics-pub")
+    publisher.connect()
+    try:
+        for n in range(5):
+            publisher.publish("m/x", b"%d" % n, qos=1)
+
+        def published() -> dict[str, float]:
+            reply = api.get("/metrics")
+            assert reply.status_code == 200, reply.text
+            assert reply.headers["content-type"].startswith("text/plain; version=0.0.4")
+            samples = {}
+            for family in text_string_to_metric_families(reply.text):
+                for sample in family.samples:
+                    samples[sample.name + str(sorted(sample.labels.items()))] = sample.value
+            return samples
+
+        samples = eventually(
+            lambda: (
+                (s := published()).get("riverbed_publish_received_total[('qos', '1')]", 0) >= 5
+                and s
+            ),
+            what="5 QoS 1 PUBLISHes counted",
+            explain=published,
+        )
+        assert samples["riverbed_connections_current[]"] >= 1
+    finally:
+        publisher.disconnect()

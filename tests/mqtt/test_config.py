@@ -481,7 +481,7 @@ def test_unknown_keys_are_refused_with_the_known_ones(tmp_path: Path) -> None:
         (
             "[tls]\n",
             "known sections: [auth], [http], [limits], [listeners], [listeners.tls], [log],"
-            " [retention], [shared_subscriptions], [storage]",
+            " [metrics], [retention], [shared_subscriptions], [storage]",
         ),
         ("port = 1883\n", "unknown key 'port'; known keys: listeners.mqtt, listeners.tls.address"),
         ("[listeners.tls]\nport = 1\n", "unknown key 'listeners.tls.port'"),

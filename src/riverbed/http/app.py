@@ -7,7 +7,7 @@ Routes (docs/http.md):
 - `GET /healthz`: 200 while the process answers; `GET /readyz`: 200 once the
   listeners are bound and the store answers within `READY_DEADLINE`, else 503
   with the reason. Neither needs a token.
-- `GET /metrics`: Prometheus text (`metrics_text`), for a read token.
+- `GET /metrics`: the broker's Prometheus text (`riverbed.metrics`), for a read token.
 - `/api/v1/...`: the node, topics (list, describe, create, delete, produce) and
   named subscriptions with their lag; connected MQTT clients when a broker runs
   beside. The OpenAPI document is `/api/v1/openapi.json`.
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.metadata
-import importlib.util
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -51,6 +50,7 @@ from riverbed.http.auth import Role, TokenFile
 from riverbed.log.jsonlines import FIELDS, format_time, message_from_json
 from riverbed.log.log import Log
 from riverbed.log.topics import DEFAULT_RETENTION_US, KeyMode
+from riverbed.metrics import CONTENT_TYPE
 from riverbed.model import format_duration, parse_duration
 from riverbed.mqtt.config import Address
 from riverbed.storage import size_in_bytes
@@ -105,16 +105,6 @@ def config_view(config: object) -> Any:
             view["url"] = redact_url(url)
         return view
     return config
-
-
-def metrics_text() -> str | None:
-    """Prometheus text from `riverbed.metrics.render()`, or None where that module
-    is missing."""
-    if importlib.util.find_spec("riverbed.metrics") is None:
-        return None
-    module = importlib.import_module("riverbed.metrics")
-    text: str = module.render()
-    return text
 
 
 # --------------------------------------------------------------------- errors
@@ -347,11 +337,15 @@ def make_app(context: HttpContext) -> FastAPI:
 
     @app.get("/metrics", tags=["health"], dependencies=authorized)
     def metrics() -> Response:
-        """Prometheus text exposition of the node's metrics."""
-        text = metrics_text()
-        if text is None:
-            return PlainTextResponse("no metrics in this build\n", status_code=404)
-        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+        """Prometheus text exposition of the node's metrics (`riverbed.metrics`)."""
+        broker = context.broker
+        counted = None if broker is None else broker.metrics
+        if counted is None:
+            return PlainTextResponse(
+                "no metrics here: no broker in this process, or [metrics] enabled = false\n",
+                status_code=404,
+            )
+        return Response(counted.render(), media_type=CONTENT_TYPE)
 
     api = APIRouter(prefix=API, dependencies=authorized)
 

@@ -43,6 +43,7 @@ from riverbed.errors import (
     StorageUnavailable,
 )
 from riverbed.log.router import key_hash, route
+from riverbed.metrics import Metrics
 from riverbed.model import Message, MessageIdGenerator, StreamId, encode_properties
 from riverbed.storage import bulk
 from riverbed.storage.base import Row, Storage, StreamSealed
@@ -231,6 +232,8 @@ class Appender:
         self._spread = itertools.count()
         self.refusals = WriteRefusals()
         """Whether the store refuses writes now (`WriteRefusals`)."""
+        self.metrics: Metrics | None = None
+        """Where each transaction's duration and messages are counted (a broker's)."""
 
     # --- producer side ------------------------------------------------------
     def submit(self, topic: str, messages: Sequence[Message]) -> Future[Positions]:
@@ -289,6 +292,7 @@ class Appender:
                 layout = self._layout(topic)
                 batches: dict[int, list[Row]] = {}
                 targets, indexes = _route_into(pending, layout, batches)
+                started = time.perf_counter()
                 try:
                     firsts = self.storage.try_append(batches)
                 except StreamSealed:
@@ -300,6 +304,10 @@ class Appender:
                 if firsts is None:
                     return None
                 self.refusals.succeeded()
+                if self.metrics is not None:
+                    self.metrics.committed(
+                        {topic: len(pending.rows)}, time.perf_counter() - started
+                    )
                 return Positions(layout, firsts, targets, indexes)
             raise StorageError(
                 f"could not route to an open stream after {_MAX_ROUTE_ATTEMPTS} attempts"
@@ -363,6 +371,7 @@ class Appender:
                 if same is None:
                     same = batches[stream] = []
                 same.append(row)
+            started = time.perf_counter()
             try:
                 firsts = self.storage.append_once(marker, batches)
             except StreamSealed:
@@ -372,6 +381,8 @@ class Appender:
                 self.refusals.failed(exc, len(rows))
                 raise
             self.refusals.succeeded()
+            if self.metrics is not None and firsts is not None:
+                self.metrics.committed({topic: len(rows)}, time.perf_counter() - started)
             return firsts
         raise StorageError(
             f"could not route to an open stream after {_MAX_ROUTE_ATTEMPTS} attempts"
@@ -532,6 +543,14 @@ class Appender:
             if committed:
                 self.refusals.succeeded()
 
+    def _count(self, live: Sequence[tuple[_Pending, Any, Any, Any]], seconds: float) -> None:
+        """A transaction committed the messages of `live` in `seconds`."""
+        assert self.metrics is not None
+        appended: dict[str, int] = {}
+        for item, *_ in live:
+            appended[item.topic] = appended.get(item.topic, 0) + len(item.rows)
+        self.metrics.committed(appended, seconds)
+
     def _layout(self, topic: str) -> _Layout:
         layout = self._layouts.get(topic)
         if layout is None:
@@ -575,11 +594,14 @@ class Appender:
                 live.append((item, layout, targets, indexes))
             if not live:
                 return False
+            started = time.perf_counter()
             try:
                 firsts = self.storage.append(batches)
             except StreamSealed:
                 self._layouts.clear()  # SwitchProduce happened: route again
                 continue
+            if self.metrics is not None:
+                self._count(live, time.perf_counter() - started)
             for item, layout, targets, indexes in live:
                 item.future.set_result(Positions(layout, firsts, targets, indexes))
             return True

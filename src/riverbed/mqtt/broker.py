@@ -18,6 +18,9 @@ A thread applies the topics' retention every `[retention] interval` seconds
 (`log/retention.py: Retainer`; off with 0). A task publishes the `$SYS/broker/...`
 topics every `[sys] interval` seconds (`mqtt/sys.py`; off with 0), from the
 plain counters below (`messages_received`, `bytes_sent`, ...).
+With `[metrics] enabled`, the broker's `metrics` (`riverbed.metrics`) count
+what it does, and a thread reads the storage-derived ones every
+`[metrics] refresh_interval` seconds.
 
 Stopping: stop the retention thread (after its transaction in progress), stop
 accepting, send every MQTT 5 client DISCONNECT 0x8B Server shutting down,
@@ -44,11 +47,13 @@ from typing import Protocol, cast
 from riverbed.errors import CannotListen, LeaseHeld, PreconditionFailed, RiverbedError
 from riverbed.log.log import Log
 from riverbed.log.retention import Retainer
+from riverbed.metrics import Metrics, Refresher
 from riverbed.mqtt.auth import load_auth
 from riverbed.mqtt.codec import DisconnectReason
 from riverbed.mqtt.config import Address, BrokerConfig
 from riverbed.mqtt.connection import Connection
 from riverbed.mqtt.pacer import CommitPacer
+from riverbed.mqtt.readings import read_storage
 from riverbed.mqtt.retained import RetainedStore
 from riverbed.mqtt.router import Router
 from riverbed.mqtt.sys import SysPublisher
@@ -152,6 +157,35 @@ class Broker:
         """Connections accepted (TLS: handshake done) since the start."""
         self.sys: SysPublisher | None = None
         """The `$SYS` topics (`[sys] interval`), unless off."""
+        self.metrics: Metrics | None = None
+        """Its Prometheus metrics (`metrics.render()`), unless `[metrics] enabled` is false."""
+        self._refresher: Refresher | None = None
+        if config.metrics.enabled:
+            self.metrics = self._count()
+
+    def _count(self) -> Metrics:
+        """Its metrics, with what the broker keeps anyway read at scrape time."""
+        metrics = Metrics()
+        metrics.gauge(
+            "riverbed_connections_current", "Client connections open now.", lambda: len(self._all)
+        )
+        metrics.gauge(
+            "riverbed_sessions_online",
+            "Sessions held by a connection to this node now.",
+            lambda: len(self.connections),
+        )
+        metrics.counter(
+            "riverbed_qos0_dropped",
+            "QoS 0 messages dropped for clients not reading fast enough.",
+            lambda: self.qos0_dropped,
+        )
+        metrics.counter(
+            "riverbed_slow_consumers_disconnected",
+            "Connections aborted because their write buffer stayed full.",
+            lambda: self.slow_consumers_disconnected,
+        )
+        self.log.appender.metrics = metrics
+        return metrics
 
     async def start(self) -> None:
         """Start the router and listen on `config.listeners.mqtt` (and `.tls` if set).
@@ -200,6 +234,12 @@ class Broker:
             self.retainer.start()
         else:
             log.info("retention is off ([retention] interval = 0): `riverbed retention run`")
+        if self.metrics is not None:
+            storage = self.log.storage
+            self._refresher = Refresher(
+                self.metrics, lambda: read_storage(storage), self.config.metrics.refresh_interval
+            )
+            self._refresher.start()
         await self.wills.restore()
         if self.config.sys.interval:
             self.sys = SysPublisher(self, self.config.sys.interval)
@@ -235,6 +275,9 @@ class Broker:
             # It stops between two of its transactions; one stuck on a database
             # that does not answer is a daemon thread and does not hold us up.
             await asyncio.to_thread(self.retainer.stop, RETAINER_STOP_TIMEOUT)
+        if self._refresher is not None:
+            # A daemon thread: one stuck in a database that does not answer is left.
+            await asyncio.to_thread(self._refresher.stop, RETAINER_STOP_TIMEOUT)
         if self._server is not None:
             self._server.close()
         if self._tls_server is not None:
@@ -288,6 +331,8 @@ class Broker:
         self._all.add(connection)
         self._arrived += 1
         self.connections_opened += 1
+        if self.metrics is not None:
+            self.metrics.counts.connections += 1
 
     def connection_closed(self, connection: Connection) -> None:
         """The connection's teardown finished (its session is saved)."""

@@ -58,6 +58,9 @@ A complete file, with the defaults:
 
     [sys]                            # $SYS/broker/... status topics (mqtt/sys.py)
     interval = 10                    # seconds between updates (0: none published)
+    [metrics]                        # Prometheus metrics (riverbed.metrics; docs/metrics.md)
+    enabled = true                   # count (false: nothing is counted or exposed)
+    refresh_interval = 15            # seconds between readings of lag, queue depths, sessions
 
     [auth]
     allow_anonymous = false          # clients without a user name
@@ -132,6 +135,12 @@ Why the defaults are what they are:
   `pin_warning_hours` 24: a subscription nobody reads keeps its topic's log,
   however old; a day past retention is long enough not to warn about a reader
   that is down for the night (docs/storage.md).
+- `[metrics] refresh_interval` 15 s: subscription lag, retry and dead-letter
+  queue depths, offline sessions and retained messages cost storage queries,
+  so a background thread reads them this often and a scrape shows the last
+  reading (Prometheus scrapes every 15 to 60 s). From 1 s to an hour.
+  `enabled` true: counting costs the broker no CPU per message that a busy
+  2-core machine can measure (docs/benchmarks.md, Metrics on and off).
 - `[log] level` info: what an operator acts on (listening, stopping, sessions
   expired, refusals, warnings), not one line per client connecting or leaving:
   a broker with thousands of clients reconnecting would log little else. Those
@@ -437,6 +446,18 @@ class SysConfig:
         _check_fields("sys", self)
 
 
+@dataclass(frozen=True, slots=True)
+class MetricsConfig:
+    """Prometheus metrics (`riverbed.metrics`): counted if `enabled`; the
+    storage-derived gauges read every `refresh_interval` seconds."""
+
+    enabled: bool = True
+    refresh_interval: int = 15
+
+    def __post_init__(self) -> None:
+        _check_fields("metrics", self)
+
+
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
 
@@ -463,6 +484,7 @@ class BrokerConfig:
     shared_subscriptions: SharedSubscriptions = field(default_factory=SharedSubscriptions)
     retention: RetentionConfig = field(default_factory=RetentionConfig)
     sys: SysConfig = field(default_factory=SysConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     log: LogConfig = field(default_factory=LogConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
 
@@ -730,6 +752,10 @@ KEYS: dict[str, Key] = {
         _integer(100, 1_000_000, " messages"), "messages retention deletes per transaction"
     ),
     "sys.interval": Key(_sys_interval, "seconds between $SYS/broker/... updates (0: none)"),
+    "metrics.enabled": Key(_boolean, "count and expose Prometheus metrics"),
+    "metrics.refresh_interval": Key(
+        _seconds(3600, low=1), "seconds between readings of lag, queue depths and sessions"
+    ),
     "auth.allow_anonymous": Key(_boolean, "let clients without a user name connect"),
     "auth.password_file": Key(
         _optional(_readable_file), "user names and scrypt hashes", is_path=True
@@ -859,6 +885,7 @@ def _build(values: Mapping[str, object]) -> BrokerConfig:
         shared_subscriptions=_shared(section("shared_subscriptions")),
         retention=RetentionConfig(**section("retention")),
         sys=SysConfig(**section("sys")),
+        metrics=MetricsConfig(**section("metrics")),
         log=LogConfig(**section("log")),
         http=HttpConfig(**section("http")),
     )

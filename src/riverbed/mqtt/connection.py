@@ -146,6 +146,7 @@ class Connection(asyncio.Protocol):
         "_checkpoint",
         "_checkpointing",
         "_client_max_packet",
+        "_counts",
         "_done",
         "_drop_end",
         "_dropped",
@@ -238,6 +239,9 @@ class Connection(asyncio.Protocol):
         self._drop_end: asyncio.TimerHandle | None = None
         """Ends the drop episode once the buffer has stayed below its mark a while."""
         self._last_read = self._loop.time()
+        metrics = broker.metrics
+        self._counts = None if metrics is None else metrics.counts
+        """Where PUBLISHes and bytes are counted (None: metrics are off)."""
         self._alive: asyncio.TimerHandle | None = None
         self._teardown_task: asyncio.Task[None] | None = None
 
@@ -269,6 +273,9 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self._last_read = self._loop.time()
         self.broker.bytes_received += len(data)
+        counts = self._counts
+        if counts is not None:
+            counts.bytes_in += len(data)
         if self.closing:
             return
         try:
@@ -318,7 +325,11 @@ class Connection(asyncio.Protocol):
         """Handle a packet that needs no waiting; False if it needs `_packet`."""
         kind = type(packet)
         if kind is Publish:
-            return self.inbound.publish_now(cast(Publish, packet))
+            publish = cast(Publish, packet)
+            counts = self._counts
+            if counts is not None:
+                counts.publish_in[publish.qos] += 1
+            return self.inbound.publish_now(publish)
         if kind is Puback:
             self._acked.append(Acked(cast(Puback, packet).packet_id))
             return True
@@ -416,6 +427,7 @@ class Connection(asyncio.Protocol):
                 reason = ConnectReason(exc.reason_code)
             except ValueError:
                 reason = ConnectReason.UNSPECIFIED_ERROR
+            self._count_refusal(reason)
             if level == MQTT_5:
                 self.send(Connack(reason_code=reason), level)
             elif reason in CONNACK_REASONS_V311:
@@ -599,9 +611,16 @@ class Connection(asyncio.Protocol):
         return (*self.session.subscriptions, *self.sharing.subscriptions.values())
 
     def _connack_refusal(self, reason: ConnectReason) -> None:
+        self._count_refusal(reason)
         if self.level == MQTT_5 or reason in CONNACK_REASONS_V311:
             self.send(Connack(reason_code=reason))
         self._close_transport()
+
+    def _count_refusal(self, reason: ConnectReason) -> None:
+        counts = self._counts
+        if counts is not None:
+            name = reason.name.lower()
+            counts.refused[name] = counts.refused.get(name, 0) + 1
 
     async def _open_session(self, clean_start: bool, level: int) -> tuple[bool, list[Event]]:
         """Resume or create the session record; return (Session Present, Follow events)."""
@@ -789,6 +808,9 @@ class Connection(asyncio.Protocol):
             self._aliases[message.mqtt_topic] = new_alias
         self.broker.messages_sent += 1
         self._write(data)
+        counts = self._counts
+        if counts is not None:
+            counts.publish_out[effect.qos] += 1
 
     def _discard(self, effect: Deliver) -> None:
         """Drop a delivery as if the client had acknowledged it."""
@@ -986,6 +1008,9 @@ class Connection(asyncio.Protocol):
         if transport is not None and not transport.is_closing():
             self.broker.bytes_sent += len(data)
             transport.write(data)
+            counts = self._counts
+            if counts is not None:
+                counts.bytes_out += len(data)
 
     # --- slow consumers -------------------------------------------------------------------
     def pause_writing(self) -> None:

@@ -1,0 +1,346 @@
+"""The broker's Prometheus metrics: one registry per broker, rendered as text.
+
+    metrics = Metrics()
+    metrics.counts.publish_in[1] += 1      # the hot path: plain ints
+    metrics.gauge("riverbed_sessions_online", "...", lambda: len(online))
+    body = metrics.render()                # served as CONTENT_TYPE
+
+The hot path pays as little as it can: what happens per message or per read is
+counted in plain ints (`Counts`), which a collector reads when Prometheus
+scrapes; what happens per commit (a transaction) goes to histogram buckets
+kept the same way (`Buckets`: a lock and a bisect, not `Histogram.observe`).
+Values a process already keeps (connections, dropped QoS 0 messages) are read
+through callables at scrape time (`gauge`, `counter`). Values that cost storage
+queries (subscription lag, queue depths, offline sessions, retained messages)
+are read on an interval by a background thread (`Refresher`) and a scrape
+shows the last reading: a scrape never queries the database.
+
+Each `Metrics` has its own `CollectorRegistry`, not prometheus_client's global
+one, so several brokers in one process (tests) keep their numbers apart.
+
+This module sits below every other layer: it imports prometheus_client and the
+standard library only, and `mqtt`, `log` and `subscriptions` may import it.
+docs/metrics.md lists every metric and what it means.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+log = logging.getLogger(__name__)
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+"""The Content-Type of `render`'s bytes: the Prometheus text format 0.0.4, which
+every Prometheus server reads (the names here need nothing newer)."""
+
+COMMIT_SECONDS_BUCKETS = (
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
+)  # fmt: skip
+"""From a fast SQLite commit (~0.5 ms) to a PostgreSQL server in trouble."""
+COMMIT_MESSAGES_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
+"""Up to the appender's largest transaction (`max_batch` 10,000)."""
+
+
+class Counts:
+    """What the hot path counts, in plain ints (read at scrape time).
+
+    Only the event loop thread writes these (connections and their reads),
+    so no lock: an `int += 1` costs a few tens of nanoseconds, a prometheus
+    `Counter.inc()` a lock and a few hundred."""
+
+    __slots__ = (
+        "bytes_in",
+        "bytes_out",
+        "connections",
+        "publish_in",
+        "publish_out",
+        "refused",
+    )
+
+    def __init__(self) -> None:
+        self.connections = 0
+        """Connections accepted since the start."""
+        self.refused: dict[str, int] = {}
+        """Connections refused (CONNACK with an error, or closed before it), by reason."""
+        self.publish_in = [0, 0, 0]
+        """PUBLISH packets received from clients, by QoS."""
+        self.publish_out = [0, 0, 0]
+        """PUBLISH packets sent to clients, by QoS."""
+        self.bytes_in = 0
+        self.bytes_out = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Readings:
+    """What the background thread read from storage (`Refresher`)."""
+
+    subscription_lag: Mapping[str, int] = field(default_factory=dict)
+    """Named subscription -> messages not yet committed by it."""
+    retry_queue: Mapping[str, int] = field(default_factory=dict)
+    """Delivered named subscription -> messages waiting in its retry queue."""
+    dead_letter_queue: Mapping[str, int] = field(default_factory=dict)
+    """Delivered named subscription -> messages parked in its dead-letter queue."""
+    sessions_offline: int = 0
+    """Sessions kept for clients that are not connected (to any node)."""
+    retained: int = 0
+    """Topic names with a retained message."""
+    at: float = 0.0
+    """When this was read (Unix time; 0: never yet)."""
+
+
+class Buckets:
+    """A histogram's counts per bucket, for one observation per commit: a lock
+    and a bisect (well under a microsecond), where prometheus_client's
+    `Histogram.observe` costs a few (its collector turns these into the
+    cumulative `_bucket` series at scrape time)."""
+
+    __slots__ = ("bounds", "counts", "lock", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        """Observations per bucket: `counts[i]` those in (bounds[i-1], bounds[i]];
+        the last one those above every bound."""
+        self.sum = 0.0
+        self.lock = threading.Lock()
+
+    def observe(self, value: float) -> None:
+        i = bisect.bisect_left(self.bounds, value)
+        with self.lock:
+            self.counts[i] += 1
+            self.sum += value
+
+    def family(self, name: str, help: str) -> HistogramMetricFamily:
+        with self.lock:
+            counts, total = list(self.counts), self.sum
+        cumulative = 0
+        buckets = []
+        for bound, n in zip((*self.bounds, math.inf), counts, strict=True):
+            cumulative += n
+            buckets.append(("+Inf" if bound == math.inf else repr(float(bound)), cumulative))
+        return HistogramMetricFamily(name, help, buckets=buckets, sum_value=total)
+
+
+class Metrics:
+    """One broker's metrics: `counts` for the hot path, histograms for commits,
+    whatever is registered with `gauge`/`counter`, and the storage readings."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.counts = Counts()
+        self.readings = Readings()
+        """The latest storage readings (replaced whole by the `Refresher`)."""
+        self._appended: dict[str, int] = {}
+        """Log topic -> messages appended by this process."""
+        self._appended_lock = threading.Lock()
+        self.commit_seconds = Buckets(COMMIT_SECONDS_BUCKETS)
+        """How long the log's append transactions took."""
+        self.commit_messages = Buckets(COMMIT_MESSAGES_BUCKETS)
+        """Messages per append transaction."""
+        self._own = _Collected(self)
+        self.registry.register(self._own)
+
+    # --- recording ------------------------------------------------------------------
+    def committed(self, appended: Mapping[str, int], seconds: float) -> None:
+        """An append transaction committed `appended` (log topic -> messages) in
+        `seconds`. From the appender's writer thread or the event loop."""
+        total = 0
+        with self._appended_lock:
+            counts = self._appended
+            for topic, n in appended.items():
+                counts[topic] = counts.get(topic, 0) + n
+                total += n
+        self.commit_seconds.observe(seconds)
+        self.commit_messages.observe(total)
+
+    def gauge(self, name: str, help: str, read: Callable[[], float]) -> None:
+        """Register a gauge whose value `read()` gives at scrape time."""
+        self._own.extra.append((name, help, "gauge", read))
+
+    def counter(self, name: str, help: str, read: Callable[[], float]) -> None:
+        """Register a counter (`name` without `_total`) whose value `read()`
+        gives at scrape time."""
+        self._own.extra.append((name, help, "counter", read))
+
+    # --- exposing -------------------------------------------------------------------
+    def appended(self) -> dict[str, int]:
+        """Log topic -> messages appended by this process (a copy)."""
+        with self._appended_lock:
+            return dict(self._appended)
+
+    def render(self) -> bytes:
+        """Every metric, in the Prometheus text exposition format (`CONTENT_TYPE`)."""
+        return render(self.registry)
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    """`registry`'s metrics in the Prometheus text exposition format (`CONTENT_TYPE`)."""
+    return generate_latest(registry)
+
+
+class _Collected(Collector):
+    """Reads `Counts`, the appended messages, the readings and the registered
+    callables when Prometheus scrapes."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self.extra: list[tuple[str, str, str, Callable[[], float]]] = []
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # names vary with what is registered: no check at registration
+
+    def collect(self) -> Iterable[Metric]:
+        metrics = self.metrics
+        counts = metrics.counts
+        yield _counter("riverbed_connections", "Client connections accepted.", counts.connections)
+        refused = CounterMetricFamily(
+            "riverbed_connections_refused",
+            "Client connections refused before or by their CONNACK, by reason.",
+            labels=["reason"],
+        )
+        for reason, n in sorted(counts.refused.items()):
+            refused.add_metric([reason], n)
+        yield refused
+        yield _by_qos(
+            "riverbed_publish_received", "PUBLISH packets received from clients.", counts.publish_in
+        )
+        yield _by_qos(
+            "riverbed_publish_sent", "PUBLISH packets sent to clients.", counts.publish_out
+        )
+        yield _counter("riverbed_received_bytes", "Bytes read from clients.", counts.bytes_in)
+        yield _counter("riverbed_sent_bytes", "Bytes written to clients.", counts.bytes_out)
+        appended = CounterMetricFamily(
+            "riverbed_messages_appended",
+            "Messages this process appended to the log, by log topic.",
+            labels=["topic"],
+        )
+        for topic, n in sorted(metrics.appended().items()):
+            appended.add_metric([topic], n)
+        yield appended
+        yield metrics.commit_seconds.family(
+            "riverbed_commit_seconds",
+            "Duration of the log's append transactions (group commits), in seconds.",
+        )
+        yield metrics.commit_messages.family(
+            "riverbed_commit_messages",
+            "Messages per append transaction of the log (the group commit's batch size).",
+        )
+        for name, help, kind, read in self.extra:
+            if kind == "counter":
+                yield _counter(name, help, read())
+            else:
+                yield GaugeMetricFamily(name, help, value=read())
+        yield from _readings(metrics.readings)
+
+
+def _counter(name: str, help: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, help, value=value)
+
+
+def _by_qos(name: str, help: str, values: list[int]) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, help, labels=["qos"])
+    for qos, n in enumerate(values):
+        family.add_metric([str(qos)], n)
+    return family
+
+
+def _readings(readings: Readings) -> Iterable[Metric]:
+    yield _per_subscription(
+        "riverbed_subscription_lag",
+        "Messages of a named subscription's topic it has not committed yet.",
+        readings.subscription_lag,
+    )
+    yield _per_subscription(
+        "riverbed_subscription_retry_queue",
+        "Messages waiting in a delivered named subscription's retry queue.",
+        readings.retry_queue,
+    )
+    yield _per_subscription(
+        "riverbed_subscription_dead_letter_queue",
+        "Messages parked in a delivered named subscription's dead-letter queue.",
+        readings.dead_letter_queue,
+    )
+    yield GaugeMetricFamily(
+        "riverbed_sessions_offline",
+        "Sessions kept for clients that are not connected to any node.",
+        value=readings.sessions_offline,
+    )
+    yield GaugeMetricFamily(
+        "riverbed_retained_messages",
+        "Topic names with a retained message.",
+        value=readings.retained,
+    )
+    yield GaugeMetricFamily(
+        "riverbed_storage_readings_timestamp_seconds",
+        "When the storage-derived gauges were last read (Unix time; 0: not yet).",
+        value=readings.at,
+    )
+
+
+def _per_subscription(name: str, help: str, values: Mapping[str, int]) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, help, labels=["subscription"])
+    for subscription, n in sorted(values.items()):
+        family.add_metric([subscription], n)
+    return family
+
+
+class Refresher:
+    """A daemon thread that replaces `metrics.readings` with `read()` every
+    `interval` seconds (first at once). A failed reading is logged and the last
+    good one stays (its timestamp says how old it is)."""
+
+    def __init__(self, metrics: Metrics, read: Callable[[], Readings], interval: float) -> None:
+        self.metrics = metrics
+        self.read = read
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="riverbed-metrics", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop after the reading in progress (waits up to `timeout` for it)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def refresh(self) -> None:
+        """Read now (on the calling thread)."""
+        started = time.monotonic()
+        try:
+            readings = self.read()
+        except Exception:
+            log.exception("reading the storage-derived metrics failed")
+            return
+        self.metrics.readings = replace(readings, at=time.time())
+        took = time.monotonic() - started
+        log.debug("read the storage-derived metrics in %.1f ms", took * 1000)
+        if took > self.interval / 2:
+            log.warning(
+                "reading the storage-derived metrics took %.1f s; [metrics] refresh_interval"
+                " is %g s",
+                took,
+                self.interval,
+            )
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.refresh()
+            self._stop.wait(self.interval)

@@ -1,0 +1,40 @@
+"""The storage-derived metrics: what `riverbed status` and `riverbed subscription
+lag` compute, read for the broker's `riverbed.metrics.Refresher` thread.
+
+Queries that grow with the subscriptions, sessions and retained topics, so they
+run every `[metrics] refresh_interval` seconds on that thread, never per scrape.
+"""
+
+from __future__ import annotations
+
+from riverbed.errors import NotFound
+from riverbed.metrics import Readings
+from riverbed.mqtt.retained import NAMESPACE as RETAINED
+from riverbed.sessions.store import SessionStore
+from riverbed.storage import Storage
+from riverbed.subscriptions.cursors import Subscriptions
+from riverbed.subscriptions.definition import Definitions
+from riverbed.subscriptions.pipeline import queue_depths
+
+
+def read_storage(storage: Storage) -> Readings:
+    """Lag of every named subscription, queue depths of the delivered ones,
+    sessions not connected and retained topic names, as `riverbed status`
+    counts them."""
+    lags: dict[str, int] = {}
+    retry: dict[str, int] = {}
+    parked: dict[str, int] = {}
+    deliveries = {d.name for d in Definitions(storage).list()}
+    subscriptions = Subscriptions(storage)
+    for sub in storage.list_subscriptions():
+        if sub.name.startswith("$"):
+            continue  # a session's or a shared group's cursors, not a named subscription
+        try:
+            lags[sub.name] = sum(s.lag for s in subscriptions.lag(sub.name))
+        except NotFound:
+            continue  # deleted meanwhile
+        if sub.name in deliveries:
+            retry[sub.name], parked[sub.name] = queue_depths(storage, sub.name)
+    offline = sum(1 for s in SessionStore(storage).all() if not s.record.connected)
+    retained = len(storage.kv_list(RETAINED))
+    return Readings(lags, retry, parked, offline, retained)
