@@ -32,6 +32,7 @@ from riverbed.mqtt.config import (
     BrokerConfig,
     Listeners,
     MetricsConfig,
+    SysConfig,
     load_config,
 )
 
@@ -43,6 +44,7 @@ def _config(**metrics: object) -> BrokerConfig:
         listeners=Listeners(Address("127.0.0.1", 0)),
         auth=AuthConfig(allow_anonymous=True),
         metrics=MetricsConfig(**metrics),  # type: ignore[arg-type]
+        sys=SysConfig(interval=0),  # the $SYS updates would count as commits too
     )
 
 
