@@ -5,7 +5,7 @@ full database, an address in use, a missing or broken file, Ctrl-C."""
 
 from __future__ import annotations
 
-import os
+import contextlib
 import signal
 import socket
 import sqlite3
@@ -343,36 +343,36 @@ def test_serve_on_an_unreachable_database_is_one_error_line(tmp_path: Path) -> N
     assert result.stderr.count("\n") == 1
 
 
+def _reading_stdin(pid: int) -> bool:
+    """Whether the process's main thread waits in read(2) on fd 0 (x86-64: syscall 0)."""
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/syscall").read_text().split()[:2] == ["0", "0x0"]
+    return False
+
+
 def test_ctrl_c_says_interrupted_and_exits_130(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/x.db"
     assert invoke("topic", "create", "t", "--partitions", "1", "--db", url).exit_code == 0
-    job = subprocess.Popen(
+    with subprocess.Popen(
         [RIVERBED, "produce", "t", "--db", url],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-    )
-    try:
-        # It has the database open: it reads stdin, which stays open.
-        eventually(
-            lambda: any(
-                os.readlink(fd).endswith("x.db")
-                for fd in Path(f"/proc/{job.pid}/fd").iterdir()
-                if fd.is_symlink()
-            ),
-            60,
-            "produce to open the database",
-        )
-        job.send_signal(signal.SIGINT)
-        # Not communicate(): it closes stdin at once, and produce, reaching the
-        # end of its input before the signal is handled, would finish as usual.
-        job.wait(timeout=60)
-        _, stderr = job.communicate(timeout=60)  # now: it reads what is left, closes the pipes
-    finally:
-        if job.poll() is None:
-            job.kill()
-            job.wait()
+    ) as job:
+        try:
+            # Past its start (the database open, the topic checked): it reads
+            # stdin, which stays open, as a user's terminal would.
+            eventually(lambda: _reading_stdin(job.pid), 60, "produce to read its stdin")
+            job.send_signal(signal.SIGINT)
+            # Not communicate() at once: it closes stdin, and produce, reaching
+            # the end of its input before the signal is handled, would finish.
+            job.wait(timeout=60)
+            _, stderr = job.communicate(timeout=60)
+        finally:
+            if job.poll() is None:
+                job.kill()
+                job.wait()
     assert job.returncode == 130
     assert stderr == "interrupted\n"
 

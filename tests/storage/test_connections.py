@@ -83,6 +83,7 @@ CALLS: dict[str, Callable[[Storage], object]] = {
     "reset_cursors": lambda s: s.reset_cursors("s", {1: 1}),
     "min_cursors": lambda s: s.min_cursors("t"),
     "kv_get": lambda s: s.kv_get("ns", "k"),
+    "kv_count": lambda s: s.kv_count("ns"),
     "kv_list": lambda s: s.kv_list("ns"),
     "kv_put": lambda s: s.kv_put("ns", "k", b"v"),
     "kv_put_if_absent": lambda s: s.kv_put_if_absent("ns", "k", b"v"),
