@@ -266,16 +266,7 @@ def subscription_list(topic: str | None, as_json: bool) -> None:
 def _lag_json(name: str, lags: Sequence[StreamLag]) -> dict[str, object]:
     return {
         "subscription": name,
-        "streams": [
-            {
-                "stream": str(s.stream),
-                "committed": s.committed,
-                "head": s.head,
-                "lag": s.lag,
-                "readable": s.readable,
-            }
-            for s in lags
-        ],
+        "streams": [s.as_json() for s in lags],
         "total": sum(s.lag for s in lags),
     }
 

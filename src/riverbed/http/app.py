@@ -281,16 +281,7 @@ def _subscription_view(log: Log, record: SubscriptionRecord) -> dict[str, Any]:
         "created": format_time(record.created_us),
         "endpoint": None if delivery is None else delivery.target,
         "lag": sum(s.lag for s in lags),
-        "streams": [
-            {
-                "stream": str(s.stream),
-                "committed": s.committed,
-                "head": s.head,
-                "lag": s.lag,
-                "readable": s.readable,
-            }
-            for s in lags
-        ],
+        "streams": [s.as_json() for s in lags],
     }
     if delivery is not None:
         view["retry_queue"], view["dead_letter_queue"] = queue_depths(log.storage, record.name)

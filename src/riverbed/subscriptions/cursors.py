@@ -111,6 +111,16 @@ class StreamLag:
     def lag(self) -> int:
         return self.head - self.committed
 
+    def as_json(self) -> dict[str, object]:
+        """What `subscription lag --json` and the HTTP API show of one stream."""
+        return {
+            "stream": str(self.stream),
+            "committed": self.committed,
+            "head": self.head,
+            "lag": self.lag,
+            "readable": self.readable,
+        }
+
 
 def initial_positions(
     storage: Storage, start: Start, heads: Sequence[StreamHead]
