@@ -11,7 +11,7 @@ import pytest
 from harness.broker import BrokerProcess, Client
 from harness.cli import rb
 from harness.waiting import eventually
-from riverbed.http.app import MAX_MESSAGE_BODY
+from riverbed.http.topics import MAX_MESSAGE_BODY
 from riverbed.storage import redact_url
 
 

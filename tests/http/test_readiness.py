@@ -7,7 +7,8 @@ from pathlib import Path
 
 import httpx
 
-from riverbed.http.app import HttpContext, make_app
+from riverbed.http.app import make_app
+from riverbed.http.context import HttpContext
 from riverbed.log.log import Log
 
 

@@ -67,8 +67,8 @@ def admin(
     listener (so no connected clients)."""
     import asyncio
 
-    from riverbed.http.app import HttpContext, config_view
     from riverbed.http.auth import TokenFile
+    from riverbed.http.context import HttpContext, config_view
     from riverbed.http.server import HttpServer
     from riverbed.log.log import Log
     from riverbed.storage import default_url, redact_url

@@ -191,8 +191,8 @@ def serve(
 def http_beside(config: BrokerConfig, log: Log) -> Callable[[Broker], HttpServer] | None:
     """The admin HTTP API to run beside the broker, if `[http] address` is set.
     The token file is read now: a bad one is refused before anything listens."""
-    from riverbed.http.app import HttpContext, config_view
     from riverbed.http.auth import TokenFile
+    from riverbed.http.context import HttpContext, config_view
     from riverbed.http.server import HttpServer
 
     settings = config.http

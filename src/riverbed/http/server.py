@@ -26,7 +26,8 @@ from collections.abc import Iterator
 import uvicorn
 
 from riverbed.errors import CannotListen
-from riverbed.http.app import HttpContext, make_app
+from riverbed.http.app import make_app
+from riverbed.http.context import HttpContext
 from riverbed.mqtt.config import Address, HttpConfig
 
 log = logging.getLogger(__name__)
