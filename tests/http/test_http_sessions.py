@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -13,10 +15,12 @@ import pytest
 from click.testing import CliRunner
 
 from harness.broker import BrokerProcess, Client
+from harness.net import free_port, wait_listening
 from harness.raw_mqtt import RawClient
 from harness.waiting import eventually
 from riverbed.cli import cli
 from riverbed.mqtt.codec import Puback, Publish, Suback, Subscribe, SubscribeTopic
+from riverbed.mqtt.retained import RetainedStore
 from riverbed.sessions.session import Subscription
 from riverbed.sessions.store import SessionRecord, SessionStore, node_lease, now_us
 from riverbed.storage import open_storage
@@ -158,8 +162,12 @@ def test_offline_persistent_session_is_listed_and_deleted(
 def test_deleting_a_session_connected_here_disconnects_it_first(
     broker: BrokerProcess, api: httpx.Client
 ) -> None:
+    watcher = Client(broker.port, "will-watcher")
+    watcher.connect()
+    watcher.subscribe("wills/#", qos=1)
     live = Client(broker.port, "live-1")
-    live.connect(clean=False, expiry=600)
+    # A Will delayed for longer than any test: it goes when the session ends.
+    live.connect(clean=False, expiry=600, will=("wills/live-1", b"gone", 1, False), will_delay=500)
     live.subscribe("live/#", qos=1)
     try:
         deleted = api.delete("/api/v1/sessions/live-1")
@@ -169,8 +177,11 @@ def test_deleting_a_session_connected_here_disconnects_it_first(
         assert broker.session("live-1") is None
         assert api.get("/api/v1/sessions/live-1").status_code == 404
         assert [c for c in api.get("/api/v1/clients").json() if c["client_id"] == "live-1"] == []
+        # The session ended: its Will went at once [MQTT-3.1.3-9].
+        watcher.wait_payloads(b"gone")
     finally:
         live.close()
+        watcher.disconnect()
 
 
 def _held_elsewhere(url: str, client_id: str, node: str, *, alive: bool) -> None:
@@ -294,3 +305,74 @@ def test_a_read_token_may_look_but_not_delete(storage_url: str, tmp_path: Path) 
             assert keeper.wait_disconnected(30)
         finally:
             keeper.close()
+
+
+def test_admin_without_a_broker_lists_and_deletes_stored_sessions_and_retained(
+    storage_url: str, tmp_path: Path
+) -> None:
+    """`riverbed admin` has no MQTT listener: no clients, but the stored
+    sessions and retained messages are the database's, and deleting them works."""
+    with BrokerProcess(storage_url) as broker:
+        keeper = Client(broker.port, "stored-1")
+        keeper.connect(clean=False, expiry=600)
+        keeper.subscribe("st/#", qos=1)
+        keeper.publish("st/r", b"retained", qos=1, retain=True).wait_for_publish(30)
+        keeper.disconnect()
+        eventually(
+            lambda: (s := broker.session("stored-1")) is not None and not s.connected,
+            what="stored-1's session saved as disconnected",
+        )
+    port = free_port()
+    log = tmp_path / "admin.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "riverbed.cli", "admin"),
+                *("--http", f"127.0.0.1:{port}", "--db", storage_url),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_listening(process, port, 60, "riverbed admin", log.read_text, process.kill)
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as api:
+            assert api.get("/api/v1/clients").json() == []
+            (view,) = api.get("/api/v1/sessions").json()
+            assert (view["client_id"], view["online"]) == ("stored-1", False)
+            # The broker stopped cleanly: it released its lease.
+            assert api.get("/api/v1/nodes").json() == []
+            assert api.delete("/api/v1/retained/st/r").status_code == 200
+            assert api.delete("/api/v1/sessions/stored-1").status_code == 200
+            assert api.get("/api/v1/sessions").json() == []
+            assert api.get("/api/v1/retained").json() == []
+    finally:
+        process.terminate()
+        code = process.wait(60)
+    assert code == 0, log.read_text()
+    storage = open_storage(storage_url)
+    try:
+        assert SessionStore(storage).load("stored-1") is None
+        assert RetainedStore(storage).get("st/r") is None
+    finally:
+        storage.close()
+
+
+def test_openapi_lists_the_mqtt_endpoints_with_their_errors(api: httpx.Client) -> None:
+    paths = api.get("/api/v1/openapi.json").json()["paths"]
+    for path, method, errors in [
+        ("/api/v1/clients", "get", ()),
+        ("/api/v1/clients/{client_id}", "delete", ("404",)),
+        ("/api/v1/sessions", "get", ()),
+        ("/api/v1/sessions/{client_id}", "get", ("404",)),
+        ("/api/v1/sessions/{client_id}", "delete", ("404", "409")),
+        ("/api/v1/retained", "get", ("422",)),
+        ("/api/v1/retained/{topic}", "get", ("404", "422")),
+        ("/api/v1/retained/{topic}", "delete", ("404", "422")),
+        ("/api/v1/groups", "get", ()),
+        ("/api/v1/groups/{group}/{topic_filter}", "get", ("404", "422")),
+        ("/api/v1/nodes", "get", ()),
+    ]:
+        operation = paths.get(path, {}).get(method)
+        assert operation is not None, (path, method, sorted(paths))
+        assert operation["tags"] and operation["summary"], (path, method)
+        assert set(errors) <= set(operation["responses"]), (path, method, operation["responses"])

@@ -9,7 +9,9 @@ Routes (docs/http.md):
   with the reason. Neither needs a token.
 - `GET /metrics`: the broker's Prometheus text (`riverbed.metrics`), for a read token.
 - `/api/v1/...`: the node here; topics (`topics`), named subscriptions
-  (`subscriptions`) and connected MQTT clients (`clients`) in their modules.
+  (`subscriptions`), connected MQTT clients (`clients`), stored sessions
+  (`sessions`), retained messages (`retained`), shared subscription groups
+  (`groups`) and broker nodes (`nodes`) in their modules.
   The OpenAPI document is `/api/v1/openapi.json`.
 
 Handlers call what the command line calls, never their own copy. Handlers that
