@@ -9,7 +9,9 @@ Routes (docs/http.md):
   with the reason. Neither needs a token.
 - `GET /metrics`: the broker's Prometheus text (`riverbed.metrics`), for a read token.
 - `/api/v1/...`: the node here; topics (`topics`), named subscriptions
-  (`subscriptions`) and connected MQTT clients (`clients`) in their modules.
+  (`subscriptions`), their dead-letter queues (`dlq`), the jobs long
+  operations run as (`jobs`) and connected MQTT clients (`clients`) in their
+  modules.
   The OpenAPI document is `/api/v1/openapi.json`.
 
 Handlers call what the command line calls, never their own copy. Handlers that
@@ -28,7 +30,7 @@ from fastapi import APIRouter, Depends, FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from riverbed.errors import RiverbedError
-from riverbed.http import clients, subscriptions, topics
+from riverbed.http import clients, dlq, jobs, subscriptions, topics
 from riverbed.http.bearer import authorizer
 from riverbed.http.context import HttpContext, version
 from riverbed.http.errors import error_response, install_error_handlers
@@ -102,7 +104,7 @@ def make_app(context: HttpContext) -> FastAPI:
             "config": context.settings,
         }
 
-    for module in (topics, subscriptions, clients):
+    for module in (topics, subscriptions, clients, dlq, jobs):
         api.include_router(module.routes(context))
     app.include_router(api)
     return app
