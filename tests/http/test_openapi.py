@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -88,17 +89,49 @@ def test_no_generated_request_gets_a_server_error(
     assert not failures, "\n\n".join(failures)
 
 
-def test_a_payload_b64_that_is_not_ascii_is_refused_naming_the_field(app: FastAPI) -> None:
-    # Found by the test above: base64 refuses non-ASCII text with a plain
-    # ValueError, which escaped as a 500 (and a traceback from `riverbed produce`).
-    async def produce_then_describe() -> tuple[httpx.Response, httpx.Response]:
+def call(app: FastAPI, method: str, path: str, body: object) -> tuple[httpx.Response, Any]:
+    """Send one request to the app in-process; its answer, and `GET /api/v1/topics` after it."""
+
+    async def send() -> tuple[httpx.Response, Any]:
         transport = httpx.ASGITransport(app)
         async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
-            answer = await client.post("/api/v1/topics/orders/messages", json={"payload_b64": "é"})
-            return answer, await client.get("/api/v1/topics/orders")
+            answer = await client.request(method, path, json=body)
+            return answer, (await client.get("/api/v1/topics/orders")).json()
 
-    answer, topic = asyncio.run(produce_then_describe())
+    return asyncio.run(send())
+
+
+# Found by the test above: each of these escaped as a 500, or made the process
+# allocate until the kernel killed it (partitions), before the fix.
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "words"),
+    [
+        ("partitions", 4 * 10**9, "partition count 4000000000 is more than the 65,536 allowed"),
+        ("max_messages", 2**63, f"maximum of messages {2**63} is more than the largest"),
+        ("max_bytes", "99999999999999999999TB", "maximum of bytes 99999999999999999999000000"),
+        ("retention", "99999999999999999d", "retention 8639999999999999913600000000us is more"),
+        ("max_age", "99999999999999999d", "maximum age 8639999999999999913600000000us is more"),
+    ],
+)
+def test_a_topic_setting_beyond_what_storage_holds_is_refused(
+    app: FastAPI, field: str, value: object, words: str
+) -> None:
+    body = {"name": "huge", "partitions": 4, field: value}
+    answer, _ = call(app, "POST", "/api/v1/topics", body)
+    assert answer.status_code == 422, answer.text
+    assert words in answer.json()["error"]
+    created, _ = call(app, "GET", "/api/v1/topics/huge", None)
+    assert created.status_code == 404
+
+
+def test_a_payload_b64_that_is_not_ascii_is_refused_naming_the_field(app: FastAPI) -> None:
+    # base64 refuses non-ASCII text with a plain ValueError (also a traceback
+    # from `riverbed produce`).
+    path = "/api/v1/topics/orders/messages"
+    answer, topic = call(app, "POST", path, {"payload_b64": "é"})
     assert answer.status_code == 422, answer.text
     assert 'payload_b64 "é" is not valid base64' in answer.json()["error"]
-    streams = topic.json()["streams"]
+    streams = topic["streams"]
     assert sum(s["next_offset"] - s["start_offset"] for s in streams) == 1
