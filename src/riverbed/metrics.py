@@ -145,9 +145,32 @@ class Buckets:
             self.counts[i] += 1
             self.sum += value
 
-    def family(self, name: str, help: str) -> HistogramMetricFamily:
+    def snapshot(self) -> tuple[list[int], float]:
+        """(observations per bucket, their sum), read together."""
         with self.lock:
-            counts, total = list(self.counts), self.sum
+            return list(self.counts), self.sum
+
+    def quantile(self, q: float) -> float | None:
+        """The `q` quantile (0..1) estimated as Prometheus's `histogram_quantile`
+        does: linearly within the bucket it falls in (from 0 in the first), the
+        largest bound if it falls above every bound; None before any observation."""
+        counts, _ = self.snapshot()
+        total = sum(counts)
+        if not total:
+            return None
+        rank = q * total
+        below = 0
+        for i, n in enumerate(counts):
+            if below + n >= rank and n:
+                if i == len(self.bounds):
+                    return float(self.bounds[-1])
+                low = 0.0 if i == 0 else float(self.bounds[i - 1])
+                return low + (float(self.bounds[i]) - low) * (rank - below) / n
+            below += n
+        return float(self.bounds[-1])
+
+    def family(self, name: str, help: str) -> HistogramMetricFamily:
+        counts, total = self.snapshot()
         cumulative = 0
         buckets = []
         for bound, n in zip((*self.bounds, math.inf), counts, strict=True):

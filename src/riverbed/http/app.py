@@ -28,7 +28,7 @@ from fastapi import APIRouter, Depends, FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from riverbed.errors import RiverbedError
-from riverbed.http import clients, subscriptions, topics
+from riverbed.http import clients, stats, subscriptions, topics
 from riverbed.http.bearer import authorizer
 from riverbed.http.context import HttpContext, version
 from riverbed.http.errors import error_response, install_error_handlers
@@ -102,7 +102,7 @@ def make_app(context: HttpContext) -> FastAPI:
             "config": context.settings,
         }
 
-    for module in (topics, subscriptions, clients):
+    for module in (topics, subscriptions, clients, stats):
         api.include_router(module.routes(context))
     app.include_router(api)
     return app

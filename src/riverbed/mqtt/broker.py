@@ -155,7 +155,9 @@ class Broker:
         """Its metrics, with what the broker keeps anyway read at scrape time."""
         metrics = Metrics(self.counts)
         metrics.gauge(
-            "riverbed_connections_current", "Client connections open now.", lambda: len(self._all)
+            "riverbed_connections_current",
+            "Client connections open now.",
+            lambda: self.open_connections,
         )
         metrics.gauge(
             "riverbed_sessions_online",
@@ -316,6 +318,11 @@ class Broker:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(server.wait_closed(), 1.0)
         log.info("stopped; %d sessions saved", len(connections))
+
+    @property
+    def open_connections(self) -> int:
+        """Client connections open now (accepted, not yet closed), with or without CONNECT."""
+        return len(self._all)
 
     def in_flight(self) -> int:
         """QoS 1 and 2 messages sent to this node's online clients and not yet
