@@ -206,7 +206,9 @@ def run_processes(
                     )
                     code = 1
                     stop_all()
-                elif child.exitcode not in (0, None):
+                elif child.exitcode not in (0, None, -signal.SIGTERM):
+                    # Ended by our SIGTERM: before its handler was set (it was
+                    # still starting), so with nothing in hand; a clean stop.
                     code = 1
     finally:
         stop_all()
