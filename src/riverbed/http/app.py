@@ -11,6 +11,8 @@ Routes (docs/http.md):
 - `/api/v1/...`: the node here; topics (`topics`), named subscriptions
   (`subscriptions`) and connected MQTT clients (`clients`) in their modules.
   The OpenAPI document is `/api/v1/openapi.json`.
+- `GET /` and `/static/...`: the web dashboard (`dashboard`), which calls the
+  API from the browser; loading the page needs no token.
 
 Handlers call what the command line calls, never their own copy. Handlers that
 touch the store are plain functions, which FastAPI runs on its worker threads:
@@ -28,7 +30,7 @@ from fastapi import APIRouter, Depends, FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from riverbed.errors import RiverbedError
-from riverbed.http import clients, subscriptions, topics
+from riverbed.http import clients, dashboard, subscriptions, topics
 from riverbed.http.bearer import authorizer
 from riverbed.http.context import HttpContext, version
 from riverbed.http.errors import error_response, install_error_handlers
@@ -105,4 +107,5 @@ def make_app(context: HttpContext) -> FastAPI:
     for module in (topics, subscriptions, clients):
         api.include_router(module.routes(context))
     app.include_router(api)
+    dashboard.install(app)
     return app
