@@ -80,10 +80,11 @@ def rounds(page: Page, count: int) -> None:
         expect(updated).not_to_have_text(before or "", timeout=WAIT_MS)
 
 
-def number(page: Page, selector: str) -> int:
-    text = page.locator(selector).text_content() or ""
-    digits = re.sub(r"[^0-9]", "", text)
-    return int(digits) if digits else -1
+def number(page: Page, selector: str) -> float:
+    """The number an element shows ("12,345", "3.5"); -1 for none yet ("–")."""
+    text = (page.locator(selector).text_content() or "").replace(",", "")
+    found = re.search(r"\d+(\.\d+)?", text)
+    return float(found.group()) if found else -1
 
 
 class Publisher:
@@ -178,7 +179,7 @@ def test_numbers_and_plot_change_while_a_client_publishes(
         )
         # A rate above zero while the publisher runs, drawn on a canvas.
         eventually(
-            lambda: float(page.locator("#stat-rate-in").text_content() or 0) > 0,
+            lambda: number(page, "#stat-rate-in") > 0,
             what="a messages-in rate above 0",
         )
         expect(plot.locator("canvas")).to_have_count(1)
@@ -209,9 +210,13 @@ def test_search_then_disconnect_a_client_from_the_page(page: Page, broker: Broke
         expect(other).to_have_count(0, timeout=WAIT_MS)
         expect(row).to_have_count(1)
 
+        # paho's network loop would connect again after a second: not this one.
+        assert victim.paho is not None
+        victim.paho.reconnect_delay_set(min_delay=3600, max_delay=3600)
         row.get_by_role("button", name="Disconnect").click()
         assert victim.wait_disconnected(DEFAULT_TIMEOUT), "the client was not disconnected"
         assert victim.disconnects == [0x98]  # Administrative action
+        victim.close()
         expect(page.locator("#clients-status")).to_have_text(
             "disconnected sensor-victim", timeout=WAIT_MS
         )

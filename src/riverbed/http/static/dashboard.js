@@ -432,7 +432,7 @@
         { data: { clientId: c.client_id } },
         td(c.client_id),
         td(c.username),
-        td(c.peer),
+        td(Array.isArray(c.peer) ? c.peer.join(":") : c.peer),
         td(c.protocol),
         td(c.keep_alive, "num"),
         td(c.in_flight, "num"),
