@@ -9,8 +9,6 @@ its group starting then; `create` makes one that starts earlier (or later),
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import click
 
 from riverbed.cli._app import (
@@ -25,14 +23,14 @@ from riverbed.cli._app import (
     print_json,
 )
 from riverbed.cli._reuse import if_not_exists_option, reusing
-from riverbed.errors import AlreadyExists, NotFound
+from riverbed.errors import AlreadyExists
 from riverbed.log.jsonlines import format_time
 from riverbed.sessions.store import now_us
-from riverbed.sharedsub.claims import GroupRecord, GroupStore, StreamProgress, group_progress
+from riverbed.sharedsub.claims import GroupRecord, GroupStore, StreamProgress
+from riverbed.sharedsub.overview import GroupOverview, describe_group, list_groups
 from riverbed.sharedsub.protocol import GroupId
 from riverbed.storage.base import StartKind
 from riverbed.subscriptions.cursors import Start
-from riverbed.topics.filters import filter_covers
 
 
 @cli.group()
@@ -92,22 +90,6 @@ def _same_start(existing: GroupRecord, start: Start, start_us: int | None) -> No
         )
 
 
-def _lag_exact(
-    record: GroupRecord, bindings: dict[str, str | None], progress: Sequence[StreamProgress]
-) -> bool:
-    """Whether the lag of these streams counts only what the group's filter
-    matches: so when each one that lags is of a topic whose binding lets no
-    message in that the filter does not match. Otherwise the lag counts every
-    message and is an upper bound: counting only the matched ones would read
-    every message behind the group, on every call."""
-
-    def covered(topic: str) -> bool:
-        binding = bindings.get(topic)
-        return binding is not None and filter_covers(record.group.topic_filter, binding)
-
-    return all(covered(p.stream.topic) for p in progress if p.lag)
-
-
 def _lag_cell(summary: dict[str, object]) -> object:
     lag = summary["lag"]
     return lag if summary["lag_exact"] or lag == 0 else f"≤ {lag}"
@@ -119,17 +101,16 @@ UPPER_BOUND_NOTE = (
 )
 
 
-def _summary(
-    record: GroupRecord, leader: str | None, lag: int, lag_exact: bool
-) -> dict[str, object]:
+def _summary(overview: GroupOverview) -> dict[str, object]:
+    record = overview.record
     return {
         "group": record.group.name,
         "filter": record.group.topic_filter,
         "start": None if record.start_us is None else format_time(record.start_us),
         "created": format_time(record.created_us),
-        "leader": leader,
-        "lag": lag,
-        "lag_exact": lag_exact,
+        "leader": None if overview.leader is None else overview.leader.owner,
+        "lag": overview.lag,
+        "lag_exact": overview.lag_exact,
     }
 
 
@@ -143,22 +124,8 @@ def group_list(as_json: bool) -> None:
     group's filter reaches, also those the filter does not match (`lag_exact`
     false in JSON).
     """
-    now = now_us()
-    rows = []
     with open_log() as log:
-        store = GroupStore(log.storage)
-        bindings = {t.name: t.binding for t in log.topics.list()}
-        for record in sorted(store.list(), key=lambda r: r.group.key):
-            lease = store.leader_of(record.group, now)
-            progress = group_progress(log.storage, record)
-            rows.append(
-                _summary(
-                    record,
-                    None if lease is None else lease.owner,
-                    sum(p.lag for p in progress),
-                    _lag_exact(record, bindings, progress),
-                )
-            )
+        rows = [_summary(overview) for overview in list_groups(log.storage, now_us())]
     if as_json:
         print_json(rows)
         return
@@ -199,26 +166,20 @@ def group_describe(name: str, topic_filter: str, as_json: bool) -> None:
     position, head, lag and holder (as of the Leader's last save). A lag
     marked ≤ is an upper bound (see `group list`)."""
     group_id = GroupId(name, topic_filter)
-    now = now_us()
     with open_log() as log:
-        store = GroupStore(log.storage)
-        record = store.get(group_id)
-        if record is None:
-            raise NotFound(f"shared subscription group {group_id} does not exist")
-        lease = store.leader_of(group_id, now)
-        progress = group_progress(log.storage, record)
-        bindings = {t.name: t.binding for t in log.topics.list()}
-    leader = None if lease is None else lease.owner
-    exact = {p.stream: _lag_exact(record, bindings, [p]) for p in progress}
-    summary = _summary(
-        record, leader, sum(p.lag for p in progress), _lag_exact(record, bindings, progress)
+        overview = describe_group(log.storage, group_id, now_us())
+    record, lease, progress, exact = (
+        overview.record,
+        overview.leader,
+        overview.progress,
+        overview.exact,
     )
+    summary = _summary(overview)
     if lease is not None:
         summary["leader_claim_expires"] = format_time(lease.expires_us)
-    holders = {str(s): b for b, held in record.holdings.items() for s in held}
     if as_json:
         streams = [
-            {**_stream_json(p, exact[p.stream]), "borrower": holders.get(str(p.stream))}
+            {**_stream_json(p, exact[p.stream]), "borrower": overview.holder(p.stream)}
             for p in progress
         ]
         borrowers = {b: [str(s) for s in held] for b, held in sorted(record.holdings.items())}
@@ -240,7 +201,7 @@ def group_describe(name: str, topic_filter: str, as_json: bool) -> None:
                     p.head,
                     p.lag if exact[p.stream] or not p.lag else f"≤ {p.lag}",
                     "yes" if p.consumed else "",
-                    holders.get(str(p.stream), ""),
+                    overview.holder(p.stream) or "",
                 ]
                 for p in progress
             ],

@@ -34,10 +34,9 @@ from riverbed.cli._app import (
 )
 from riverbed.errors import NotFound
 from riverbed.log.jsonlines import format_time
-from riverbed.sessions.store import NODE_LEASE_PREFIX, SessionStore, now_us
+from riverbed.sessions.store import SessionStore, now_us
 from riverbed.sharedsub.claims import GroupStore, group_progress
 from riverbed.storage import Storage, redact_url
-from riverbed.storage.leases import Lease, Leases
 from riverbed.subscriptions.cursors import Subscriptions
 from riverbed.subscriptions.definition import Definitions
 from riverbed.subscriptions.pipeline import queue_depths
@@ -58,15 +57,9 @@ class NodeStatus:
 def node_statuses(storage: Storage, at_us: int) -> list[NodeStatus]:
     """Nodes holding a liveness lease, fresh or not, and nodes that session
     records name as holding a connection."""
-    store = Leases(storage)
-    leases: dict[str, Lease] = {}
-    for entry in storage.kv_list(store.namespace, NODE_LEASE_PREFIX):
-        lease = store.get(entry.key)
-        if lease is not None:
-            leases[entry.key.removeprefix(NODE_LEASE_PREFIX)] = lease
-    holding = Counter(
-        s.record.node for s in SessionStore(storage).all() if s.record.connected and s.record.node
-    )
+    sessions = SessionStore(storage)
+    leases = sessions.node_leases()
+    holding = Counter(s.record.node for s in sessions.all() if s.record.connected and s.record.node)
     out = []
     for node in sorted(set(leases) | set(holding)):
         lease = leases.get(node)

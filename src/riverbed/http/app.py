@@ -9,7 +9,9 @@ Routes (docs/http.md):
   with the reason. Neither needs a token.
 - `GET /metrics`: the broker's Prometheus text (`riverbed.metrics`), for a read token.
 - `/api/v1/...`: the node here; topics (`topics`), named subscriptions
-  (`subscriptions`) and connected MQTT clients (`clients`) in their modules.
+  (`subscriptions`), connected MQTT clients (`clients`), stored sessions
+  (`sessions`), retained messages (`retained`), shared subscription groups
+  (`groups`) and broker nodes (`nodes`) in their modules.
   The OpenAPI document is `/api/v1/openapi.json`.
 - `GET /` and `/static/...`: the web dashboard (`dashboard`), which calls the
   API from the browser; loading the page needs no token.
@@ -30,7 +32,16 @@ from fastapi import APIRouter, Depends, FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from riverbed.errors import RiverbedError
-from riverbed.http import clients, dashboard, subscriptions, topics
+from riverbed.http import (
+    clients,
+    dashboard,
+    groups,
+    nodes,
+    retained,
+    sessions,
+    subscriptions,
+    topics,
+)
 from riverbed.http.bearer import authorizer
 from riverbed.http.context import HttpContext, version
 from riverbed.http.errors import error_response, install_error_handlers
@@ -104,7 +115,7 @@ def make_app(context: HttpContext) -> FastAPI:
             "config": context.settings,
         }
 
-    for module in (topics, subscriptions, clients):
+    for module in (topics, subscriptions, clients, sessions, retained, groups, nodes):
         api.include_router(module.routes(context))
     app.include_router(api)
     dashboard.install(app)

@@ -169,6 +169,7 @@ class Connection(asyncio.Protocol):
         "client_id",
         "closing",
         "connack_sent",
+        "connected_us",
         "decoder",
         "expiry",
         "following",
@@ -200,6 +201,8 @@ class Connection(asyncio.Protocol):
         self.stored: Stored | None = None
         self.expiry = 0
         self.connack_sent = False
+        self.connected_us: int | None = None
+        """When the CONNACK accepting it went out (µs since the epoch)."""
         self.will: Will | None = None
         self.closing = False
         self._done: asyncio.Event | None = None
@@ -569,6 +572,7 @@ class Connection(asyncio.Protocol):
         else:
             self.send(Connack(present))
         self.connack_sent = True
+        self.connected_us = now_us()
         if self._alive is not None:
             self._alive.cancel()
             self._alive = None

@@ -61,37 +61,48 @@ class RetainedStore:
         ).encode()
         self.storage.kv_put(NAMESPACE, topic, value)
 
-    def delete(self, topic: str) -> None:
+    def delete(self, topic: str) -> bool:
+        """Forget the topic's retained message (what a retained PUBLISH with an
+        empty payload does); whether there was one."""
         for _attempt in range(10):
             entry = self.storage.kv_get(NAMESPACE, topic)
             if entry is None:
-                return
+                return False
             try:
                 self.storage.kv_delete_if_version(NAMESPACE, topic, entry.version)
-                return
+                return True
             except PreconditionFailed:
                 continue  # written meanwhile: look again
+        return False
 
-    def matching(self, topic_filter: str) -> list[StoredMessage]:
+    def get(self, topic: str) -> StoredMessage | None:
+        """The retained message of one topic name, if it has one."""
+        entry = self.storage.kv_get(NAMESPACE, topic)
+        return None if entry is None else _stored(entry.key, entry.value)
+
+    def matching(self, topic_filter: str, limit: int | None = None) -> list[StoredMessage]:
         """The retained messages whose topic names `topic_filter` matches, in
-        topic name order (offsets 0; retain flag 1)."""
+        topic name order (offsets 0; retain flag 1); the first `limit` if given."""
         found: list[StoredMessage] = []
         for entry in self.storage.kv_list(NAMESPACE, _prefix(topic_filter)):
-            if not matches(topic_filter, entry.key):
-                continue
-            data = json.loads(entry.value)
-            properties = data["properties"]
-            found.append(
-                StoredMessage(
-                    0,
-                    b"",
-                    data["ts"],
-                    entry.key,
-                    data["key"],
-                    base64.b64decode(data["payload"]),
-                    None if properties is None else base64.b64decode(properties),
-                    data["qos"],
-                    1,
-                )
-            )
+            if limit is not None and len(found) >= limit:
+                break
+            if matches(topic_filter, entry.key):
+                found.append(_stored(entry.key, entry.value))
         return found
+
+
+def _stored(topic: str, value: bytes) -> StoredMessage:
+    data = json.loads(value)
+    properties = data["properties"]
+    return StoredMessage(
+        0,
+        b"",
+        data["ts"],
+        topic,
+        data["key"],
+        base64.b64decode(data["payload"]),
+        None if properties is None else base64.b64decode(properties),
+        data["qos"],
+        1,
+    )

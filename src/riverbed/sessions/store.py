@@ -25,14 +25,15 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from riverbed.errors import AlreadyExists, NotFound, PreconditionFailed, SubscriptionNotFound
 from riverbed.sessions.qos2 import WindowEntry
 from riverbed.sessions.session import Subscription
 from riverbed.storage.base import StartKind, Storage, StreamHead, SubscriptionRecord
-from riverbed.storage.leases import Leases
+from riverbed.storage.leases import Lease, Leases
+from riverbed.topics.filters import filter_covers
 
 NAMESPACE = "sessions"
 CURSOR_PREFIX = "$session."
@@ -163,6 +164,15 @@ class SessionRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class Backlog:
+    """Messages a session is owed (`SessionStore.backlog`)."""
+
+    messages: int
+    exact: bool
+    """False: an upper bound (it counts messages no filter of the session matches)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Stored:
     """A record with the KV version it was read or written at (its incarnation)."""
 
@@ -187,6 +197,22 @@ class SessionStore:
             return False
         lease = self.leases.get(node_lease(record.node))
         return lease is not None and not lease.expired(at_us)
+
+    def node_leases(self) -> dict[str, Lease]:
+        """The liveness lease of every broker node that holds one, by node
+        name, expired or not (a node that stopped cleanly released its own)."""
+        out: dict[str, Lease] = {}
+        for entry in self.storage.kv_list(self.leases.namespace, NODE_LEASE_PREFIX):
+            lease = self.leases.get(entry.key)
+            if lease is not None:
+                out[entry.key.removeprefix(NODE_LEASE_PREFIX)] = lease
+        return out
+
+    def online(self, record: SessionRecord, live_nodes: Container[str]) -> bool:
+        """Whether a connection holds the session: marked connected on a node
+        whose liveness lease runs (`live_nodes`). One marked connected on a node
+        that crashed is offline (and expires counting from when it was last seen)."""
+        return record.connected and record.node is not None and record.node in live_nodes
 
     def taken_over(self, mine: Mapping[str, int], here: str) -> list[str]:
         """Of the sessions this node holds (`mine`: client id -> the version of
@@ -340,6 +366,30 @@ class SessionStore:
                 with contextlib.suppress(SubscriptionNotFound):
                     self.storage.commit_cursors(cursor_name(record.session_id, topic), offsets)
         return written
+
+    def backlog(self, record: SessionRecord) -> Backlog:
+        """What the session's cursors have not passed yet: per topic it has
+        cursors on, the messages between its committed cursors and the heads.
+        Exact when every topic that has some is bound to MQTT topic names that
+        one of its (private) subscriptions covers; otherwise an upper bound,
+        counting messages no filter of the session matches (counting only
+        the matched ones would read all of them). Shared subscriptions are the
+        groups' (`sharedsub`), not counted here."""
+        # A shared subscription's `$share/...` text covers no binding: only the
+        # private filters can make a topic's count exact.
+        filters = [s.topic_filter for s in record.subscriptions]
+        bindings = {t.name: t.binding for t in self.storage.list_topics()}
+        total = 0
+        exact = True
+        for topic in record.topics:
+            heads = self.storage.list_streams(topic)
+            positions = self.positions(record.session_id, topic, heads)
+            lag = sum(max(0, h.next_offset - positions[h.key]) for h in heads)
+            total += lag
+            binding = bindings.get(topic)
+            covered = binding is not None and any(filter_covers(f, binding) for f in filters)
+            exact = exact and (covered or not lag)
+        return Backlog(total, exact)
 
     def expire(self, at_us: int, live: set[str], here: str | None = None) -> list[str]:
         """Discard every session whose expiry has passed at `at_us`, except those

@@ -77,6 +77,8 @@ class GroupRecord:
     holdings: Mapping[str, tuple[StreamId, ...]] = field(default_factory=dict)
     """Per Borrower, the streams it held or was being granted when the Leader
     last saved (for `riverbed group describe`; the Leader's memory is the truth)."""
+    leader_since_us: int | None = None
+    """When `leader` took the claim (None: before this was recorded)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +201,7 @@ class GroupStore:
                 with contextlib.suppress(AlreadyExists):  # another candidate did
                     self.create(group, start_us=now_us, now_us=now_us)
                 continue
-            record = replace(_decode(entry), leader=leader, holdings={})
+            record = replace(_decode(entry), leader=leader, holdings={}, leader_since_us=now_us)
             try:
                 written = self.storage.kv_compare_and_set(
                     self.namespace, group.key, entry.version, _encode(record)
@@ -453,6 +455,7 @@ def _encode(record: GroupRecord) -> bytes:
             "consumed": sorted(str(s) for s in record.consumed),
             "leader": record.leader,
             "holdings": {b: [str(s) for s in held] for b, held in sorted(record.holdings.items())},
+            "leader_since_us": record.leader_since_us,
         },
         separators=(",", ":"),
     ).encode()
@@ -469,4 +472,5 @@ def _decode(entry: KVEntry) -> GroupRecord:
         data["leader"],
         entry.version,
         {b: tuple(StreamId.parse(s) for s in held) for b, held in data.get("holdings", {}).items()},
+        data.get("leader_since_us"),
     )
