@@ -143,6 +143,11 @@
     return ms < 10 ? ms.toFixed(1) : ms.toFixed(0);
   }
 
+  // An RFC 3339 time as the API gives it, to the second and without the "T".
+  function when(text) {
+    return typeof text === "string" ? text.replace("T", " ").replace(/\.\d+/, "") : text;
+  }
+
   function duration(seconds) {
     const s = Math.floor(seconds);
     const d = Math.floor(s / 86400);
@@ -313,7 +318,8 @@
         retry_queue: s.retry_queue,
         dead_letter_queue: s.dead_letter_queue,
       })),
-      stats.at,
+      // A point per storage reading (taken every few seconds), not per poll.
+      stats.readings_at > 0 ? stats.readings_at : stats.at,
     );
   }
 
@@ -436,7 +442,7 @@
         td(c.protocol),
         td(c.keep_alive, "num"),
         td(c.in_flight, "num"),
-        td(c.connected_since),
+        td(when(c.connected_since)),
         el("td", {}, el("button", { type: "button", class: "danger", on: { click: (e) => disconnect(c.client_id, e.target) } }, "Disconnect")),
       ),
     );
@@ -495,7 +501,8 @@
         td(g.filter),
         td(g.leader ? g.leader.node : "none"),
         td(count(g.members), "num"),
-        td(g.lag === null || g.lag === undefined ? "–" : count(g.lag), "num"),
+        // Not exact: an upper bound (messages of its topics the filter does not match count too).
+        td(g.lag === null || g.lag === undefined ? "–" : `${g.lag_exact === false ? "≤ " : ""}${count(g.lag)}`, "num"),
       ),
     );
     fill($("groups-rows"), rows, 5, "no shared subscriptions");
@@ -520,10 +527,20 @@
       detail.replaceChildren(el("p", { class: "muted" }, error.missing ? "not available on this server" : error.message));
       return;
     }
+    // Members by their MQTT client id where the server says it.
+    const names = new Map(group.members.map((m) => [m.member, m.client_id ?? m.member]));
     const members = group.members.map((m) =>
-      el("tr", {}, td(m.member), td(m.node), td((m.streams || []).join(", "), "wrap")),
+      el("tr", {}, td(names.get(m.member)), td(m.node), td((m.streams || []).join(", "), "wrap")),
     );
-    const streams = group.streams.map((s) => el("tr", {}, td(s.stream), td(s.holder ?? "unassigned"), td(count(s.lag), "num")));
+    const streams = group.streams.map((s) =>
+      el(
+        "tr",
+        {},
+        td(s.stream),
+        td(s.holder === null || s.holder === undefined ? "unassigned" : names.get(s.holder) ?? s.holder),
+        td(`${s.lag_exact === false ? "≤ " : ""}${count(s.lag)}`, "num"),
+      ),
+    );
     const membersBody = el("tbody");
     const streamsBody = el("tbody");
     fill(membersBody, members, 3, "no members");
@@ -657,7 +674,7 @@
       el(
         "tr",
         {},
-        td(m.failed_at ?? m.failed),
+        td(when(m.failed_at ?? m.failed)),
         td(m.key ?? m.group),
         td(m.id ?? m.message_id),
         td(m.attempts, "num"),
