@@ -228,6 +228,45 @@ def test_search_then_disconnect_a_client_from_the_page(page: Page, broker: Broke
         bystander.disconnect()
 
 
+# --------------------------------------------------------------------- groups and topics
+
+
+def test_a_shared_group_and_a_topic_show_their_details(page: Page, broker: BrokerProcess) -> None:
+    from playwright.sync_api import expect
+
+    with httpx.Client(base_url=broker.http_url, timeout=30) as http:
+        made = http.post(
+            "/api/v1/topics", json={"name": "orders", "partitions": 4, "binding": "orders/#"}
+        )
+        assert made.status_code == 201, made.text
+    members = [Client(broker.port, f"worker-{n}") for n in range(2)]
+    try:
+        for member in members:
+            member.connect()
+            member.subscribe("$share/workers/orders/#", qos=1)
+        errors = open_dashboard(page, broker)
+        group = page.locator("#groups-rows tr", has_text="workers")
+        expect(group).to_contain_text("orders/#", timeout=WAIT_MS)
+        group.click()
+        detail = page.locator("#group-detail")
+        expect(detail).to_contain_text("$share/workers/orders/#", timeout=WAIT_MS)
+        # Both members, by client id, once the Leader has given each its streams.
+        for member in members:
+            expect(detail).to_contain_text(member.client_id, timeout=WAIT_MS)
+        expect(detail).to_contain_text("orders/0/3")
+
+        topic = page.locator("#topics-rows tr", has_text="orders")
+        expect(topic).to_contain_text("g0: 4 (produce)", timeout=WAIT_MS)
+        topic.click()
+        streams = page.locator("#topic-detail tbody tr")
+        expect(streams).to_have_count(4, timeout=WAIT_MS)
+        expect(streams.first).to_contain_text("orders/0/0")
+        errors.check()
+    finally:
+        for member in members:
+            member.disconnect()
+
+
 # --------------------------------------------------------------------- dead-letter queue
 
 
