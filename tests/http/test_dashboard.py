@@ -8,6 +8,7 @@ Locally these tests skip when Playwright or chromium is missing; in CI
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 from collections.abc import Callable, Iterator
@@ -140,6 +141,26 @@ def test_page_and_files_are_served_with_security_and_cache_headers(
         licence = http.get(f"/static/vendor/{vendor.name}/LICENSE")
         assert licence.status_code == 200 and "MIT License" in licence.text
         assert http.get("/static/nothing-here.js").status_code == 404
+
+
+def test_vendored_files_are_the_locked_npm_versions_the_page_names() -> None:
+    """`make dashboard-assets` was run after the last change to dashboard/'s npm
+    lock: each locked package has its directory, with its licence, and the page
+    loads from those directories only."""
+    root = Path(__file__).resolve().parents[2]
+    lock = json.loads((root / "dashboard" / "package-lock.json").read_text())
+    locked = {
+        path.removeprefix("node_modules/"): entry["version"]
+        for path, entry in lock["packages"].items()
+        if path.startswith("node_modules/")
+    }
+    expected = {f"{name}-{version}" for name, version in locked.items()}
+    assert {d.name for d in (STATIC / "vendor").iterdir()} == expected
+    for directory in expected:
+        assert (STATIC / "vendor" / directory / "LICENSE").is_file()
+    page = (STATIC / "index.html").read_text()
+    named = set(re.findall(r"/static/vendor/([^/]+)/", page))
+    assert named == expected
 
 
 def test_page_loads_and_updates_without_console_errors(page: Page, broker: BrokerProcess) -> None:
