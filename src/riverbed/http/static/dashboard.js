@@ -211,7 +211,6 @@
       this.container = container;
       this.series = series;
       this.plot = null;
-      this.data = null;
       if (typeof ResizeObserver === "function") {
         new ResizeObserver(() => this.resize()).observe(container);
       }
@@ -227,7 +226,6 @@
 
     draw(columns) {
       this.container.dataset.points = String(columns[0].length);
-      this.data = columns;
       if (typeof uPlot !== "function") return; // the script failed to load: numbers only
       if (this.plot === null) {
         const options = {
@@ -236,7 +234,9 @@
           series: [{}, ...this.series.map((s) => ({ label: s.label, stroke: s.color, width: 2, points: { show: false } }))],
           axes: [{}, { size: 60 }],
           // The whole window, whatever part of it has points yet.
-          scales: { x: { time: true, range: (u, min, max) => [max - WINDOW_SECONDS, max] } },
+          scales: {
+            x: { time: true, range: (u, min, max) => (max === null ? [min, max] : [max - WINDOW_SECONDS, max]) },
+          },
           legend: { live: false },
           cursor: { drag: { x: false, y: false } },
         };
@@ -310,7 +310,9 @@
       ratesChart.draw([rates.at, rates.in, rates.out]);
     }
 
-    subscriptionsFromStats = true;
+    // Until the broker's first storage reading, the list answers instead.
+    subscriptionsFromStats = stats.readings_at > 0;
+    if (!subscriptionsFromStats) return;
     showSubscriptions(
       stats.subscriptions.map((s) => ({
         name: s.name,
@@ -318,8 +320,7 @@
         retry_queue: s.retry_queue,
         dead_letter_queue: s.dead_letter_queue,
       })),
-      // A point per storage reading (taken every few seconds), not per poll.
-      stats.readings_at > 0 ? stats.readings_at : stats.at,
+      stats.readings_at, // a point per storage reading (every few seconds), not per poll
     );
   }
 
