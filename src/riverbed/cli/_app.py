@@ -1,5 +1,6 @@
 """The root command, its options and what every command shares: `--db`,
-`--json`, error handling, parsing of times and offsets, tables.
+`--json`, error handling, the click types over the parsers of times and
+offsets (`riverbed.subscriptions.positions`, shared with the HTTP API), tables.
 """
 
 from __future__ import annotations
@@ -7,7 +8,6 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import click
@@ -17,12 +17,12 @@ from rich.table import Table
 from rich.text import Text
 
 from riverbed.errors import DatabaseNotFound, InvalidInput, RiverbedError
-from riverbed.log.jsonlines import EPOCH
 from riverbed.log.log import Log
-from riverbed.model import StreamId, parse_duration
+from riverbed.model import parse_duration
 from riverbed.storage import DEFAULT_URL, ENV_VAR, Storage, default_url, open_storage, redact_url
-from riverbed.storage.base import StartKind
-from riverbed.subscriptions.cursors import Start
+from riverbed.subscriptions.positions import parse_reset_target
+from riverbed.subscriptions.positions import parse_start as parse_start
+from riverbed.subscriptions.positions import parse_time as parse_time
 from riverbed.tuning import tune_process
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -148,64 +148,6 @@ class RiverbedGroup(click.Group):
             raise click.exceptions.Exit(EXIT_FAILED) from None
 
 
-def parse_time(text: str) -> int:
-    """An ISO 8601 time as µs since the epoch; a time without a zone is UTC."""
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        raise InvalidInput(
-            f"time {text!r} is not an ISO 8601 time such as 2024-05-01T12:00:00Z"
-        ) from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    micros = (moment - EPOCH) // timedelta(microseconds=1)
-    if micros < 0:
-        raise InvalidInput(f"time {text!r} is before 1970-01-01T00:00:00Z")
-    return micros
-
-
-def parse_offsets(text: str) -> dict[StreamId, int]:
-    """`orders/0/1=42,orders/0/2=7` as {stream: offset}."""
-    offsets: dict[StreamId, int] = {}
-    for item in text.split(","):
-        name, sep, number = item.strip().rpartition("=")
-        if not sep:
-            raise InvalidInput(
-                f"{item!r} is not STREAM=OFFSET, e.g. orders/0/1=42 (in a list of"
-                " offsets every comma-separated item is one)"
-            )
-        stream = StreamId.parse(name)
-        if not number.isdigit():
-            raise InvalidInput(f"offset {number!r} for {stream} is not an integer >= 0")
-        if stream in offsets:
-            raise InvalidInput(f"stream {stream} is given twice")
-        offsets[stream] = int(number)
-    return offsets
-
-
-START_FORMS = (
-    "earliest (the oldest retained message), latest (only what comes next),"
-    " or an ISO 8601 time such as 2024-05-01T12:00:00Z (a time without zone is UTC)"
-)
-RESET_FORMS = (
-    "earliest (the oldest retained message), latest (past everything there is),"
-    " an ISO 8601 time such as 2024-05-01T12:00:00Z (a time without zone is UTC),"
-    " or offsets STREAM=OFFSET,... such as orders/0/1=42,orders/0/2=7"
-)
-
-
-def parse_start(text: str, forms: str = START_FORMS) -> Start:
-    """earliest, latest or an ISO 8601 time; what else it is refused with
-    `forms`, the list of what is accepted."""
-    if text.lower() in ("earliest", "latest"):
-        return StartKind(text.lower())
-    try:
-        datetime.fromisoformat(text)
-    except ValueError:
-        raise InvalidInput(f"{text!r} is not a position: use {forms}") from None
-    return parse_time(text)  # a time before 1970 is refused there
-
-
 class _Parsed(click.ParamType[T]):
     """A click type over one of our parsers: its `InvalidInput` is a usage error."""
 
@@ -226,13 +168,9 @@ def _retention(text: str) -> int | None:
     return None if text.lower() == "none" else parse_duration(text)
 
 
-def _reset_target(text: str) -> Start | dict[StreamId, int]:
-    return parse_offsets(text) if "=" in text else parse_start(text, RESET_FORMS)
-
-
 RETENTION = _Parsed("DURATION|none", _retention)
 START = _Parsed("earliest|latest|ISO-TIME", parse_start)
-RESET_TARGET = _Parsed("earliest|latest|ISO-TIME|OFFSETS", _reset_target)
+RESET_TARGET = _Parsed("earliest|latest|ISO-TIME|OFFSETS", parse_reset_target)
 
 
 def make_console() -> Console:

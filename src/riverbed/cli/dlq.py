@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 from typing import Any
 
 import click
@@ -18,22 +17,22 @@ from riverbed.cli._app import (
     plural,
     print_json,
 )
-from riverbed.errors import InvalidInput, NotFound
+from riverbed.errors import NotFound
 from riverbed.log.jsonlines import format_time
-from riverbed.model import MessageId
-from riverbed.subscriptions.dlq import DlqChange, Parked, Selection, parked, purge, replay
+from riverbed.subscriptions.dlq import (
+    DlqChange,
+    Parked,
+    Selection,
+    parked,
+    parse_message_id,
+    purge,
+    replay,
+)
 
 
 @cli.group()
 def dlq() -> None:
     """Browse, replay and purge the dead-letter queue of a subscription that delivers."""
-
-
-def _message_id(text: str) -> MessageId:
-    try:
-        return MessageId.parse(text)
-    except (InvalidInput, ValueError):
-        raise InvalidInput(f"message id {text!r} is not a Riverbed message id") from None
 
 
 def _row(p: Parked) -> dict[str, object]:
@@ -85,7 +84,7 @@ def dlq_list(
     as_json: bool,
 ) -> None:
     """The messages parked in subscription NAME's DLQ, oldest failure first."""
-    ids = [_message_id(t) for t in message_ids]
+    ids = [parse_message_id(t) for t in message_ids]
     with open_log() as log:
         found = parked(
             log.storage,
@@ -113,21 +112,12 @@ def dlq_list(
 @db_option
 def dlq_show(name: str, message_id: str, as_json: bool) -> None:
     """One parked message of subscription NAME, with its payload."""
-    wanted = _message_id(message_id)
+    wanted = parse_message_id(message_id)
     with open_log() as log:
         found = parked(log.storage, name, message_ids=[wanted], limit=1)
     if not found:
         raise NotFound(f"message {message_id} is not parked in the DLQ of {name!r}")
-    row = _row(found[0])
-    payload = found[0].message.payload
-    try:
-        row["payload"] = payload.decode("utf-8")
-    except UnicodeDecodeError:
-        row["payload_b64"] = base64.b64encode(payload).decode()
-    row["properties"] = [
-        [k, v if not isinstance(v, bytes) else base64.b64encode(v).decode()]
-        for k, v in found[0].message.properties
-    ]
+    row = _row(found[0]) | found[0].payload_fields()
     if as_json:
         print_json(row)
         return
@@ -147,7 +137,7 @@ def _selection(
         None if since is None else parse_time(since),
         None if until is None else parse_time(until),
         frozenset(groups),
-        frozenset(_message_id(t) for t in message_ids),
+        frozenset(parse_message_id(t) for t in message_ids),
     )
 
 
@@ -159,15 +149,7 @@ def _selectors(command: Any) -> Any:
 
 def _report(verb: str, name: str, change: DlqChange, as_json: bool) -> None:
     if as_json:
-        print_json(
-            {
-                "subscription": name,
-                verb: change.selected + change.along,
-                "selected": change.selected,
-                "earlier_of_their_groups": change.along,
-                "message_ids": [str(m) for m in change.message_ids],
-            }
-        )
+        print_json(change.as_json(name, verb))
         return
     along = (
         f" ({plural(change.along, 'earlier message')} of their groups with them, to keep group"

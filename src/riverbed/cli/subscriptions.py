@@ -21,19 +21,17 @@ from riverbed.cli._app import (
     print_json,
 )
 from riverbed.cli._reuse import if_not_exists_option, reusing
-from riverbed.errors import AlreadyExists, InvalidInput, SubscriptionNotFound
+from riverbed.errors import InvalidInput
 from riverbed.log.jsonlines import format_time
 from riverbed.model import StreamId
-from riverbed.storage.base import StartKind, Storage, SubscriptionRecord
+from riverbed.storage.base import StartKind, SubscriptionRecord
 from riverbed.subscriptions.cursors import Start, StreamLag, Subscriptions
-from riverbed.subscriptions.definition import (
-    ConsumptionPolicy,
-    Definitions,
-    DeliveryDefinition,
-    RetryPolicy,
-    parse_endpoint,
+from riverbed.subscriptions.definition import Definitions, DeliveryDefinition, delivery_definition
+from riverbed.subscriptions.delivering import (
+    create_subscription,
+    delete_subscription,
+    queue_topics,
 )
-from riverbed.subscriptions.delivering import create_delivering, delete_delivering, queue_topics
 
 # --------------------------------------------------------------------- subscriptions
 
@@ -113,101 +111,53 @@ def subscription_create(
     if endpoint is None and given:
         names = ", ".join("--" + k.replace("_", "-") for k in given)
         raise InvalidInput(f"{names} only apply with --endpoint (a subscription that delivers)")
+    definition = None
+    if endpoint is not None:
+        delivery["headers"] = _headers(delivery["headers"])
+        delivery["retry_on"] = _retry_on(delivery["retry_on"])
+        definition = delivery_definition(name, topic, endpoint, **delivery)
     with open_log() as log:
-        exists = if_not_exists and _exists(log.storage, name)
-        if endpoint is None:
-            if exists and Definitions(log.storage).get(name) is not None:
-                raise AlreadyExists(
-                    f"subscription {name!r} exists already and delivers to an endpoint;"
-                    " not reusing it"
-                )
-            Subscriptions(log.storage).create(
-                name, topic, topic_filter, start, exist_ok=if_not_exists
-            )
-        else:
-            definition = create_delivering(
-                log.storage,
-                delivery_definition(name, topic, endpoint, delivery),
-                topic_filter=topic_filter,
-                start=start,
-                exist_ok=if_not_exists,
-            )
-    if exists:
+        created = create_subscription(
+            log.storage,
+            name,
+            topic,
+            topic_filter=topic_filter,
+            start=start,
+            delivery=definition,
+            exist_ok=if_not_exists,
+        )
+    if created.existed:
         reusing(f"subscription {name!r}")
         return
     where = start.value if isinstance(start, StartKind) else format_time(start)
     click.echo(f"created subscription {name!r} on topic {topic!r} starting at {where}")
-    if endpoint is not None:
+    stored = created.delivery
+    if stored is not None:
         rq, dlq = queue_topics(name)
         click.echo(
-            f"delivering to {endpoint} with {plural(definition.shard_count, 'shard')},"
-            f" {'grouped' if definition.grouped else 'ungrouped'};"
-            f" retry queue {rq!r} ({definition.rq_partitions} partitions),"
-            f" dead-letter queue {dlq!r} ({definition.dlq_partitions} partitions)"
+            f"delivering to {endpoint} with {plural(stored.shard_count, 'shard')},"
+            f" {'grouped' if stored.grouped else 'ungrouped'};"
+            f" retry queue {rq!r} ({stored.rq_partitions} partitions),"
+            f" dead-letter queue {dlq!r} ({stored.dlq_partitions} partitions)"
         )
 
 
-def _exists(storage: Storage, name: str) -> bool:
-    try:
-        storage.get_subscription(name)
-    except SubscriptionNotFound:
-        return False
-    return True
+def _headers(items: tuple[str, ...]) -> dict[str, str] | None:
+    """`--header NAME:VALUE`s as a mapping (None: none given)."""
+    if not items:
+        return None
+    headers: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition(":")
+        if not sep:
+            raise InvalidInput(f"--header {item!r} is not NAME:VALUE")
+        headers[key.strip()] = value.strip()
+    return headers
 
 
-def _given(options: dict[str, Any], **fields: str) -> dict[str, Any]:
-    """{field: value} for each option (keyword) given on the command line."""
-    return {f: options[o] for o, f in fields.items() if options[o] is not None}
-
-
-def delivery_definition(
-    name: str, topic: str, endpoint: str, options: dict[str, Any]
-) -> DeliveryDefinition:
-    """The definition `subscription create --endpoint` options describe."""
-    http: dict[str, Any] = {}
-    if options["method"] is not None:
-        http["method"] = options["method"].upper()
-    if options["headers"]:
-        headers: dict[str, str] = {}
-        for item in options["headers"]:
-            key, sep, value = item.partition(":")
-            if not sep:
-                raise InvalidInput(f"--header {item!r} is not NAME:VALUE")
-            headers[key.strip()] = value.strip()
-        http["headers"] = headers
-    http.update(
-        _given(options, connect_timeout="connect_timeout", request_timeout="request_timeout")
-    )
-    retry = _given(
-        options,
-        backoff="backoff",
-        min_delay="min_delay",
-        max_delay="max_delay",
-        multiplier="multiplier",
-        max_attempts="max_attempts",
-        inline_retry="inline_max_delay",
-    )
-    if options["retry_on"] is not None:
-        items = [i.strip() for i in options["retry_on"].split(",") if i.strip()]
-        retry["retry_on_status"] = tuple(int(i) for i in items if i.isdigit())
-        retry["retry_on_exceptions"] = tuple(i for i in items if not i.isdigit())
-    consumption = _given(
-        options,
-        max_in_flight="max_in_flight",
-        max_parallel_groups="max_parallel_groups",
-        error_rate="error_rate_threshold",
-    )
-    extra = _given(options, shards="shard_count", grouped="grouped")
-    return DeliveryDefinition(
-        name,
-        topic,
-        parse_endpoint(endpoint, **http),
-        retry=RetryPolicy(**retry),
-        consumption=ConsumptionPolicy(**consumption),
-        rq_partitions=options["rq_partitions"],
-        dlq_partitions=options["dlq_partitions"],
-        **extra,
-    )
+def _retry_on(text: str | None) -> list[str] | None:
+    """`--retry-on 503,TimeoutError` as its items (None: not given)."""
+    return None if text is None else [i.strip() for i in text.split(",") if i.strip()]
 
 
 def _subscription_row(
@@ -342,43 +292,25 @@ def subscription_reset(
 ) -> None:
     """Move NAME's committed offsets (or its retry or dead-letter queue's)."""
     from riverbed.subscriptions.groups import Queue
-    from riverbed.subscriptions.reset import fast_forward_queue, reset_main
+    from riverbed.subscriptions.reset import reset_subscription
 
+    moved = None if queue == "main" else Queue(queue)
     with open_log() as log:
-        delivering = Definitions(log.storage).get(name) is not None
-        if not delivering:
-            Subscriptions(log.storage).get(name)  # SubscriptionNotFound
-        if not delivering and (queue != "main" or shards is not None):
-            raise InvalidInput(
-                f"--queue and --shards are for a subscription that delivers; {name!r} does not"
-            )
-        if queue != "main":
-            if isinstance(target, dict):
-                raise InvalidInput(
-                    f"the {queue} of {name!r} only moves forward: --to latest or a time"
-                )
-            passed = fast_forward_queue(
-                log.storage, name, Queue.RQ if queue == "rq" else Queue.DLQ, target
-            )
-            if as_json:
-                print_json({"subscription": name, "queue": queue, "passed_over": passed})
-            else:
-                click.echo(f"{name}: {queue} moved forward past {plural(passed, 'message')}")
-            return
-        subscriptions = Subscriptions(log.storage)
-        before = {s.stream: s.committed for s in subscriptions.lag(name)}
-        if delivering:
-            after = reset_main(log.storage, name, target, shards)
-        else:
-            after = subscriptions.reset(name, target)
+        before = {}
+        if moved is None:  # SubscriptionNotFound here, as the reset would say
+            before = {s.stream: s.committed for s in Subscriptions(log.storage).lag(name)}
+        done = reset_subscription(log.storage, name, target, moved, shards)
     if as_json:
-        print_json({"subscription": name, "offsets": {str(k): v for k, v in after.items()}})
+        print_json(done.as_json())
+        return
+    if moved is not None:
+        click.echo(f"{name}: {queue} moved forward past {plural(done.passed_over, 'message')}")
         return
     make_console().print(
         make_table(
             f"Offsets of {name}",
             ["stream", "before", "after"],
-            [[stream, before.get(stream), offset] for stream, offset in after.items()],
+            [[stream, before.get(stream), offset] for stream, offset in done.offsets.items()],
         )
     )
 
@@ -390,10 +322,7 @@ def subscription_delete(name: str) -> None:
     """Delete subscription NAME and its offsets (and, for one that delivers, its
     retry and dead-letter queues with their messages)."""
     with open_log() as log:
-        if Definitions(log.storage).get(name) is not None:
-            delete_delivering(log.storage, name)
-        else:
-            Subscriptions(log.storage).delete(name)
+        delete_subscription(log.storage, name)
     click.echo(f"deleted subscription {name!r}")
 
 
@@ -485,10 +414,10 @@ def subscription_reshard(name: str, shard_count: int, as_json: bool) -> None:
     old shards hold in their retry and dead-letter queues is fed to the new ones."""
     from rich.progress import Progress
 
-    from riverbed.subscriptions.reshard import change_shard_count
+    from riverbed.subscriptions.reshard import change_shard_count, check_shard_change
 
     with open_log() as log:
-        Definitions(log.storage).require(name)  # an unknown name fails before the bar shows
+        check_shard_change(log.storage, name, shard_count)  # refused before the bar shows
         with Progress(transient=True, disable=as_json) as bar:
             task = bar.add_task("re-sharding", total=None)
 
@@ -497,16 +426,7 @@ def subscription_reshard(name: str, shard_count: int, as_json: bool) -> None:
 
             result = change_shard_count(log.storage, name, shard_count, progress)
     if as_json:
-        print_json(
-            {
-                "subscription": name,
-                "shards_before": result.old_count,
-                "shards": result.new_count,
-                "fed_rq": result.fed_rq,
-                "fed_dlq": result.fed_dlq,
-                "new_storage_topics": list(result.new_storage_topics),
-            }
-        )
+        print_json(result.as_json(name))
         return
     grew = (
         f"; new storage topics for {', '.join(result.new_storage_topics)}"

@@ -31,7 +31,7 @@ from riverbed.model import format_duration
 from riverbed.storage import size_in_bytes
 from riverbed.storage.base import RetentionPolicy, StreamHead, TopicRecord
 from riverbed.subscriptions.cursors import Subscriptions
-from riverbed.subscriptions.splitting import check_switch_produce
+from riverbed.subscriptions.splitting import switch_produce
 
 # --------------------------------------------------------------------- topics
 
@@ -389,8 +389,7 @@ def topic_switch_produce(name: str) -> None:
     """Produce to the next generation and seal the earlier ones (seed 003 SwitchProduce)."""
     with open_log() as log:
         before = log.topics.get(name).produce_pointer
-        check_switch_produce(log.storage, name)
-        record = log.topics.switch_produce(name)
+        record = switch_produce(log.topics, name)
         generation = log.storage.list_storage_topics(name)[record.produce_pointer]
     where = f"generation {generation.generation} ({generation.partitions} partitions)"
     if record.produce_pointer == before:

@@ -9,9 +9,10 @@ Routes (docs/http.md):
   with the reason. Neither needs a token.
 - `GET /metrics`: the broker's Prometheus text (`riverbed.metrics`), for a read token.
 - `/api/v1/...`: the node here; topics (`topics`), named subscriptions
-  (`subscriptions`), connected MQTT clients (`clients`), stored sessions
-  (`sessions`), retained messages (`retained`), shared subscription groups
-  (`groups`) and broker nodes (`nodes`) in their modules.
+  (`subscriptions`), their dead-letter queues (`dlq`), the jobs long
+  operations run as (`jobs`), connected MQTT clients (`clients`), stored
+  sessions (`sessions`), retained messages (`retained`), shared subscription
+  groups (`groups`) and broker nodes (`nodes`) in their modules.
   The OpenAPI document is `/api/v1/openapi.json`.
 - `GET /` and `/static/...`: the web dashboard (`dashboard`), which calls the
   API from the browser; loading the page needs no token.
@@ -35,7 +36,9 @@ from riverbed.errors import RiverbedError
 from riverbed.http import (
     clients,
     dashboard,
+    dlq,
     groups,
+    jobs,
     nodes,
     retained,
     sessions,
@@ -115,7 +118,7 @@ def make_app(context: HttpContext) -> FastAPI:
             "config": context.settings,
         }
 
-    for module in (topics, subscriptions, clients, sessions, retained, groups, nodes):
+    for module in (topics, subscriptions, dlq, jobs, clients, sessions, retained, groups, nodes):
         api.include_router(module.routes(context))
     app.include_router(api)
     dashboard.install(app)

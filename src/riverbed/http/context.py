@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from riverbed.http.jobs import Jobs
 from riverbed.mqtt.config import Address
 from riverbed.storage.urls import redact_url
 
@@ -39,6 +40,8 @@ class HttpContext:
     listening: Callable[[], bool] = lambda: True
     """Whether every listener of the process is bound (for `/readyz`)."""
     started: float = field(default_factory=time.time)
+    jobs: Jobs = field(default_factory=Jobs)
+    """The long operations started over the API (`http.jobs`), in this process."""
 
 
 def config_view(config: object) -> Any:

@@ -5,10 +5,13 @@
     POST   /api/v1/topics                   `riverbed topic create` (201; 409 if taken)
     DELETE /api/v1/topics/{name}            with its messages and subscriptions
     POST   /api/v1/topics/{name}/messages   one message, answered once committed (201)
+    POST   /api/v1/topics/{name}/storage-topics  `riverbed topic add-storage-topic` (201)
+    POST   /api/v1/topics/{name}/switch-produce  `riverbed topic switch-produce`
 
 Handlers call what the command line calls (`Log.topics`, `message_from_json`,
-`Log.produce`). Those touching the store are plain functions, which FastAPI
-runs on worker threads: the event loop shared with the broker never waits.
+`Log.produce`, `splitting.switch_produce`). Those touching the store are plain
+functions, which FastAPI runs on worker threads: the event loop shared with
+the broker never waits.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from riverbed.log.topics import DEFAULT_RETENTION_US, KeyMode
 from riverbed.model import format_duration
 from riverbed.storage.base import RetentionPolicy
 from riverbed.subscriptions.cursors import Subscriptions
+from riverbed.subscriptions.splitting import switch_produce
 
 MAX_MESSAGE_BODY = 8 * 1024 * 1024
 """Bytes a produce request's body may have: a message is held whole in memory
@@ -57,6 +61,14 @@ class TopicCreate(BaseModel):
     key: str | None = Field(
         None, description="key mode: client-topic, client-id, topic, property:NAME or none"
     )
+
+
+class StorageTopicAdd(BaseModel):
+    """A generation to add, as `riverbed topic add-storage-topic` takes it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    partitions: int = Field(description="1, 2, 3 or a multiple of 4 or 6")
 
 
 _MESSAGE_SCHEMA = {
@@ -88,6 +100,13 @@ def _topic_summary(log: Log, name: str) -> dict[str, Any]:
     return summary
 
 
+def _described(log: Log, name: str) -> dict[str, Any]:
+    """`riverbed topic describe NAME --json`."""
+    description = log.topics.describe(name)
+    names = [s.name for s in Subscriptions(log.storage).list(name)]
+    return description.as_dict() | {"subscriptions": names}
+
+
 def routes(context: HttpContext) -> APIRouter:
     """The topic routes over `context.log` (the module docstring)."""
     log = context.log
@@ -102,9 +121,7 @@ def routes(context: HttpContext) -> APIRouter:
     def describe_topic(name: str) -> dict[str, Any]:
         """A topic's settings, storage topics, streams and subscriptions
         (`riverbed topic describe --json`)."""
-        description = log.topics.describe(name)
-        names = [s.name for s in Subscriptions(log.storage).list(name)]
-        return description.as_dict() | {"subscriptions": names}
+        return _described(log, name)
 
     @api.post("/topics", tags=["topics"], status_code=201)
     def create_topic(body: TopicCreate) -> dict[str, Any]:
@@ -125,6 +142,28 @@ def routes(context: HttpContext) -> APIRouter:
             key_mode=key_mode,
         )
         return log.topics.describe(body.name).as_dict() | {"subscriptions": []}
+
+    @api.post(
+        "/topics/{name}/storage-topics",
+        tags=["topics"],
+        status_code=201,
+        responses={404: {}, 422: {}},
+    )
+    def add_storage_topic(name: str, body: StorageTopicAdd) -> dict[str, Any]:
+        """Add a generation of `partitions` streams (`riverbed topic
+        add-storage-topic`, seed 003 AddStorageTopic); producers keep writing
+        to the current one until `switch-produce`."""
+        log.topics.add_storage_topic(name, body.partitions)
+        return _described(log, name)
+
+    @api.post("/topics/{name}/switch-produce", tags=["topics"], responses={404: {}, 422: {}})
+    def switch_produce_to_next(name: str) -> dict[str, Any]:
+        """Produce to the next generation and seal the earlier ones (`riverbed
+        topic switch-produce`, seed 003 SwitchProduce); refused while a
+        delivering subscription's shard count does not divide it. On the
+        newest generation already, nothing changes."""
+        switch_produce(log.topics, name)
+        return _described(log, name)
 
     @api.delete("/topics/{name}", tags=["topics"])
     def delete_topic(name: str) -> dict[str, Any]:

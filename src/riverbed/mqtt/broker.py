@@ -40,7 +40,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Hashable
+from collections.abc import AsyncIterator, Callable, Hashable
 from ssl import SSLContext
 from typing import Protocol, cast
 
@@ -129,7 +129,7 @@ class Broker:
         self.connections: dict[str, Connection] = {}
         """Client id -> the connection holding its session."""
         self._all: set[Connection] = set()
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks: dict[str, _ClientLock] = {}
         self._server: asyncio.Server | None = None
         self._tls_server: asyncio.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
@@ -315,12 +315,29 @@ class Broker:
         for connection in list(self.connections.values()):
             connection.following.streams_changed()
 
-    def client_lock(self, client_id: str) -> asyncio.Lock:
-        """Serializes CONNECTs of one client id (takeover)."""
-        lock = self._locks.get(client_id)
-        if lock is None:
-            lock = self._locks[client_id] = asyncio.Lock()
-        return lock
+    @contextlib.asynccontextmanager
+    async def client_lock(self, client_id: str) -> AsyncIterator[None]:
+        """Hold `client_id`'s lock: serializes its CONNECTs (takeover) and an
+        administrator's deletion of its session. The lock is dropped once
+        nobody holds or waits for it, so client ids that never come back
+        leave nothing behind."""
+        entry = self._locks.get(client_id)
+        if entry is None:
+            entry = self._locks[client_id] = _ClientLock()
+        entry.users += 1
+        try:
+            async with entry.lock:
+                yield
+        finally:
+            entry.users -= 1
+            if entry.users == 0:
+                del self._locks[client_id]
+
+    @property
+    def client_locks(self) -> int:
+        """Client ids whose lock is held or awaited now (0 when no CONNECT is
+        in progress)."""
+        return len(self._locks)
 
     def _accept(self) -> Connection:
         """A new client connection (the listeners' protocol factory)."""
@@ -338,8 +355,6 @@ class Broker:
         """The connection's teardown finished (its session is saved)."""
         self._all.discard(connection)
         self._left += 1
-        if connection.client_id and not self.client_lock(connection.client_id).locked():
-            self._locks.pop(connection.client_id, None)
 
     def _lease_ttl_us(self) -> int:
         return int(max(NODE_LEASE_TTL, 3 * self.expiry_sweep) * 1_000_000)
@@ -545,3 +560,13 @@ def _exit_now(after: float) -> None:
     )
     logging.shutdown()
     os._exit(1)
+
+
+class _ClientLock:
+    """One client id's lock and how many tasks hold or await it."""
+
+    __slots__ = ("lock", "users")
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.users = 0

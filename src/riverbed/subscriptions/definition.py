@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -278,6 +278,80 @@ class DeliveryDefinition:
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise InvalidDefinition(f"stored delivery definition is unreadable: {exc}") from None
+
+
+def delivery_definition(
+    name: str,
+    topic: str,
+    endpoint: str,
+    *,
+    shards: int | None = None,
+    grouped: bool | None = None,
+    method: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    connect_timeout: float | None = None,
+    request_timeout: float | None = None,
+    retry_on: Sequence[int | str] | None = None,
+    backoff: str | None = None,
+    min_delay: float | None = None,
+    max_delay: float | None = None,
+    multiplier: float | None = None,
+    max_attempts: int | None = None,
+    inline_retry: float | None = None,
+    max_in_flight: int | None = None,
+    max_parallel_groups: int | None = None,
+    error_rate: float | None = None,
+    rq_partitions: int | None = None,
+    dlq_partitions: int | None = None,
+) -> DeliveryDefinition:
+    """The definition `subscription create --endpoint` describes, from its
+    options (the command line's and the HTTP API's); None keeps a default.
+
+    `retry_on` mixes HTTP status codes (numbers, or text of digits) and
+    exception type names. Raises `InvalidDefinition` naming the value."""
+    http: dict[str, Any] = {}
+    if method is not None:
+        http["method"] = method.upper()
+    if headers is not None:
+        http["headers"] = dict(headers)
+    if connect_timeout is not None:
+        http["connect_timeout"] = connect_timeout
+    if request_timeout is not None:
+        http["request_timeout"] = request_timeout
+    retry = _given(
+        backoff=backoff,
+        min_delay=min_delay,
+        max_delay=max_delay,
+        multiplier=multiplier,
+        max_attempts=max_attempts,
+        inline_max_delay=inline_retry,
+    )
+    if retry_on is not None:
+        codes = [i for i in retry_on if isinstance(i, int) or i.strip().isdigit()]
+        retry["retry_on_status"] = tuple(int(i) for i in codes)
+        retry["retry_on_exceptions"] = tuple(
+            i.strip() for i in retry_on if isinstance(i, str) and i not in codes
+        )
+    consumption = _given(
+        max_in_flight=max_in_flight,
+        max_parallel_groups=max_parallel_groups,
+        error_rate_threshold=error_rate,
+    )
+    return DeliveryDefinition(
+        name,
+        topic,
+        parse_endpoint(endpoint, **http),
+        retry=RetryPolicy(**retry),
+        consumption=ConsumptionPolicy(**consumption),
+        rq_partitions=rq_partitions,
+        dlq_partitions=dlq_partitions,
+        **_given(shard_count=shards, grouped=grouped),
+    )
+
+
+def _given(**values: Any) -> dict[str, Any]:
+    """The values that are not None (the options given)."""
+    return {k: v for k, v in values.items() if v is not None}
 
 
 def not_delivering(storage: Storage, name: str) -> NotFound:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import fields, is_dataclass, replace
+from typing import NamedTuple
 
 from riverbed.errors import AlreadyExists, NotFound, RiverbedError
 from riverbed.log.topics import Topics, validate_topic_name
@@ -112,6 +113,45 @@ def create_delivering(
     return stored
 
 
+class Created(NamedTuple):
+    """What `create_subscription` did."""
+
+    existed: bool
+    """It existed already with these very settings (`exist_ok`): nothing written."""
+    delivery: DeliveryDefinition | None
+    """As stored (queue partition counts filled in); None: it does not deliver."""
+
+
+def create_subscription(
+    storage: Storage,
+    name: str,
+    topic: str,
+    *,
+    topic_filter: str | None = None,
+    start: Start = StartKind.EARLIEST,
+    delivery: DeliveryDefinition | None = None,
+    exist_ok: bool = False,
+) -> Created:
+    """Create subscription `name` on `topic`: a plain one (`cursors.Subscriptions`),
+    or, with `delivery`, one that delivers (`create_delivering`). What
+    `riverbed subscription create` and `POST /subscriptions` do.
+
+    With `exist_ok`, one with these very settings is reused (`Created.existed`);
+    a plain request never reuses one that delivers, nor the other way round."""
+    existed = exist_ok and _exists(Subscriptions(storage).get, name)
+    if delivery is not None:
+        stored = create_delivering(
+            storage, delivery, topic_filter=topic_filter, start=start, exist_ok=exist_ok
+        )
+        return Created(existed, stored)
+    if existed and Definitions(storage).get(name) is not None:
+        raise AlreadyExists(
+            f"subscription {name!r} exists already and delivers to an endpoint; not reusing it"
+        )
+    Subscriptions(storage).create(name, topic, topic_filter, start, exist_ok=exist_ok)
+    return Created(existed, None)
+
+
 def _reuse(
     storage: Storage, wanted: DeliveryDefinition, topic_filter: str | None, start: Start
 ) -> DeliveryDefinition:
@@ -167,4 +207,13 @@ def delete_delivering(storage: Storage, name: str) -> None:
         with contextlib.suppress(NotFound):
             topics.delete(topic)
     with contextlib.suppress(NotFound):
+        Subscriptions(storage).delete(name)
+
+
+def delete_subscription(storage: Storage, name: str) -> None:
+    """Delete subscription `name` with its offsets, and, if it delivers, its
+    definition and queues (`delete_delivering`). `SubscriptionNotFound`."""
+    if Definitions(storage).get(name) is not None:
+        delete_delivering(storage, name)
+    else:
         Subscriptions(storage).delete(name)

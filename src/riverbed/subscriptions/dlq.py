@@ -20,8 +20,9 @@ are delivered (they come first in the group's order).
 
 from __future__ import annotations
 
+import base64
 import uuid
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 
 from riverbed.errors import InvalidInput, NotFound
@@ -51,6 +52,29 @@ class Parked:
     offset: int
     message: QueuedMessage
 
+    def payload_fields(self) -> dict[str, object]:
+        """Its payload (`payload` if UTF-8 text, else `payload_b64`) and its MQTT
+        properties (bytes values in base64), for `dlq show` and the HTTP API."""
+        m = self.message
+        out: dict[str, object] = {}
+        try:
+            out["payload"] = m.payload.decode("utf-8")
+        except UnicodeDecodeError:
+            out["payload_b64"] = base64.b64encode(m.payload).decode()
+        out["properties"] = [
+            [k, v if not isinstance(v, bytes) else base64.b64encode(v).decode()]
+            for k, v in m.properties
+        ]
+        return out
+
+
+def parse_message_id(text: str) -> MessageId:
+    """A message id as `dlq` commands and the HTTP API take it (32 hex digits)."""
+    try:
+        return MessageId.parse(text)
+    except (InvalidInput, ValueError):
+        raise InvalidInput(f"message id {text!r} is not a Riverbed message id") from None
+
 
 def parked(
     storage: Storage,
@@ -65,6 +89,30 @@ def parked(
 ) -> list[Parked]:
     """The parked messages of subscription `name` that match, page `page` of
     `limit` each (1-based). Raises `NotFound` if `name` does not deliver."""
+    return parked_page(
+        storage,
+        name,
+        since_us=since_us,
+        until_us=until_us,
+        groups=groups,
+        message_ids=message_ids,
+        limit=limit,
+        page=page,
+    )[0]
+
+
+def parked_page(
+    storage: Storage,
+    name: str,
+    *,
+    since_us: int | None = None,
+    until_us: int | None = None,
+    groups: Collection[str] = (),
+    message_ids: Collection[MessageId] = (),
+    limit: int = 50,
+    page: int = 1,
+) -> tuple[list[Parked], int]:
+    """`parked`'s page, and how many parked messages match in all."""
     if limit < 1 or page < 1:
         raise InvalidInput(f"limit {limit} and page {page} must be at least 1")
     Definitions(storage).require(name)
@@ -86,7 +134,7 @@ def parked(
     ]
     found.sort(key=_failure_order)
     start = (page - 1) * limit
-    return found[start : start + limit]
+    return found[start : start + limit], len(found)
 
 
 def _failure_order(p: Parked) -> tuple[int, int, int, int]:
@@ -111,8 +159,9 @@ class Selection:
         given = any(c is not None for c in criteria)
         if self.everything == given:
             raise InvalidInput(
-                "select the parked messages either with everything (--all) or with"
-                " --since/--until/--group/--message-id, not both and not neither"
+                "select the parked messages either with all (--all) or with since, until,"
+                " groups or message ids (--since/--until/--group/--message-id), not both and"
+                " not neither"
             )
 
     def matches(self, message: QueuedMessage) -> bool:
@@ -137,21 +186,60 @@ class DlqChange:
     (grouped order: a group's parked messages leave the DLQ in order)."""
     message_ids: list[MessageId] = field(default_factory=list)
 
+    def as_json(self, name: str, verb: str) -> dict[str, object]:
+        """What `dlq replay|purge --json` print (`verb`: replayed, purged) and
+        the HTTP API answers."""
+        return {
+            "subscription": name,
+            verb: self.selected + self.along,
+            "selected": self.selected,
+            "earlier_of_their_groups": self.along,
+            "message_ids": [str(m) for m in self.message_ids],
+        }
+
 
 MAX_CONFLICTS = 10
 
 
+Progress = Callable[[int, int], None]
+"""`(done, total)` shards replayed or purged so far."""
+
+
 def replay(
-    storage: Storage, name: str, selection: Selection, now_us: int | None = None
+    storage: Storage,
+    name: str,
+    selection: Selection,
+    now_us: int | None = None,
+    progress: Progress | None = None,
 ) -> DlqChange:
     """Write the selected parked messages back into the flow (the retry queue,
     first attempt, due now), in group order; see `DlqChange.along`."""
-    return _change(storage, name, selection, replaying=True, now_us=now_us)
+    return _change(storage, name, selection, replaying=True, now_us=now_us, progress=progress)
 
 
-def purge(storage: Storage, name: str, selection: Selection) -> DlqChange:
+def purge(
+    storage: Storage, name: str, selection: Selection, progress: Progress | None = None
+) -> DlqChange:
     """Drop the selected parked messages (with `DlqChange.along`)."""
-    return _change(storage, name, selection, replaying=False, now_us=None)
+    return _change(storage, name, selection, replaying=False, now_us=None, progress=progress)
+
+
+def check_change(storage: Storage, name: str, selection: Selection) -> None:
+    """Refuse what `replay` and `purge` refuse before changing anything:
+    `NotFound` if `name` does not deliver or a named message is not parked."""
+    definition = Definitions(storage).require(name)
+    if selection.message_ids:
+        _, dlq_topic = queue_topics(name)
+        count = definition.shard_count
+        layout = QueueLayout(storage, dlq_topic, count)
+        found = {
+            r.queued.message_id
+            for shard in range(count)
+            for r in _open_rows(storage, layout.owned(shard), load_state(storage, name, shard)[0])
+        }
+        missing = sorted(str(m) for m in selection.message_ids - found)
+        if missing:
+            raise NotFound(f"message(s) {', '.join(missing)} are not parked in the DLQ of {name!r}")
 
 
 def _open_rows(storage: Storage, owned: list[StreamHead], state: ShardState) -> list[QueueRow]:
@@ -181,22 +269,20 @@ def _chosen(
 
 
 def _change(
-    storage: Storage, name: str, selection: Selection, *, replaying: bool, now_us: int | None
+    storage: Storage,
+    name: str,
+    selection: Selection,
+    *,
+    replaying: bool,
+    now_us: int | None,
+    progress: Progress | None,
 ) -> DlqChange:
+    check_change(storage, name, selection)  # every named message must be parked
     definition, definition_version = Definitions(storage).require_versioned(name)
     rq_topic, dlq_topic = queue_topics(name)
     count = definition.shard_count
-    if selection.message_ids:
-        # Every named message must be parked: check before changing anything.
-        layout = QueueLayout(storage, dlq_topic, count)
-        found = {
-            r.queued.message_id
-            for shard in range(count)
-            for r in _open_rows(storage, layout.owned(shard), load_state(storage, name, shard)[0])
-        }
-        missing = sorted(str(m) for m in selection.message_ids - found)
-        if missing:
-            raise NotFound(f"message(s) {', '.join(missing)} are not parked in the DLQ of {name!r}")
+    if progress is not None:
+        progress(0, count)
     out = DlqChange()
     ids = MessageIdGenerator()
     for shard in range(count):
@@ -254,4 +340,6 @@ def _change(
             raise Superseded(
                 f"shard {shard} of {name!r} kept changing: {MAX_CONFLICTS} attempts failed"
             )
+        if progress is not None:
+            progress(shard + 1, count)
     return out

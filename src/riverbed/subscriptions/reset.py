@@ -18,6 +18,7 @@ Offset Reset").
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from riverbed.errors import InvalidInput
 from riverbed.model import StreamId
@@ -28,11 +29,91 @@ from riverbed.subscriptions.cursors import Start, Subscriptions
 from riverbed.subscriptions.definition import Definitions, DeliveryDefinition, hold_definition
 from riverbed.subscriptions.delivering import queue_topics
 from riverbed.subscriptions.groups import Action, Queue
-from riverbed.subscriptions.reshard import change_shard_count
+from riverbed.subscriptions.reshard import Progress, change_shard_count
 from riverbed.subscriptions.shardstate import NAMESPACE, add_done, is_done, load_state, state_key
 from riverbed.subscriptions.splitting import check_shard_count
 
 MAX_CONFLICTS = 10
+
+
+@dataclass(frozen=True, slots=True)
+class ResetDone:
+    """What `reset_subscription` did: the main topic's new cursors, or how many
+    rows of a queue were passed over."""
+
+    name: str
+    queue: Queue | None
+    """None: the main topic."""
+    offsets: dict[StreamId, int] = field(default_factory=dict)
+    passed_over: int = 0
+
+    def as_json(self) -> dict[str, object]:
+        """What `subscription reset --json` prints and an API job's result is."""
+        if self.queue is None:
+            return {
+                "subscription": self.name,
+                "offsets": {str(k): v for k, v in self.offsets.items()},
+            }
+        return {
+            "subscription": self.name,
+            "queue": self.queue.value,
+            "passed_over": self.passed_over,
+        }
+
+
+def check_reset(
+    storage: Storage,
+    name: str,
+    to: Start | Mapping[StreamId, int],
+    queue: Queue | None = None,
+    shards: int | None = None,
+) -> bool:
+    """Refuse a reset `reset_subscription` would refuse, changing nothing:
+    `SubscriptionNotFound`, `InvalidInput` (a bad target, a queue or shard
+    count for a subscription that does not deliver, shards that cannot
+    split what the target brings back). Returns whether it delivers."""
+    delivering = Definitions(storage).get(name) is not None
+    if not delivering:
+        Subscriptions(storage).get(name)  # SubscriptionNotFound
+        if queue is not None or shards is not None:
+            raise InvalidInput(
+                "a queue (rq, dlq) and a shard count are for a subscription that delivers;"
+                f" {name!r} does not"
+            )
+    if queue is not None:
+        if isinstance(to, Mapping):
+            raise InvalidInput(
+                f"the {queue.value} of {name!r} only moves forward: to latest or to a time"
+            )
+        return delivering
+    planned = Subscriptions(storage).plan_reset(name, to)
+    if delivering:
+        definition = Definitions(storage).require(name)
+        count = definition.shard_count if shards is None else shards
+        check_shard_count(storage, definition, count, planned)
+    return delivering
+
+
+def reset_subscription(
+    storage: Storage,
+    name: str,
+    to: Start | Mapping[StreamId, int],
+    queue: Queue | None = None,
+    shards: int | None = None,
+    progress: Progress | None = None,
+) -> ResetDone:
+    """Move subscription `name`'s main-topic cursors (`reset_main` for one
+    that delivers, with a shard-count change if `shards` differs), or move its
+    retry or dead-letter `queue` forward (`fast_forward_queue`). What
+    `riverbed subscription reset` and `POST /subscriptions/{name}/reset` do;
+    `check_reset` says first what it refuses."""
+    delivering = check_reset(storage, name, to, queue, shards)
+    if queue is not None:
+        assert not isinstance(to, Mapping)
+        return ResetDone(name, queue, passed_over=fast_forward_queue(storage, name, queue, to))
+    if delivering:
+        return ResetDone(name, None, reset_main(storage, name, to, shards, progress))
+    return ResetDone(name, None, Subscriptions(storage).reset(name, to))
 
 
 def reset_main(
@@ -40,8 +121,10 @@ def reset_main(
     name: str,
     to: Start | Mapping[StreamId, int],
     shards: int | None = None,
+    progress: Progress | None = None,
 ) -> dict[StreamId, int]:
-    """Move the main-topic cursors (see the module docstring); returns them."""
+    """Move the main-topic cursors (see the module docstring); returns them.
+    `progress` hears of the shard-count change, if there is one."""
     definition = Definitions(storage).require(name)
     subscriptions = Subscriptions(storage)
     planned = subscriptions.plan_reset(name, to)  # bad targets raise here
@@ -49,7 +132,7 @@ def reset_main(
     check_shard_count(storage, definition, count, planned)
     after = subscriptions.reset(name, to)
     if count != definition.shard_count:
-        change_shard_count(storage, name, count)
+        change_shard_count(storage, name, count, progress)
     return after
 
 

@@ -46,7 +46,7 @@ from riverbed.storage.transactions import (
 )
 from riverbed.subscriptions.batch import QueueLayout, Superseded, open_rows
 from riverbed.subscriptions.definition import NAMESPACE as DEFINITIONS
-from riverbed.subscriptions.definition import DeliveryDefinition, not_delivering
+from riverbed.subscriptions.definition import Definitions, DeliveryDefinition, not_delivering
 from riverbed.subscriptions.delivering import queue_topics
 from riverbed.subscriptions.groups import GroupState, MessageState, Queue
 from riverbed.subscriptions.queues import QueuedMessage
@@ -68,6 +68,24 @@ class Reshard:
     fed_dlq: int
     new_storage_topics: tuple[str, ...]
     """Queues that got a new storage topic."""
+
+    def as_json(self, name: str) -> dict[str, object]:
+        """What `subscription reshard --json` prints and an API job's result is."""
+        return {
+            "subscription": name,
+            "shards_before": self.old_count,
+            "shards": self.new_count,
+            "fed_rq": self.fed_rq,
+            "fed_dlq": self.fed_dlq,
+            "new_storage_topics": list(self.new_storage_topics),
+        }
+
+
+def check_shard_change(storage: Storage, name: str, new_count: int) -> None:
+    """Refuse what `change_shard_count` would refuse before changing anything:
+    `NotFound` (no such subscription, or it does not deliver),
+    `InvalidShardCount`."""
+    check_shard_count(storage, Definitions(storage).require(name), new_count)
 
 
 def _queue_generation(storage: Storage, topic: str, count: int) -> str | None:

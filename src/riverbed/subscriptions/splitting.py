@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from riverbed.storage.base import Storage
+from riverbed.log.topics import Topics
+from riverbed.storage.base import Storage, TopicRecord
 from riverbed.subscriptions.definition import Definitions, DeliveryDefinition
 from riverbed.subscriptions.shards import InvalidShardCount
 
@@ -93,6 +94,14 @@ def check_switch_produce(storage: Storage, topic: str) -> None:
             f" subscription reshard {definition.name} --shards N` with N one of"
             f" {_fitting(sizes[g] for g in live)}"
         )
+
+
+def switch_produce(topics: Topics, topic: str) -> TopicRecord:
+    """seed 003 SwitchProduce of `topic`, refused (`check_switch_produce`) when a
+    subscription's shard count does not divide the generation producers would
+    write to. What `riverbed topic switch-produce` and the HTTP API do."""
+    check_switch_produce(topics.storage, topic)
+    return topics.switch_produce(topic)
 
 
 def _fitting(partition_counts: Iterable[int]) -> list[int]:
