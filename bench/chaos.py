@@ -93,6 +93,7 @@ from _chaos_tally import (  # noqa: E402
 from harness.broker import BrokerProcess  # noqa: E402
 from harness.endpoint import Endpoint  # noqa: E402
 from harness.postgres import PostgresServer  # noqa: E402
+from harness.sharedsub import short_timers_config  # noqa: E402
 
 TOPIC = "chaos"
 GROUP = f"$share/g/{TOPIC}/#"
@@ -101,22 +102,6 @@ PUBLISHERS = 4
 KEYS = 4
 SHARDS = 2
 WORKERS = 2
-SHARED_TIMERS = """
-[shared_subscriptions]
-find_leader_retry = 0.3
-ping_interval = 1.0
-ping_timeout = 1.0
-unsubscribe_timeout = 0.5
-leader_borrower_timeout = 2.0
-fence_margin = 0.5
-leader_periodic = 0.5
-leader_resend = 0.5
-leader_claim_lease = 6.0
-leader_idle_stop = 5.0
-"""
-"""Shortened shared-subscription timers (as tests/mqtt/test_broker_shared.py), so a
-killed member's streams move within seconds."""
-
 SHORT_JVM = (
     {}
     if "PYSPARK_SUBMIT_ARGS" in os.environ
@@ -357,8 +342,9 @@ class Run:
             # First: Spark takes longest to start (10-40 s, more on a busy
             # machine); the rest starts meanwhile.
             self._start_job()
-        config = self.directory / "riverbed.toml"
-        config.write_text(SHARED_TIMERS)
+        # Shortened shared-subscription timers: a killed member's streams move
+        # within seconds.
+        config = short_timers_config(self.directory)
         self.brokers = [
             BrokerProcess(self.url, extra_args=("--config", str(config))) for _ in range(o.nodes)
         ]

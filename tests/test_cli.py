@@ -445,6 +445,7 @@ GOOD = {"key": "k", "payload": "fine", "mqtt_topic": "orders/eu"}
         ('{"key": "k"}', ["exactly one of payload", "neither"]),
         ('{"payload_b64": "not base64!"}', ['"not base64!"', "not valid base64"]),
         ('{"payload_b64": "AAA"}', ['"AAA"', "not valid base64"]),
+        ('{"payload_b64": "é"}', ['"é"', "not valid base64"]),
         ('{"payload": 12}', ["payload 12", "not a string"]),
         ('{"payload": "x", "key": 5}', ["key 5", "not a string"]),
         ('{"payload": "x", "qos": 3}', ["qos 3", "0, 1 or 2"]),

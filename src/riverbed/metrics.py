@@ -16,7 +16,13 @@ are read on an interval by a background thread (`Refresher`) and a scrape
 shows the last reading: a scrape never queries the database.
 
 Each `Metrics` has its own `CollectorRegistry`, not prometheus_client's global
-one, so several brokers in one process (tests) keep their numbers apart.
+one, so several brokers in one process (tests) keep their numbers apart. The
+broker's `Counts` are its own and exist with metrics off too: its `$SYS`
+topics read the same ints (one increment per event, not one per reader).
+
+Processes that are not a broker (`riverbed worker`, `riverbed subscription
+run`) serve their own `/metrics` when asked to (`Exposition`): what became of
+the messages they handled (`outcomes_family`, `OUTCOMES`).
 
 This module sits below every other layer: it imports prometheus_client and the
 standard library only, and `mqtt`, `log` and `subscriptions` may import it.
@@ -30,10 +36,10 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 from prometheus_client.metrics_core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -57,32 +63,46 @@ COMMIT_MESSAGES_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000,
 
 
 class Counts:
-    """What the hot path counts, in plain ints (read at scrape time).
+    """What the broker's hot path counts, in plain ints: the one set of counters
+    that both `$SYS/broker/...` (`mqtt/sys.py`) and the Prometheus exposition
+    read, kept whether or not `[metrics]` is enabled.
 
     Only the event loop thread writes these (connections and their reads),
     so no lock: an `int += 1` costs a few tens of nanoseconds, a prometheus
-    `Counter.inc()` a lock and a few hundred."""
+    `Counter.inc()` a lock and a few hundred. Readers on other threads (a
+    scrape, `/api/v1/stats`) see each value as it was at some moment."""
 
     __slots__ = (
         "bytes_in",
         "bytes_out",
+        "committed",
         "connections",
         "publish_in",
         "publish_out",
+        "qos0_dropped",
         "refused",
+        "slow_consumers_disconnected",
     )
 
     def __init__(self) -> None:
         self.connections = 0
-        """Connections accepted since the start."""
+        """Connections accepted since the start (TLS: handshake done)."""
         self.refused: dict[str, int] = {}
         """Connections refused (CONNACK with an error, or closed before it), by reason."""
         self.publish_in = [0, 0, 0]
         """PUBLISH packets received from clients, by QoS."""
         self.publish_out = [0, 0, 0]
-        """PUBLISH packets sent to clients, by QoS."""
+        """PUBLISH packets sent to clients, by QoS (first sends and resends)."""
+        self.committed = 0
+        """PUBLISHes from clients committed to the log (counted per commit)."""
         self.bytes_in = 0
+        """Bytes read from clients' connections (counted per read)."""
         self.bytes_out = 0
+        """Bytes written to clients' connections (counted per write)."""
+        self.qos0_dropped = 0
+        """QoS 0 messages dropped for clients not reading fast enough."""
+        self.slow_consumers_disconnected = 0
+        """Connections aborted because their write buffer stayed full."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,9 +145,32 @@ class Buckets:
             self.counts[i] += 1
             self.sum += value
 
-    def family(self, name: str, help: str) -> HistogramMetricFamily:
+    def snapshot(self) -> tuple[list[int], float]:
+        """(observations per bucket, their sum), read together."""
         with self.lock:
-            counts, total = list(self.counts), self.sum
+            return list(self.counts), self.sum
+
+    def quantile(self, q: float) -> float | None:
+        """The `q` quantile (0..1) estimated as Prometheus's `histogram_quantile`
+        does: linearly within the bucket it falls in (from 0 in the first), the
+        largest bound if it falls above every bound; None before any observation."""
+        counts, _ = self.snapshot()
+        total = sum(counts)
+        if not total:
+            return None
+        rank = q * total
+        below = 0
+        for i, n in enumerate(counts):
+            if below + n >= rank and n:
+                if i == len(self.bounds):
+                    return float(self.bounds[-1])
+                low = 0.0 if i == 0 else float(self.bounds[i - 1])
+                return low + (float(self.bounds[i]) - low) * (rank - below) / n
+            below += n
+        return float(self.bounds[-1])
+
+    def family(self, name: str, help: str) -> HistogramMetricFamily:
+        counts, total = self.snapshot()
         cumulative = 0
         buckets = []
         for bound, n in zip((*self.bounds, math.inf), counts, strict=True):
@@ -140,9 +183,10 @@ class Metrics:
     """One broker's metrics: `counts` for the hot path, histograms for commits,
     whatever is registered with `gauge`/`counter`, and the storage readings."""
 
-    def __init__(self) -> None:
+    def __init__(self, counts: Counts | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.counts = Counts()
+        self.counts = Counts() if counts is None else counts
+        """The hot path's counts (the broker's own, shared with `$SYS`)."""
         self.readings = Readings()
         """The latest storage readings (replaced whole by the `Refresher`)."""
         self._appended: dict[str, int] = {}
@@ -170,12 +214,23 @@ class Metrics:
 
     def gauge(self, name: str, help: str, read: Callable[[], float]) -> None:
         """Register a gauge whose value `read()` gives at scrape time."""
-        self._own.extra.append((name, help, "gauge", read))
+        self._own.extra.append(lambda: GaugeMetricFamily(name, help, value=read()))
 
     def counter(self, name: str, help: str, read: Callable[[], float]) -> None:
         """Register a counter (`name` without `_total`) whose value `read()`
         gives at scrape time."""
-        self._own.extra.append((name, help, "counter", read))
+        self._own.extra.append(lambda: _counter(name, help, read()))
+
+    def labelled_counter(
+        self,
+        name: str,
+        help: str,
+        labels: Sequence[str],
+        read: Callable[[], Mapping[tuple[str, ...], float]],
+    ) -> None:
+        """Register a counter with `labels` (`name` without `_total`): `read()`
+        gives label values -> value at scrape time."""
+        self._own.extra.append(lambda: _labelled(name, help, labels, read()))
 
     # --- exposing -------------------------------------------------------------------
     def appended(self) -> dict[str, int]:
@@ -199,7 +254,8 @@ class _Collected(Collector):
 
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
-        self.extra: list[tuple[str, str, str, Callable[[], float]]] = []
+        self.extra: list[Callable[[], Metric]] = []
+        """Families read from the process's own state at scrape time."""
 
     def describe(self) -> Iterable[Metric]:
         return []  # names vary with what is registered: no check at registration
@@ -240,16 +296,22 @@ class _Collected(Collector):
             "riverbed_commit_messages",
             "Messages per append transaction of the log (the group commit's batch size).",
         )
-        for name, help, kind, read in self.extra:
-            if kind == "counter":
-                yield _counter(name, help, read())
-            else:
-                yield GaugeMetricFamily(name, help, value=read())
+        for family in self.extra:
+            yield family()
         yield from _readings(metrics.readings)
 
 
 def _counter(name: str, help: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(name, help, value=value)
+
+
+def _labelled(
+    name: str, help: str, labels: Sequence[str], values: Mapping[tuple[str, ...], float]
+) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, help, labels=list(labels))
+    for key, n in sorted(values.items()):
+        family.add_metric(list(key), n)
+    return family
 
 
 def _by_qos(name: str, help: str, values: list[int]) -> CounterMetricFamily:
@@ -344,3 +406,57 @@ class Refresher:
         while not self._stop.is_set():
             self.refresh()
             self._stop.wait(self.interval)
+
+
+# --- processes that are not a broker: `riverbed worker`, `riverbed subscription run`
+
+OUTCOMES = ("delivered", "retried", "parked")
+"""What became of messages a worker or a delivery job handled: the `outcome`
+label's values, and the order of the counts `outcomes_family` takes."""
+
+
+def outcomes_family(
+    name: str, help: str, counts: Mapping[str, Sequence[int]]
+) -> CounterMetricFamily:
+    """The counter `name{subscription, outcome}` (`name` without `_total`) from
+    subscription -> its counts in `OUTCOMES` order."""
+    family = CounterMetricFamily(name, help, labels=["subscription", "outcome"])
+    for subscription, values in sorted(counts.items()):
+        for outcome, n in zip(OUTCOMES, values, strict=True):
+            family.add_metric([subscription, outcome], n)
+    return family
+
+
+class Exposition:
+    """`/metrics` of a process that is not a broker (a worker, a delivery job):
+    prometheus_client's HTTP server on a daemon thread of its own, over a
+    registry whose one collector calls `collect()` at each scrape.
+
+    Raises `OSError` if it cannot listen on `host:port` (port 0: any free one,
+    `port` says which)."""
+
+    def __init__(self, host: str, port: int, collect: Callable[[], Iterable[Metric]]) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_Called(collect))
+        self._server, self._thread = start_http_server(port, host, self.registry)
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    def render(self) -> bytes:
+        return render(self.registry)
+
+    def close(self) -> None:
+        """Stop serving (a scrape in progress finishes on its own thread)."""
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5.0)
+
+
+class _Called(Collector):
+    def __init__(self, collect: Callable[[], Iterable[Metric]]) -> None:
+        self.collect_ = collect
+
+    def collect(self) -> Iterable[Metric]:
+        return self.collect_()

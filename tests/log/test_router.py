@@ -9,7 +9,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from riverbed.errors import InvalidInput, InvalidPartitionCount
-from riverbed.log.router import key_hash, lineage, route, scale_factor, validate_partitions
+from riverbed.log.router import (
+    MAX_PARTITIONS,
+    key_hash,
+    lineage,
+    route,
+    scale_factor,
+    validate_partitions,
+)
 
 valid_partitions = st.one_of(
     st.sampled_from([1, 2, 3]),
@@ -35,6 +42,13 @@ def test_validate_partitions_accepts_exactly_1_2_3_and_multiples_of_4_or_6(n: in
             validate_partitions(n)
         assert str(n) in str(caught.value)
         assert isinstance(caught.value, InvalidInput)
+
+
+def test_validate_partitions_refuses_more_than_the_most() -> None:
+    assert validate_partitions(MAX_PARTITIONS) == MAX_PARTITIONS
+    for n in (MAX_PARTITIONS + 4, 4 * 10**9):
+        with pytest.raises(InvalidPartitionCount, match=f"{n} is more than the 65,536 allowed"):
+            validate_partitions(n)
 
 
 @pytest.mark.parametrize("n", [0, -1, -4, 5, 7, 9, 10, 11, 13, 14])

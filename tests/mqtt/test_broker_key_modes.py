@@ -15,31 +15,19 @@ from pathlib import Path
 import pytest
 
 from harness.broker import BrokerProcess, Client
+from harness.sharedsub import short_timers_config
 from harness.waiting import eventually
 from riverbed.log.topics import KeyMode, Topics
 from riverbed.sharedsub.claims import GroupStore
 from riverbed.sharedsub.protocol import GroupId
 from riverbed.storage import open_storage
 
-TIMERS = """
-[shared_subscriptions]
-find_leader_retry = 0.3
-ping_interval = 1.0
-ping_timeout = 1.0
-unsubscribe_timeout = 0.5
-leader_borrower_timeout = 2.0
-fence_margin = 0.5
-leader_periodic = 0.5
-leader_resend = 0.5
-"""
 PARTITIONS = 16
 
 
 @pytest.fixture
 def config(tmp_path: Path) -> Path:
-    path = tmp_path / "riverbed.toml"
-    path.write_text(TIMERS)
-    return path
+    return short_timers_config(tmp_path)
 
 
 def bound_broker(url: str, config: Path, key: str) -> BrokerProcess:

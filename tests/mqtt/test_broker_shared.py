@@ -6,8 +6,8 @@ paho-mqtt clients against `riverbed serve` in a subprocess. Members of a group
 the user property `key`). Each test checks what the issue asks: every message
 to exactly one member (or, where a member dies with messages in flight, at
 least one), per-key order within what a member received, and how long a
-rebalance takes. The protocol's timers are shortened (`TIMERS`) so the tests
-run in seconds; their defaults are checked in `tests/sharedsub/test_config.py`.
+rebalance takes. The protocol's timers are shortened (`harness/sharedsub.py`)
+so the tests run in seconds.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import pytest
 
 from harness.broker import BrokerProcess, Client
 from harness.postgres import PostgresServer, PostgresUnavailable
+from harness.sharedsub import short_timers_config
 from harness.waiting import eventually
 from riverbed.mqtt.broker import EXIT_MARGIN
 from riverbed.sharedsub.claims import LEASE_PREFIX, GroupStore
@@ -33,28 +34,13 @@ from riverbed.sharedsub.protocol import GroupId
 from riverbed.storage import open_storage
 from riverbed.storage.leases import Leases
 
-TIMERS = """
-[shared_subscriptions]
-find_leader_retry = 0.3
-ping_interval = 1.0
-ping_timeout = 1.0
-unsubscribe_timeout = 0.5
-leader_borrower_timeout = 2.0
-fence_margin = 0.5
-leader_periodic = 0.5
-leader_resend = 0.5
-leader_claim_lease = 6.0
-leader_idle_stop = 5.0
-"""
 KEYS = 48
 """Ordering keys of the test messages: enough to reach most of the 16 partitions."""
 
 
 @pytest.fixture
 def config(tmp_path: Path) -> Path:
-    path = tmp_path / "riverbed.toml"
-    path.write_text(TIMERS)
-    return path
+    return short_timers_config(tmp_path)
 
 
 def shared_broker(url: str, config: Path) -> BrokerProcess:

@@ -9,6 +9,7 @@ from typing import Any, cast
 from hypothesis import given
 from hypothesis import strategies as st
 
+from riverbed.metrics import Counts
 from riverbed.model import Message, StoredMessage, StreamId
 from riverbed.mqtt.inbound import Inbound
 from riverbed.mqtt.pacer import Batch
@@ -32,7 +33,7 @@ def commit(placed: list[tuple[int, int]]) -> Router:
     router = Router()
     inbound = Inbound.__new__(Inbound)  # no connection or loop: only routing runs
     inbound.conn = cast(
-        Any, SimpleNamespace(broker=SimpleNamespace(router=router, messages_received=0))
+        Any, SimpleNamespace(broker=SimpleNamespace(router=router, counts=Counts()))
     )
     inbound._acks = deque()
     inbound._unacked = 0

@@ -23,7 +23,7 @@ from harness.raw_mqtt import RawClient
 from harness.waiting import DEFAULT_TIMEOUT, eventually
 from riverbed.errors import InvalidConfig, StorageUnavailable
 from riverbed.log.log import Log
-from riverbed.metrics import CONTENT_TYPE, Metrics, Readings, Refresher
+from riverbed.metrics import CONTENT_TYPE, Buckets, Metrics, Readings, Refresher
 from riverbed.mqtt.broker import Broker
 from riverbed.mqtt.codec import MQTT_3_1_1, Connack, ConnectReason
 from riverbed.mqtt.config import (
@@ -225,7 +225,9 @@ def test_the_lag_gauge_equals_riverbed_subscription_lag(sqlite_url: str) -> None
         publisher.close()
 
 
-def test_off_counts_nothing_and_leaves_the_appender_alone(sqlite_url: str) -> None:
+def test_off_exposes_nothing_and_leaves_the_appender_alone_but_sys_still_counts(
+    sqlite_url: str,
+) -> None:
     with _running(_config(enabled=False), sqlite_url) as broker:
         assert broker.metrics is None
         assert broker.log.appender.metrics is None
@@ -233,6 +235,12 @@ def test_off_counts_nothing_and_leaves_the_appender_alone(sqlite_url: str) -> No
         client.connect()
         client.publish("off/x", b"m", qos=1)
         eventually(lambda: client.acked, what="the PUBACK")
+        # The one set of counts `$SYS` reads is kept with metrics off.
+        counts = broker.counts
+        assert counts.publish_in == [0, 1, 0]
+        assert counts.committed == 1
+        assert counts.connections == 1
+        assert counts.bytes_in > 0 and counts.bytes_out > 0
         client.close()
 
 
@@ -312,3 +320,15 @@ def test_a_commit_slower_than_every_bucket_counts_only_in_plus_inf() -> None:
     assert _value(samples, "riverbed_commit_seconds_bucket", le="+Inf") == 1
     assert _value(samples, "riverbed_commit_messages_bucket", le="10000.0") == 0
     assert _value(samples, "riverbed_commit_messages_sum") == 20_000
+
+
+def test_quantiles_are_estimated_from_the_buckets_as_histogram_quantile_does() -> None:
+    buckets = Buckets((0.001, 0.002, 0.005))
+    assert buckets.quantile(0.5) is None  # nothing observed yet
+    for value in (0.0005, 0.0015, 0.0015, 0.004):
+        buckets.observe(value)
+    # Ranks: 2 of 4 for the median, in (0.001, 0.002] holding 2 (1 below it).
+    assert buckets.quantile(0.5) == pytest.approx(0.0015)
+    assert buckets.quantile(0.99) == pytest.approx(0.002 + 0.003 * (3.96 - 3))
+    buckets.observe(9.0)  # above every bound: the largest bound, as Prometheus says
+    assert buckets.quantile(0.99) == 0.005

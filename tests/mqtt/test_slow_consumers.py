@@ -290,12 +290,12 @@ def test_the_connection_of_a_stuck_client_is_freed_when_it_goes(sqlite_url: str)
             try:
                 stuck = await asyncio.to_thread(_stuck, broker.port, "stuck", ("t/#", 0))
                 await asyncio.to_thread(_fill, broker.port, "t/x")
-                await _until(lambda: broker.qos0_dropped > 0, "QoS 0 messages dropped")
+                await _until(lambda: broker.counts.qos0_dropped > 0, "QoS 0 messages dropped")
                 assert "stuck" in broker.connections
                 await asyncio.to_thread(stuck.close)
                 await _until(lambda: not broker.connections, "the stuck client's teardown")
                 await _until(lambda: _connections() == 0, "no Connection left")
-                assert broker.slow_consumers_disconnected == 0
+                assert broker.counts.slow_consumers_disconnected == 0
             finally:
                 await broker.stop()
 

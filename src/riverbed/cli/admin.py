@@ -17,6 +17,7 @@ from riverbed.cli._app import (
     make_table,
     print_json,
 )
+from riverbed.cli._reuse import http_listener_options
 from riverbed.cli.broker import _configure_logging
 from riverbed.errors import InvalidConfig
 from riverbed.mqtt.config import KEYS, LOG_LEVELS, HttpConfig, LogConfig
@@ -39,13 +40,7 @@ def http_config(**given: str | None) -> HttpConfig:
 
 
 @cli.command(short_help="Serve the admin HTTP API over a database, without MQTT.")
-@click.option(
-    "--http",
-    metavar="HOST:PORT",
-    required=True,
-    help="Where to serve it; without --token-file, a loopback address only.",
-)
-@click.option("--token-file", metavar="FILE", help="Bearer tokens (`riverbed token add`).")
+@http_listener_options(required=True)
 @click.option("--certfile", metavar="FILE", help="PEM certificate chain: serve HTTPS.")
 @click.option("--keyfile", metavar="FILE", help="PEM private key of HTTPS.")
 @click.option(

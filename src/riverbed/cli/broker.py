@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import click
 
 from riverbed.cli._app import DB_KEY, cli, db_option
+from riverbed.cli._reuse import http_listener_options
 from riverbed.errors import InvalidInput
 from riverbed.log.log import Log
 from riverbed.mqtt.config import LOG_LEVELS, BrokerConfig, LogConfig
@@ -113,14 +114,7 @@ def passwd(file: str, username: str, delete: bool, from_stdin: bool) -> None:
     type=click.Choice(LOG_LEVELS, case_sensitive=False),
     help="How much to log (default info; debug adds every client connecting and leaving).",
 )
-@click.option(
-    "--http",
-    metavar="HOST:PORT",
-    help="Serve the admin HTTP API there (docs/http.md); without a token file, loopback only.",
-)
-@click.option(
-    "--token-file", metavar="FILE", help="Bearer tokens of the HTTP API (`riverbed token add`)."
-)
+@http_listener_options(required=False)
 @db_option
 def serve(
     config_file: str | None,

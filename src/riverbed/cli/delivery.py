@@ -5,6 +5,11 @@ an endpoint fails at once), prints one line per micro-batch that did
 something and the totals at the end. SIGINT or SIGTERM stops the query after
 the batch in hand (waiting at most `--stop-grace` seconds: a batch cut short
 commits nothing and runs again next time; delivery is at least once).
+
+With `--metrics [HOST:]PORT` the driver serves
+`riverbed_delivery_messages_total{subscription,outcome}` (delivered, retried,
+parked: the run's totals, added up from each batch's result as it ends; the
+Spark executors are other processes and count nothing themselves).
 """
 
 from __future__ import annotations
@@ -17,6 +22,9 @@ from types import FrameType
 import click
 
 from riverbed.cli._app import command_url, open_storage_of_command, plural
+from riverbed.cli._metrics import serve_metrics
+from riverbed.metrics import Exposition, outcomes_family
+from riverbed.mqtt.config import Address
 from riverbed.spark.delivery import Totals
 from riverbed.subscriptions.pipeline import definition_of
 
@@ -30,6 +38,7 @@ def run_delivery(
     lease_seconds: float = 10.0,
     stop_grace: float = 60.0,
     verbose: bool = False,
+    metrics: Address | None = None,
 ) -> None:
     url = command_url()
     storage = open_storage_of_command()
@@ -37,6 +46,20 @@ def run_delivery(
         definition = definition_of(storage, name)  # NotFound: exit 1 before Spark starts
     finally:
         storage.close()
+    counted = [0, 0, 0]
+    """Delivered, retried, parked: the totals of the batches so far."""
+    exposition: Exposition | None = None
+    if metrics is not None:
+        exposition = serve_metrics(
+            metrics,
+            lambda: [
+                outcomes_family(
+                    "riverbed_delivery_messages",
+                    "Messages of a delivering subscription this job handled, by outcome.",
+                    {name: list(counted)},
+                )
+            ],
+        )
     from riverbed.spark import session
     from riverbed.spark.delivery import DeliveryJob
 
@@ -56,6 +79,7 @@ def run_delivery(
     seen = Totals()
 
     def on_batch(batch_id: int, totals: Totals) -> None:
+        counted[:] = [totals.delivered, totals.retried, totals.parked]
         moved = (
             totals.delivered - seen.delivered,
             totals.retried - seen.retried,
@@ -92,6 +116,8 @@ def run_delivery(
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+        if exposition is not None:
+            exposition.close()
     click.echo(
         f"subscription {name}: {plural(totals.batches, 'batch', 'batches')}, delivered"
         f" {totals.delivered},"

@@ -20,6 +20,7 @@ from riverbed.cli._app import (
     plural,
     print_json,
 )
+from riverbed.cli._metrics import METRICS_OPTION_HELP, metrics_address
 from riverbed.cli._reuse import if_not_exists_option, reusing
 from riverbed.errors import InvalidInput
 from riverbed.log.jsonlines import format_time
@@ -369,6 +370,7 @@ def subscription_delete(name: str) -> None:
     " one cut short commits nothing and is delivered again by the next job.",
 )
 @click.option("--verbose", is_flag=True, help="Show Spark's own logging (warnings and up).")
+@click.option("--metrics", "metrics", metavar="[HOST:]PORT", help=METRICS_OPTION_HELP)
 @db_option
 def subscription_run(
     name: str,
@@ -379,12 +381,16 @@ def subscription_run(
     lease_seconds: float,
     stop_grace: float,
     verbose: bool,
+    metrics: str | None,
 ) -> None:
     """Deliver NAME to its endpoint: a Spark Structured Streaming job, one task
     per shard, until SIGINT/SIGTERM (or --until-idle). One job at a time: a
-    second one waits and takes over."""
+    second one waits and takes over. With --metrics,
+    riverbed_delivery_messages_total{subscription,outcome} counts what it
+    delivered, retried and parked."""
     from riverbed.cli.delivery import run_delivery
 
+    address = None if metrics is None else metrics_address(metrics)
     run_delivery(
         name,
         master,
@@ -394,6 +400,7 @@ def subscription_run(
         lease_seconds,
         stop_grace,
         verbose,
+        address,
     )
 
 

@@ -103,7 +103,9 @@ _MAX_BYTES_HELP = (
 
 @topic.command("create")
 @click.argument("name")
-@click.option("--partitions", type=int, required=True, help="1, 2, 3 or a multiple of 4 or 6.")
+@click.option(
+    "--partitions", type=int, required=True, help="1, 2, 3 or a multiple of 4 or 6, at most 65,536."
+)
 @click.option("--binding", metavar="FILTER", help="MQTT topic filter this topic stores.")
 @click.option(
     "--retention",
@@ -367,7 +369,9 @@ def streams_table(heads: Sequence[StreamHead]) -> Table:
 
 @topic.command("add-storage-topic")
 @click.argument("name")
-@click.option("--partitions", type=int, required=True, help="1, 2, 3 or a multiple of 4 or 6.")
+@click.option(
+    "--partitions", type=int, required=True, help="1, 2, 3 or a multiple of 4 or 6, at most 65,536."
+)
 @db_option
 def topic_add_storage_topic(name: str, partitions: int) -> None:
     """Add a generation of --partitions streams (seed 003 AddStorageTopic).

@@ -9,8 +9,10 @@ import sys
 import click
 
 from riverbed.cli._app import cli, command_url, db_option, open_storage_of_command, plural
+from riverbed.cli._metrics import METRICS_OPTION_HELP, metrics_address, serve_metrics
 from riverbed.errors import InvalidInput, SubscriptionNotFound
-from riverbed.subscriptions.running import WorkerOptions, run_processes
+from riverbed.metrics import outcomes_family
+from riverbed.subscriptions.running import WorkerOptions, run_processes, tallies
 from riverbed.subscriptions.workers import Guarantee, OnError, load_handler
 
 
@@ -63,6 +65,7 @@ from riverbed.subscriptions.workers import Guarantee, OnError, load_handler
     show_default=True,
     help="Seconds between looks when no wake-up arrives.",
 )
+@click.option("--metrics", "metrics", metavar="[HOST:]PORT", help=METRICS_OPTION_HELP)
 @db_option
 def worker(
     subscription: str,
@@ -73,6 +76,7 @@ def worker(
     on_error: str,
     max_attempts: int | None,
     poll_interval: float,
+    metrics: str | None,
 ) -> None:
     """Consume SUBSCRIPTION: call --handler with batches of messages until
     SIGTERM or SIGINT, which let each batch in hand finish first.
@@ -81,8 +85,13 @@ def worker(
     With --exactly-once the handler writes through `batch.tx`, which commits with
     the position. Exit code 0 after a signal, 1 if the handler failed and
     --on-error said stop, 2 for a bad option, handler or subscription.
+
+    With --metrics, riverbed_worker_messages_total{subscription,outcome} counts
+    the messages of all its processes: delivered (the handler returned),
+    retried, parked (given up on and skipped).
     """
     ctx = click.get_current_context()
+    address = None if metrics is None else metrics_address(metrics)
     if max_attempts is not None and on_error != OnError.RETRY.value:
         raise click.BadParameter(
             f"{max_attempts} applies to --on-error retry only, not {on_error}",
@@ -116,5 +125,22 @@ def worker(
         " SIGTERM or Ctrl-C stops",
         err=True,
     )
-    code = run_processes(url, subscription, handler_spec, processes, options)
+    counted = tallies(processes)
+    exposition = None
+    if address is not None:
+        exposition = serve_metrics(
+            address,
+            lambda: [
+                outcomes_family(
+                    "riverbed_worker_messages",
+                    "Messages of a named subscription this worker's processes handled, by outcome.",
+                    {subscription: [sum(t[i] for t in counted) for i in range(3)]},
+                )
+            ],
+        )
+    try:
+        code = run_processes(url, subscription, handler_spec, processes, options, counted)
+    finally:
+        if exposition is not None:
+            exposition.close()
     ctx.exit(code)

@@ -12,7 +12,8 @@ Routes (docs/http.md):
   (`subscriptions`), their dead-letter queues (`dlq`), the jobs long
   operations run as (`jobs`), connected MQTT clients (`clients`), stored
   sessions (`sessions`), retained messages (`retained`), shared subscription
-  groups (`groups`) and broker nodes (`nodes`) in their modules.
+  groups (`groups`), broker nodes (`nodes`) and the dashboard's numbers
+  (`stats`) in their modules.
   The OpenAPI document is `/api/v1/openapi.json`.
 - `GET /` and `/static/...`: the web dashboard (`dashboard`), which calls the
   API from the browser; loading the page needs no token.
@@ -42,6 +43,7 @@ from riverbed.http import (
     nodes,
     retained,
     sessions,
+    stats,
     subscriptions,
     topics,
 )
@@ -118,7 +120,8 @@ def make_app(context: HttpContext) -> FastAPI:
             "config": context.settings,
         }
 
-    for module in (topics, subscriptions, dlq, jobs, clients, sessions, retained, groups, nodes):
+    modules = (topics, subscriptions, dlq, jobs, clients, sessions, retained, groups, nodes, stats)
+    for module in modules:
         api.include_router(module.routes(context))
     app.include_router(api)
     dashboard.install(app)

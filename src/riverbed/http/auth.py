@@ -28,10 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from riverbed.errors import AlreadyExists, InvalidConfig, InvalidInput, NotFound
-
-# The password file's hash and atomic write, shared with the token file.
 from riverbed.mqtt.auth import PasswordHash, hash_password
-from riverbed.mqtt.auth import _write_atomically as write_atomically
+from riverbed.secretfiles import read_text, remove_entry, write_atomically
 
 
 class Role(enum.Enum):
@@ -68,14 +66,7 @@ def load_token_file(path: str | Path) -> dict[str, TokenEntry]:
     Raises `InvalidConfig` naming the file and line of the first bad line, and
     `NotFound` when there is no such file."""
     shown = str(path)
-    try:
-        text = Path(path).read_text("utf-8")
-    except FileNotFoundError:
-        raise NotFound(f"token file {shown!r} does not exist") from None
-    except OSError as exc:
-        raise InvalidConfig(f"token file {shown!r} cannot be read: {exc.strerror}") from None
-    except UnicodeDecodeError as exc:
-        raise InvalidConfig(f"token file {shown!r} is not UTF-8 (byte {exc.start})") from None
+    text = read_text(path, "token")
     tokens: dict[str, TokenEntry] = {}
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -103,7 +94,7 @@ def _role(text: str) -> Role:
 
 def save_token_file(path: str | Path, tokens: dict[str, TokenEntry]) -> None:
     data = "".join(f"{t.name}:{t.role.value}:{t.hashed}\n" for t in tokens.values())
-    write_atomically(Path(path), data.encode("utf-8"))
+    write_atomically(path, data.encode("utf-8"))
 
 
 def add_token(path: str | Path, name: str, role: Role) -> str:
@@ -128,11 +119,7 @@ def add_token(path: str | Path, name: str, role: Role) -> str:
 
 def revoke_token(path: str | Path, name: str) -> None:
     """Remove token `name`; `NotFound` if it is not in the file."""
-    tokens = load_token_file(path)
-    if name not in tokens:
-        raise NotFound(f"token {name!r} is not in token file {str(path)!r}")
-    del tokens[name]
-    save_token_file(path, tokens)
+    remove_entry(path, name, load_token_file, save_token_file, entry="token", kind="token")
 
 
 class TokenFile:

@@ -46,7 +46,7 @@ class TopicCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1)
-    partitions: int = Field(description="1, 2, 3 or a multiple of 4 or 6")
+    partitions: int = Field(description="1, 2, 3 or a multiple of 4 or 6, at most 65,536")
     binding: str | None = Field(None, description="the MQTT topic filter the topic stores")
     retention: str | None = Field(
         format_duration(DEFAULT_RETENTION_US),
@@ -68,7 +68,7 @@ class StorageTopicAdd(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    partitions: int = Field(description="1, 2, 3 or a multiple of 4 or 6")
+    partitions: int = Field(description="1, 2, 3 or a multiple of 4 or 6, at most 65,536")
 
 
 _MESSAGE_SCHEMA = {

@@ -16,7 +16,6 @@ the value and the rule.
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 from datetime import UTC, datetime, timedelta
 
@@ -129,7 +128,7 @@ def _base64(value: object, what: str) -> bytes:
     text = _text(value, what)
     try:
         return base64.b64decode(text, validate=True)
-    except binascii.Error:
+    except ValueError:  # binascii.Error, or a plain ValueError for non-ASCII text
         raise InvalidInput(
             f"{what} {show(value)} is not valid base64 (standard alphabet, padded)"
         ) from None

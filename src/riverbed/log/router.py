@@ -16,13 +16,24 @@ import zlib
 
 from riverbed.errors import InvalidPartitionCount
 
+MAX_PARTITIONS = 65_536
+"""The most partitions a storage topic may have. A topic keeps a stream per
+partition and describes them all in memory; without a bound, a mistyped count
+(or a request to the HTTP API) could make the process allocate until it is
+killed, before anything is written."""
+
 
 def validate_partitions(partitions: object) -> int:
-    """Return the count if seed 003 allows it: 1, 2, 3, or a multiple of 4 or 6."""
+    """Return the count if seed 003 allows it: 1, 2, 3, or a multiple of 4 or 6,
+    at most `MAX_PARTITIONS`."""
     if not isinstance(partitions, int) or isinstance(partitions, bool):
         raise InvalidPartitionCount(f"partition count {partitions!r} is not an integer")
     if partitions < 1:
         raise InvalidPartitionCount(f"partition count {partitions} must be at least 1")
+    if partitions > MAX_PARTITIONS:
+        raise InvalidPartitionCount(
+            f"partition count {partitions} is more than the {MAX_PARTITIONS:,} allowed"
+        )
     if partitions in (1, 2, 3) or partitions % 4 == 0 or partitions % 6 == 0:
         return partitions
     raise InvalidPartitionCount(

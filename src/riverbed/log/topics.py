@@ -44,6 +44,10 @@ from riverbed.topics.filters import filters_overlap, matches, validate_filter
 BUILTIN_TOPIC = "mqtt"
 BUILTIN_PARTITIONS = 16
 DEFAULT_RETENTION_US = 7 * 24 * 3600 * 1_000_000
+MAX_SETTING = 2**63 - 1
+"""The largest number a topic's retention and limits may hold: what a signed
+64-bit column (SQLite INTEGER, PostgreSQL bigint) stores. In microseconds it is
+some 292,000 years."""
 T = TypeVar("T")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 
@@ -62,7 +66,10 @@ def validate_limits(
     max_age_us: int | None, max_messages: int | None, max_bytes: int | None = None
 ) -> None:
     """A topic's maximum age, messages and bytes per stream: positive, or None
-    (no limit)."""
+    (no limit); at most `MAX_SETTING`."""
+    _at_most_max_setting(max_age_us, "maximum age", "us")
+    _at_most_max_setting(max_messages, "maximum of messages")
+    _at_most_max_setting(max_bytes, "maximum of bytes")
     if max_age_us is not None and (type(max_age_us) is not int or max_age_us <= 0):
         raise InvalidInput(
             f"maximum age {max_age_us!r}us must be a positive duration (or none for no limit)"
@@ -79,9 +86,18 @@ def validate_limits(
 
 
 def validate_retention(retention_us: int | None) -> None:
-    """A topic's retention time: zero or more, or None (for ever)."""
+    """A topic's retention time: zero or more, or None (for ever); at most
+    `MAX_SETTING` microseconds."""
+    _at_most_max_setting(retention_us, "retention", "us")
     if retention_us is not None and (type(retention_us) is not int or retention_us < 0):
         raise InvalidInput(f"retention {retention_us!r}us must not be negative (or none)")
+
+
+def _at_most_max_setting(value: object, what: str, unit: str = "") -> None:
+    if type(value) is int and value > MAX_SETTING:
+        raise InvalidInput(
+            f"{what} {value}{unit} is more than the largest allowed, {MAX_SETTING}{unit}"
+        )
 
 
 class Keep(Enum):

@@ -67,10 +67,8 @@ import hashlib
 import hmac
 import os
 import re
-import tempfile
 import unicodedata
 from collections.abc import Mapping, Sequence
-from contextlib import suppress
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -78,6 +76,7 @@ from pathlib import Path
 from riverbed.errors import InvalidConfig, InvalidInput, InvalidTopicFilter, NotFound
 from riverbed.mqtt.codec.reasons import CONNACK_REASONS_V311, ConnectReason
 from riverbed.mqtt.config import AuthConfig
+from riverbed.secretfiles import read_text, remove_entry, write_atomically
 from riverbed.topics.filters import filters_overlap, matches, validate_filter
 
 SCRYPT_N = 2**14
@@ -208,18 +207,7 @@ def load_password_file(path: str | Path) -> dict[str, PasswordHash]:
     `NotFound` when there is no such file.
     """
     shown = str(path)
-    try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise NotFound(f"password file {shown!r} does not exist") from None
-    except OSError as exc:
-        raise InvalidConfig(f"password file {shown!r} cannot be read: {exc.strerror}") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InvalidConfig(
-            f"password file {shown!r} is not UTF-8 (byte {exc.start} is not)"
-        ) from None
+    text = read_text(path, "password")
     users: dict[str, PasswordHash] = {}
     lines: dict[str, int] = {}
     for number, line in enumerate(text.split("\n"), start=1):
@@ -249,7 +237,7 @@ def save_password_file(path: str | Path, users: Mapping[str, PasswordHash]) -> N
         if not isinstance(hashed, PasswordHash):
             raise InvalidInput(f"user {username!r}: {hashed!r} is not a PasswordHash")
     data = "".join(f"{username}:{hashed}\n" for username, hashed in users.items())
-    _write_atomically(Path(path), data.encode("utf-8"))
+    write_atomically(path, data.encode("utf-8"))
 
 
 def set_password(path: str | Path, username: str, password: bytes) -> bool:
@@ -269,41 +257,9 @@ def set_password(path: str | Path, username: str, password: bytes) -> bool:
 
 def delete_user(path: str | Path, username: str) -> None:
     """Remove `username` from the password file; `NotFound` if it is not there."""
-    users = load_password_file(path)
-    if username not in users:
-        raise NotFound(f"user {username!r} is not in password file {str(path)!r}")
-    del users[username]
-    save_password_file(path, users)
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    target = Path(os.path.realpath(path))  # through a symlink, replace what it points at
-    try:
-        fd, temporary = tempfile.mkstemp(
-            prefix=f".{target.name}.", suffix=".tmp", dir=target.parent
-        )
-    except OSError as exc:
-        raise InvalidConfig(f"cannot write {str(path)!r}: {exc.strerror}") from None
-    try:
-        os.fchmod(fd, 0o600)
-        with suppress(OSError):  # keep the owner when root edits another user's file
-            status = os.stat(target)
-            os.fchown(fd, status.st_uid, status.st_gid)
-        with os.fdopen(fd, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, target)
-    except BaseException:
-        with suppress(OSError):
-            os.unlink(temporary)
-        raise
-    with suppress(OSError):  # make the rename itself durable
-        directory = os.open(target.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+    remove_entry(
+        path, username, load_password_file, save_password_file, entry="user", kind="password"
+    )
 
 
 # --------------------------------------------------------------------- authentication

@@ -15,12 +15,13 @@ node's liveness lease: several brokers may share a database, and a session
 connected to another running node is never expired here; a connection whose
 session a client took over on another node is closed (0x8E) at the next sweep.
 A thread applies the topics' retention every `[retention] interval` seconds
-(`log/retention.py: Retainer`; off with 0). A task publishes the `$SYS/broker/...`
-topics every `[sys] interval` seconds (`mqtt/sys.py`; off with 0), from the
-plain counters below (`messages_received`, `bytes_sent`, ...).
-With `[metrics] enabled`, the broker's `metrics` (`riverbed.metrics`) count
-what it does, and a thread reads the storage-derived ones every
-`[metrics] refresh_interval` seconds.
+(`log/retention.py: Retainer`; off with 0). What the broker does is counted
+once, in plain ints (`counts`, a `riverbed.metrics.Counts`), which two readers
+share: a task publishes the `$SYS/broker/...` topics from them every
+`[sys] interval` seconds (`mqtt/sys.py`; off with 0), and with `[metrics]
+enabled` the broker's `metrics` expose them to Prometheus at each scrape
+(with what it keeps anyway, such as in-flight messages), while a thread
+reads the storage-derived ones every `[metrics] refresh_interval` seconds.
 
 Stopping: stop the retention thread (after its transaction in progress), stop
 accepting, send every MQTT 5 client DISCONNECT 0x8B Server shutting down,
@@ -47,7 +48,7 @@ from typing import Protocol, cast
 from riverbed.errors import CannotListen, LeaseHeld, PreconditionFailed, RiverbedError
 from riverbed.log.log import Log
 from riverbed.log.retention import Retainer
-from riverbed.metrics import Metrics, Refresher
+from riverbed.metrics import Counts, Metrics, Refresher
 from riverbed.mqtt.auth import load_auth
 from riverbed.mqtt.codec import DisconnectReason
 from riverbed.mqtt.config import Address, BrokerConfig
@@ -139,22 +140,9 @@ class Broker:
         """Durable shared subscriptions (`sharedsub/`), unless disabled."""
         self.retainer: Retainer | None = None
         """Retention on a schedule (`[retention]`), unless its interval is 0."""
-        self.qos0_dropped = 0
-        """QoS 0 messages dropped for clients not reading fast enough (their
-        write buffer over `limits.write_buffer_limit`; docs/broker.md)."""
-        self.slow_consumers_disconnected = 0
-        """Connections aborted because their write buffer stayed full for
-        `limits.slow_consumer_timeout`."""
-        self.messages_received = 0
-        """PUBLISHes from clients committed to the log (counted per commit)."""
-        self.messages_sent = 0
-        """PUBLISHes written to clients (first sends and resends)."""
-        self.bytes_received = 0
-        """Bytes read from clients' connections (counted per read)."""
-        self.bytes_sent = 0
-        """Bytes written to clients' connections (counted per write)."""
-        self.connections_opened = 0
-        """Connections accepted (TLS: handshake done) since the start."""
+        self.counts = Counts()
+        """What it counted since the start (connections, PUBLISHes and bytes in
+        and out, QoS 0 messages dropped, ...): read by `$SYS` and the metrics."""
         self.sys: SysPublisher | None = None
         """The `$SYS` topics (`[sys] interval`), unless off."""
         self.metrics: Metrics | None = None
@@ -165,24 +153,44 @@ class Broker:
 
     def _count(self) -> Metrics:
         """Its metrics, with what the broker keeps anyway read at scrape time."""
-        metrics = Metrics()
+        metrics = Metrics(self.counts)
         metrics.gauge(
-            "riverbed_connections_current", "Client connections open now.", lambda: len(self._all)
+            "riverbed_connections_current",
+            "Client connections open now.",
+            lambda: self.open_connections,
         )
         metrics.gauge(
             "riverbed_sessions_online",
             "Sessions held by a connection to this node now.",
             lambda: len(self.connections),
         )
+        metrics.gauge(
+            "riverbed_messages_in_flight",
+            "QoS 1 and 2 messages sent to online clients and not yet acknowledged.",
+            self.in_flight,
+        )
+        counts = self.counts
         metrics.counter(
             "riverbed_qos0_dropped",
             "QoS 0 messages dropped for clients not reading fast enough.",
-            lambda: self.qos0_dropped,
+            lambda: counts.qos0_dropped,
         )
         metrics.counter(
             "riverbed_slow_consumers_disconnected",
             "Connections aborted because their write buffer stayed full.",
-            lambda: self.slow_consumers_disconnected,
+            lambda: counts.slow_consumers_disconnected,
+        )
+        metrics.labelled_counter(
+            "riverbed_shared_rebalances",
+            "Changes of a shared group's assignments made by this node's Leader, by group.",
+            ("group",),
+            lambda: {} if self.shared is None else self.shared.host.rebalances(),
+        )
+        metrics.labelled_counter(
+            "riverbed_shared_leader_claims",
+            "Leader claims of shared groups on this node, by outcome (won, lost, released).",
+            ("outcome",),
+            lambda: {} if self.shared is None else self.shared.host.claims(),
         )
         self.log.appender.metrics = metrics
         return metrics
@@ -311,6 +319,21 @@ class Broker:
                     await asyncio.wait_for(server.wait_closed(), 1.0)
         log.info("stopped; %d sessions saved", len(connections))
 
+    @property
+    def open_connections(self) -> int:
+        """Client connections open now (accepted, not yet closed), with or without CONNECT."""
+        return len(self._all)
+
+    def in_flight(self) -> int:
+        """QoS 1 and 2 messages sent to this node's online clients and not yet
+        acknowledged (read from their sessions; safe from another thread)."""
+        total = 0
+        for connection in list(self.connections.values()):
+            session = connection.session
+            if session is not None:
+                total += session.inflight
+        return total
+
     def _streams_changed(self) -> None:
         for connection in list(self.connections.values()):
             connection.following.streams_changed()
@@ -347,9 +370,7 @@ class Broker:
         """The connection is made (for TLS: after the handshake succeeded)."""
         self._all.add(connection)
         self._arrived += 1
-        self.connections_opened += 1
-        if self.metrics is not None:
-            self.metrics.counts.connections += 1
+        self.counts.connections += 1
 
     def connection_closed(self, connection: Connection) -> None:
         """The connection's teardown finished (its session is saved)."""

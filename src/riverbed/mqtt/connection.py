@@ -27,7 +27,7 @@ run in worker threads.
 - Slow consumers: the transport's write buffer is capped at
   `limits.write_buffer_limit` (asyncio's `pause_writing`/`resume_writing`).
   While it is over the mark, QoS 0 messages for the connection are dropped and
-  counted (`Broker.qos0_dropped`; one log line when an episode starts, one with
+  counted (`Broker.counts.qos0_dropped`; one log line when an episode starts, one with
   the count when it ends); QoS 1/2 messages wait in the session's in-flight
   window and the log, as for any client that acknowledges slowly. A buffer that
   stays full for `limits.slow_consumer_timeout` seconds gets the connection
@@ -242,9 +242,8 @@ class Connection(asyncio.Protocol):
         self._drop_end: asyncio.TimerHandle | None = None
         """Ends the drop episode once the buffer has stayed below its mark a while."""
         self._last_read = self._loop.time()
-        metrics = broker.metrics
-        self._counts = None if metrics is None else metrics.counts
-        """Where PUBLISHes and bytes are counted (None: metrics are off)."""
+        self._counts = broker.counts
+        """Where PUBLISHes and bytes are counted (the broker's, read by `$SYS` and metrics)."""
         self._alive: asyncio.TimerHandle | None = None
         self._teardown_task: asyncio.Task[None] | None = None
 
@@ -275,10 +274,7 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._last_read = self._loop.time()
-        self.broker.bytes_received += len(data)
-        counts = self._counts
-        if counts is not None:
-            counts.bytes_in += len(data)
+        self._counts.bytes_in += len(data)
         if self.closing:
             return
         try:
@@ -329,9 +325,7 @@ class Connection(asyncio.Protocol):
         kind = type(packet)
         if kind is Publish:
             publish = cast(Publish, packet)
-            counts = self._counts
-            if counts is not None:
-                counts.publish_in[publish.qos] += 1
+            self._counts.publish_in[publish.qos] += 1
             return self.inbound.publish_now(publish)
         if kind is Puback:
             self._acked.append(Acked(cast(Puback, packet).packet_id))
@@ -621,10 +615,9 @@ class Connection(asyncio.Protocol):
         self._close_transport()
 
     def _count_refusal(self, reason: ConnectReason) -> None:
-        counts = self._counts
-        if counts is not None:
-            name = reason.name.lower()
-            counts.refused[name] = counts.refused.get(name, 0) + 1
+        refused = self._counts.refused
+        name = reason.name.lower()
+        refused[name] = refused.get(name, 0) + 1
 
     async def _open_session(self, clean_start: bool, level: int) -> tuple[bool, list[Event]]:
         """Resume or create the session record; return (Session Present, Follow events)."""
@@ -810,11 +803,8 @@ class Connection(asyncio.Protocol):
             return
         if new_alias:
             self._aliases[message.mqtt_topic] = new_alias
-        self.broker.messages_sent += 1
         self._write(data)
-        counts = self._counts
-        if counts is not None:
-            counts.publish_out[effect.qos] += 1
+        self._counts.publish_out[effect.qos] += 1
 
     def _discard(self, effect: Deliver) -> None:
         """Drop a delivery as if the client had acknowledged it."""
@@ -1010,11 +1000,8 @@ class Connection(asyncio.Protocol):
         data = out[0] if len(out) == 1 else b"".join(out)
         out.clear()
         if transport is not None and not transport.is_closing():
-            self.broker.bytes_sent += len(data)
             transport.write(data)
-            counts = self._counts
-            if counts is not None:
-                counts.bytes_out += len(data)
+            self._counts.bytes_out += len(data)
 
     # --- slow consumers -------------------------------------------------------------------
     def pause_writing(self) -> None:
@@ -1040,7 +1027,7 @@ class Connection(asyncio.Protocol):
             self._drop_end = self._loop.call_later(DROP_EPISODE_GAP, self._end_drop_episode)
 
     def _drop_qos0(self) -> None:
-        self.broker.qos0_dropped += 1
+        self._counts.qos0_dropped += 1
         if not self._dropped:
             self._dropping_since = self._loop.time()
             log.warning(
@@ -1072,7 +1059,7 @@ class Connection(asyncio.Protocol):
         transport = self.transport
         if transport is None:
             return
-        self.broker.slow_consumers_disconnected += 1
+        self._counts.slow_consumers_disconnected += 1
         log.warning(
             "client %s (%s): its write buffer did not drain for %ss; disconnecting it",
             self.client_id or "-",

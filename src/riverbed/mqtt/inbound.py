@@ -358,7 +358,7 @@ class Inbound:
         acknowledgements due."""
         positions = batch.positions
         if positions is not None:
-            self.conn.broker.messages_received += len(batch.messages)
+            self.conn.broker.counts.committed += len(batch.messages)
             # One run per stream of what this batch added there in a row: a key
             # mode that spreads (`none`, keys per topic) interleaves streams
             # message by message, and routing each message alone costs a wake-up
@@ -384,7 +384,7 @@ class Inbound:
         """A QoS 2 PUBLISH was committed (at `position`; None: failed, or resent
         and committed before): route it, and send the acknowledgements now due."""
         if position is not None:
-            self.conn.broker.messages_received += 1
+            self.conn.broker.counts.committed += 1
             stream, offset = position
             self.conn.broker.router.committed(stream, offset, [committed_row(message, offset)])
         self._send_acks()

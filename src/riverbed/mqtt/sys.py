@@ -24,10 +24,14 @@ not authorized. Reading is under the ACL like any topic: a client needs to
 be allowed to subscribe `$SYS/#`. Filters starting with a wildcard (`#`,
 `+/...`) do not match `$SYS` names [MQTT-4.7.2-1] (`topics/filters.py`).
 
-The counters are per broker process (node); the session, subscription and
-retained counts are read from the database, so with several nodes on one
-PostgreSQL they count every node's, and each node publishes its own values
-under the same names (the last one written is what a new subscriber gets).
+The counters are per broker process (node), the very ints its Prometheus
+metrics read (`Broker.counts`, `riverbed.metrics.Counts`): `messages/sent` is
+`riverbed_publish_sent_total` summed over QoS, `bytes/...` are
+`riverbed_received_bytes_total` and `riverbed_sent_bytes_total`. The session,
+subscription and retained counts are read from the database, so with several
+nodes on one PostgreSQL they count every node's, and each node publishes its
+own values under the same names (the last one written is what a new
+subscriber gets).
 """
 
 from __future__ import annotations
@@ -100,7 +104,7 @@ class Counters:
     connections: int
     """Connections accepted since the start."""
     dropped: int
-    """QoS 0 messages dropped for slow clients (`Broker.qos0_dropped`)."""
+    """QoS 0 messages dropped for slow clients (`Counts.qos0_dropped`)."""
 
 
 @dataclass(slots=True)
@@ -239,17 +243,18 @@ class SysPublisher:
         """Publish the values that changed; trim the `sys` topic if the
         broker's retention is off."""
         broker = self.broker
-        counts = await asyncio.to_thread(_stored_counts, broker)
+        stored = await asyncio.to_thread(_stored_counts, broker)
+        counts = broker.counts  # the ones the Prometheus metrics read too
         counters = Counters(
             time.monotonic(),
             len(broker.connections),
-            *counts,
-            broker.messages_received,
-            broker.messages_sent,
-            broker.bytes_received,
-            broker.bytes_sent,
-            broker.connections_opened,
-            broker.qos0_dropped,
+            *stored,
+            counts.committed,
+            sum(counts.publish_out),
+            counts.bytes_in,
+            counts.bytes_out,
+            counts.connections,
+            counts.qos0_dropped,
         )
         changed = self.state.update(counters)
         if changed:

@@ -22,6 +22,10 @@ with a bus between nodes (`remote_leaders`, `pgbus.py`) the lookup answers with
 that node's Leader; without one, a Borrower here gets no Leader and asks again
 after `find_leader_retry`.
 
+It counts what its Leaders did, for the node's metrics: claims won, lost
+(fenced off or not renewed) and released (`claims`), and each group's
+rebalances (`rebalances`), plain ints written by the leader thread.
+
 Synchronous and sans-asyncio, with the clock injected (`now`: seconds for the
 state machines, `wall_us`: µs since the epoch for the storage's leases), so
 tests drive it step by step; a broker runs `tick` at `next_deadline` and calls
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -132,6 +137,13 @@ class LeaderHost:
         self.remote_leaders = False
         """Nodes share a bus (`pgbus`): another node's Leader is reachable, so
         a group led elsewhere answers with that Leader's id."""
+        self._claims = {"won": 0, "lost": 0, "released": 0}
+        """Leader claims taken (a Leader started here), lost (its renewal or a
+        save refused: another Leader fenced it off, or the store failed) and
+        given up (idle, or the node stopping)."""
+        self._rebalanced: dict[GroupId, int] = {}
+        """Group -> rebalances by this node's Leaders that no longer run."""
+        self._count_lock = threading.Lock()
 
     # ----------------------------------------------------------------- the registry's lookup
 
@@ -158,10 +170,27 @@ class LeaderHost:
             leader, claim, now + self.config.leader_periodic, now + self._renew_every()
         )
         self.leaders[group] = hosted
+        self._claims["won"] += 1
         self.bus.register(leader_id, lambda message: self.receive(group, message))
         log.info("group %s: leading as %s", group, leader_id)
         self._handle(hosted, self._renewed(claim))
         return leader_id
+
+    # ----------------------------------------------------------------- counts
+
+    def claims(self) -> dict[tuple[str, ...], int]:
+        """("won" | "lost" | "released",) -> Leader claims so far (any thread)."""
+        return {(outcome,): n for outcome, n in list(self._claims.items())}
+
+    def rebalances(self) -> dict[tuple[str, ...], int]:
+        """(`GROUP/FILTER`,) -> assignment changes its Leaders on this node made
+        (any thread)."""
+        with self._count_lock:
+            counts = dict(self._rebalanced)
+            for hosted in list(self.leaders.values()):
+                group = hosted.leader.group
+                counts[group] = counts.get(group, 0) + hosted.leader.rebalances
+        return {(group.key,): n for group, n in counts.items()}
 
     # ----------------------------------------------------------------- events
 
@@ -331,18 +360,22 @@ class LeaderHost:
         )
 
     def _release(self, hosted: _Hosted) -> None:
+        self._claims["released"] += 1
         self._forget(hosted)
         with contextlib.suppress(RiverbedError):  # no longer ours: nothing to give up
             self.store.release(hosted.claim)
 
     def _drop(self, hosted: _Hosted, why: str) -> None:
         log.warning("group %s: leader %s stops: %s", hosted.leader.group, hosted.leader.id, why)
+        self._claims["lost"] += 1
         self._forget(hosted)
 
     def _forget(self, hosted: _Hosted) -> None:
         group = hosted.leader.group
         if self.leaders.get(group) is hosted:
-            del self.leaders[group]
+            with self._count_lock:  # its count moves over in one step for `rebalances`
+                del self.leaders[group]
+                self._rebalanced[group] = self._rebalanced.get(group, 0) + hosted.leader.rebalances
         self.registry.set_leader(group, None)
         self.bus.unregister(hosted.leader.id)
 

@@ -187,6 +187,9 @@ class Leader:
         self._dirty = False
         self._periodic_at = now
         self._idle_since: float | None = now
+        self.rebalances = 0
+        """Allocation rounds that changed an assignment (granted or revoked a
+        stream): what the node's metrics count (`riverbed_shared_rebalances`)."""
 
     # ----------------------------------------------------------------- queries
 
@@ -460,6 +463,8 @@ class Leader:
                 self.assignments[stream] = Assignment(borrower, AssignmentStatus.GRANTING, now)
                 grant = Grant(self.group, borrower, self.id, stream, self._offset(stream))
                 out.append(Send(borrower, grant))
+        if out:
+            self.rebalances += 1
         return out
 
     def _by_stream(self, item: tuple[StreamId, Assignment]) -> LendingKey:

@@ -9,6 +9,10 @@ it was killed) makes the parent stop the others and exit 1.
 
 Children are spawned, not forked: each opens its own storage and lock service
 and imports the handler by its `module:function` name.
+
+Counting (`riverbed worker --metrics`): each worker copies its delivered,
+retried and parked counts into a tally of its own (`tallies`: shared memory
+for a child, a list in this process), which the parent's metrics add up.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, MutableSequence, Sequence
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
@@ -34,6 +38,7 @@ from riverbed.subscriptions.workers import (
     HandlerFailed,
     OnError,
     Worker,
+    WorkerStats,
     load_handler,
 )
 
@@ -62,12 +67,38 @@ class WorkerOptions:
         )
 
 
-def run_worker(url: str, subscription: str, handler_spec: str, options: WorkerOptions) -> int:
+Tally = MutableSequence[int]
+"""A worker's delivered, retried and parked message counts, in that order."""
+
+
+def tallies(processes: int) -> list[Tally]:
+    """One tally per worker of `run_processes`: shared memory its child writes
+    and this process reads (a plain list for one worker, which runs here)."""
+    if processes == 1:
+        return [[0, 0, 0]]
+    context = multiprocessing.get_context("spawn")
+    return [context.RawArray("q", 3) for _ in range(processes)]
+
+
+def _keep(tally: Tally) -> Callable[[WorkerStats], None]:
+    def copy(stats: WorkerStats) -> None:
+        tally[0], tally[1], tally[2] = stats.delivered, stats.retried, stats.parked
+
+    return copy
+
+
+def run_worker(
+    url: str,
+    subscription: str,
+    handler_spec: str,
+    options: WorkerOptions,
+    tally: Tally | None = None,
+) -> int:
     """Run one worker in this process until SIGTERM/SIGINT. Returns the exit code:
     0 when stopped by a signal, 1 when the handler failed and the policy said stop.
 
     Raises `InvalidInput` (bad handler or option) and `SubscriptionNotFound`
-    before it starts.
+    before it starts. With `tally`, the worker's counts are copied there.
     """
     handler = load_handler(handler_spec)
     storage = open_storage(url)
@@ -80,6 +111,7 @@ def run_worker(url: str, subscription: str, handler_spec: str, options: WorkerOp
             guarantee=options.guarantee,
             on_error=options.policy(),
             poll_interval=options.poll_interval,
+            on_counted=None if tally is None else _keep(tally),
         )
         previous = _on_signals(lambda: worker.stop())
         try:
@@ -94,17 +126,29 @@ def run_worker(url: str, subscription: str, handler_spec: str, options: WorkerOp
         storage.close()
 
 
-def _child(url: str, subscription: str, handler_spec: str, options: WorkerOptions) -> None:
+def _child(
+    url: str,
+    subscription: str,
+    handler_spec: str,
+    options: WorkerOptions,
+    tally: Tally | None,
+) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(process)d %(message)s")
-    sys.exit(run_worker(url, subscription, handler_spec, options))
+    sys.exit(run_worker(url, subscription, handler_spec, options, tally))
 
 
 def run_processes(
-    url: str, subscription: str, handler_spec: str, processes: int, options: WorkerOptions
+    url: str,
+    subscription: str,
+    handler_spec: str,
+    processes: int,
+    options: WorkerOptions,
+    counted: Sequence[Tally] | None = None,
 ) -> int:
     """Run `processes` workers, each in a child process, until SIGTERM/SIGINT (or
     until one fails). Returns the exit code: 0 when all stopped on a signal, 1 if
-    one failed."""
+    one failed. With `counted` (`tallies(processes)`), worker i counts into
+    `counted[i]`."""
     if not isinstance(processes, int) or isinstance(processes, bool) or processes < 1:
         raise InvalidInput(f"process count {processes!r} must be an integer >= 1")
     load_handler(handler_spec)  # refuse a bad name here, not N times in the children
@@ -113,13 +157,23 @@ def run_processes(
         storage.get_subscription(subscription)
     finally:
         storage.close()
+    if counted is not None and len(counted) != processes:
+        raise InvalidInput(f"{len(counted)} tallies for {processes} worker processes")
     if processes == 1:
-        return run_worker(url, subscription, handler_spec, options)
+        return run_worker(
+            url, subscription, handler_spec, options, None if counted is None else counted[0]
+        )
     context = multiprocessing.get_context("spawn")
     children = [
         context.Process(
             target=_child,
-            args=(url, subscription, handler_spec, options),
+            args=(
+                url,
+                subscription,
+                handler_spec,
+                options,
+                None if counted is None else counted[i],
+            ),
             name=f"riverbed-worker-{i}",
         )
         for i in range(processes)
@@ -152,7 +206,9 @@ def run_processes(
                     )
                     code = 1
                     stop_all()
-                elif child.exitcode not in (0, None):
+                elif child.exitcode not in (0, None, -signal.SIGTERM):
+                    # Ended by our SIGTERM: before its handler was set (it was
+                    # still starting), so with nothing in hand; a clean stop.
                     code = 1
     finally:
         stop_all()

@@ -67,6 +67,10 @@ retry or dead-letter queue writes there atomically with the skip. A hook that
 raises stops the worker without moving the position. In EXACTLY_ONCE, what a
 failed attempt wrote through `batch.tx` is rolled back.
 
+Counting: what became of the messages is in `Worker.stats` (`delivered`,
+`retried`, `parked`), and `on_counted` hears of each change: what
+`riverbed worker --metrics` serves to Prometheus.
+
 Shutdown: `stop()` (from a signal handler or another thread) lets the batch in
 hand finish and record its position, or abandons it unrecorded during a retry
 backoff, then `run` returns. Either way nothing is lost.
@@ -283,6 +287,13 @@ class WorkerStats:
     """Batches moved past after the handler gave up."""
     abandoned: int = 0
     """Batches left to others: lock lost, or the position moved meanwhile."""
+    delivered: int = 0
+    """Messages the handler took (its call returned), filtered-out ones not counted."""
+    retried: int = 0
+    """Messages of failed handler calls tried again (once per retry)."""
+    parked: int = 0
+    """Messages given up on and moved past (on-error skip, or retry's give-up
+    SKIP; a failure hook may have put them in a queue)."""
 
 
 class _HandlerRaised(Exception):
@@ -321,6 +332,7 @@ class Worker:
         state: SubscriptionState | None = None,
         locks: Locks | None = None,
         poll_interval: float = 1.0,
+        on_counted: Callable[[WorkerStats], object] | None = None,
     ) -> None:
         sql_storage(storage)
         if not callable(handler):
@@ -352,6 +364,9 @@ class Worker:
             self._session_locks = self.locks
         self.poll_interval = float(poll_interval)
         self.stats = WorkerStats()
+        self.on_counted = on_counted
+        """Called with `stats` whenever messages were delivered, retried or parked
+        (a process's metrics copy them; `riverbed worker --metrics`)."""
         self._stop = threading.Event()
         self._storage_topics: list[StorageTopicRecord] = []
         self._known: frozenset[int] = frozenset()
@@ -552,10 +567,20 @@ class Worker:
         except Exception as exc:
             raise _HandlerRaised(exc) from exc
 
-    def _done(self, batch: Batch) -> int:
-        self.stats.batches += 1
-        self.stats.messages += batch.end - batch.start
+    def _done(self, batch: Batch, parked: bool = False) -> int:
+        stats = self.stats
+        stats.batches += 1
+        stats.messages += batch.end - batch.start
+        if parked:
+            stats.parked += len(batch.messages)
+        else:
+            stats.delivered += len(batch.messages)
+        self._counted()
         return batch.end - batch.start
+
+    def _counted(self) -> None:
+        if self.on_counted is not None:
+            self.on_counted(self.stats)
 
     def _record(
         self,
@@ -600,6 +625,8 @@ class Worker:
             self.record.name, batch.stream, batch.start, batch.end - 1, batch.attempt, delay,
             error,
         )  # fmt: skip
+        self.stats.retried += len(batch.messages)
+        self._counted()
         if self._stop.wait(delay):
             raise _Abandon  # unrecorded: the next worker handles the batch
         return True
@@ -642,7 +669,7 @@ class Worker:
                 exc_info=failure.error,
             )  # fmt: skip
             self.stats.skipped += 1
-            return self._done(batch)
+            return self._done(batch, parked=True)
         if self.on_error.action is OnError.RETRY:
             why = f"on-error retry gave up after {_attempts(batch.attempt)}"
         else:
