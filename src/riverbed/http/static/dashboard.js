@@ -231,7 +231,10 @@
         const options = {
           width: this.width(),
           height: 200,
-          series: [{}, ...this.series.map((s) => ({ label: s.label, stroke: s.color, width: 2, points: { show: false } }))],
+          series: [
+            {},
+            ...this.series.map((s) => ({ label: s.label, stroke: s.color, dash: s.dash, width: 2, points: { show: false } })),
+          ],
           axes: [{}, { size: 60 }],
           // The whole window, whatever part of it has points yet.
           scales: {
@@ -789,7 +792,7 @@
   function start() {
     ratesChart = new Chart($("rates-plot"), [
       { label: "in /s", color: "#1d4e89" },
-      { label: "out /s", color: "#2e9e5b" },
+      { label: "out /s", color: "#2e9e5b", dash: [6, 4] }, // dashed: often on top of "in"
     ]);
     subscriptionChart = new Chart($("subscription-plot"), [
       { label: "lag", color: "#1d4e89" },
