@@ -30,7 +30,7 @@ LINT_PATHS := $(wildcard src tests bench examples)
 CORE_STAMP = $(VENV)/.installed-core
 EXTRAS_STAMP = $(VENV)/.installed-$(EXTRAS)
 
-.PHONY: venv venv-core run test lint fmt bench-storage bench-spark bench-mqtt bench-competing clean
+.PHONY: venv venv-core run test lint fmt dashboard-assets bench-storage bench-spark bench-mqtt bench-competing clean
 
 venv: $(EXTRAS_STAMP)
 
@@ -66,6 +66,18 @@ test: venv
 fmt: venv
 	$(VENV)/bin/ruff check --fix $(LINT_PATHS)
 	$(VENV)/bin/ruff format $(LINT_PATHS)
+
+# The dashboard's third-party files (uPlot and its licence) from npm into the package, in
+# a directory named with their version (browsers cache them for a year); the copies are
+# committed, so installing or running Riverbed needs no Node (docs/dashboard.md).
+VENDOR = src/riverbed/http/static/vendor
+dashboard-assets:
+	cd dashboard && npm ci --ignore-scripts --no-audit --no-fund
+	rm -rf $(VENDOR)
+	version=$$(node -p 'require("./dashboard/node_modules/uplot/package.json").version') && \
+	mkdir -p $(VENDOR)/uplot-$$version && \
+	cp dashboard/node_modules/uplot/dist/uPlot.iife.min.js dashboard/node_modules/uplot/dist/uPlot.min.css \
+		dashboard/node_modules/uplot/LICENSE $(VENDOR)/uplot-$$version/
 
 bench-storage: venv
 	$(PY) bench/storage.py

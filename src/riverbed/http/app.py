@@ -15,6 +15,8 @@ Routes (docs/http.md):
   groups (`groups`), broker nodes (`nodes`) and the dashboard's numbers
   (`stats`) in their modules.
   The OpenAPI document is `/api/v1/openapi.json`.
+- `GET /` and `/static/...`: the web dashboard (`dashboard`), which calls the
+  API from the browser; loading the page needs no token.
 
 Handlers call what the command line calls, never their own copy. Handlers that
 touch the store are plain functions, which FastAPI runs on its worker threads:
@@ -34,6 +36,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from riverbed.errors import RiverbedError
 from riverbed.http import (
     clients,
+    dashboard,
     dlq,
     groups,
     jobs,
@@ -121,4 +124,5 @@ def make_app(context: HttpContext) -> FastAPI:
     for module in modules:
         api.include_router(module.routes(context))
     app.include_router(api)
+    dashboard.install(app)
     return app
