@@ -51,7 +51,7 @@ $(EXTRAS_STAMP): pyproject.toml | $(PY)
 # The broker on 127.0.0.1:1883 (anonymous clients allowed, messages in
 # ./riverbed-data) and its admin HTTP API on 127.0.0.1:8080; Ctrl-C stops it.
 run: venv-core
-	$(if $(HTTP_ADDRESS),@echo "admin HTTP API: http://$(HTTP_ADDRESS)/api/v1 (docs/http.md)")
+	$(if $(HTTP_ADDRESS),@echo "dashboard: http://$(HTTP_ADDRESS)/  admin API: http://$(HTTP_ADDRESS)/api/v1 (docs/dashboard.md, docs/http.md)")
 	$(VENV)/bin/riverbed serve $(SERVE_ARGS)
 
 # Each line stops make at its first failure.

@@ -82,7 +82,9 @@ def test_run_on_a_fresh_machine_installs_the_core_only(venv: Path) -> None:
     assert commands[0] == f"python3 -m venv {venv}"
     assert pip_installs(commands) == ["."]
     assert serve_command(commands) == ["--allow-anonymous", "--http", "127.0.0.1:8080"]
-    assert "admin HTTP API: http://127.0.0.1:8080/api/v1" in " ".join(commands)
+    shown = " ".join(commands)
+    assert "dashboard: http://127.0.0.1:8080/ " in shown
+    assert "admin API: http://127.0.0.1:8080/api/v1" in shown
 
 
 def test_test_on_a_fresh_machine_installs_dev_and_spark(venv: Path) -> None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -67,6 +68,7 @@ def test_clients_show_in_flight_connect_time_and_node_and_filter_by_q(
             assert view["client_id"] == "slow-reader"
             assert view["node"] == node
             assert view["protocol"] == "5"
+            assert re.fullmatch(r"127\.0\.0\.1:\d+", str(view["peer"])), view["peer"]
             assert before - 1 <= parse_time(str(view["connected_since"])) <= time.time() + 1
             # `q` matched the client id only: the publisher is not listed.
             listed = api.get("/api/v1/clients", params={"q": "SLOW"}).json()

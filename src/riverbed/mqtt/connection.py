@@ -260,7 +260,7 @@ class Connection(asyncio.Protocol):
     # --- asyncio.Protocol ------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
-        self.peer = str(transport.get_extra_info("peername"))
+        self.peer = peer_text(transport.get_extra_info("peername"))
         limit = self.broker.config.limits.write_buffer_limit
         self.transport.set_write_buffer_limits(high=limit, low=limit // 4)
         sock = transport.get_extra_info("socket")
@@ -1079,3 +1079,12 @@ class Connection(asyncio.Protocol):
         if self._drop_end is not None:
             self._drop_end.cancel()
         self._end_drop_episode()
+
+
+def peer_text(peername: object) -> str:
+    """A socket's peer as people write it: `127.0.0.1:52853`, `[::1]:52853`
+    (a Unix socket's name, or "-" for none, as it is)."""
+    if isinstance(peername, tuple) and len(peername) >= 2:
+        host, port = peername[0], peername[1]
+        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+    return "-" if peername is None else str(peername)
