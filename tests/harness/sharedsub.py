@@ -10,6 +10,7 @@ The defaults themselves are checked in `tests/sharedsub/test_config.py`.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 SHORT_TIMERS = """
@@ -28,9 +29,14 @@ leader_idle_stop = 5.0
 """The `[shared_subscriptions]` section of a configuration file, timers shortened."""
 
 
-def short_timers_config(directory: Path) -> Path:
-    """Write `riverbed.toml` with `SHORT_TIMERS` in `directory`; its path, for a
-    broker's `--config`."""
+def short_timers_config(directory: Path, **timers: float) -> Path:
+    """Write `riverbed.toml` with `SHORT_TIMERS` in `directory`, any of them
+    replaced by `timers` (`leader_idle_stop=30.0`); its path, for a broker's
+    `--config`."""
+    text = SHORT_TIMERS
+    for name, seconds in timers.items():
+        text, found = re.subn(rf"(?m)^{name} = .*$", f"{name} = {seconds}", text)
+        assert found == 1, f"no timer {name!r} in SHORT_TIMERS"
     path = directory / "riverbed.toml"
-    path.write_text(SHORT_TIMERS)
+    path.write_text(text)
     return path

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -13,19 +12,6 @@ from harness.cli import rb
 from harness.waiting import eventually
 from riverbed.http.topics import MAX_MESSAGE_BODY
 from riverbed.storage import redact_url
-
-
-@pytest.fixture
-def broker(storage_url: str) -> Iterator[BrokerProcess]:
-    with BrokerProcess(storage_url, http=True) as running:
-        yield running
-
-
-@pytest.fixture
-def api(broker: BrokerProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=broker.http_url, timeout=30) as client:
-        yield client
-
 
 ORDERS = {"name": "orders", "partitions": 4, "binding": "orders/#", "retention": "12h"}
 

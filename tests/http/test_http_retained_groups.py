@@ -15,38 +15,19 @@ import pytest
 
 from harness.broker import BrokerProcess, Client
 from harness.cli import rb
+from harness.sharedsub import short_timers_config
 from harness.waiting import eventually
 from riverbed.sharedsub.claims import GroupStore
 from riverbed.sharedsub.protocol import GroupId
 from riverbed.storage import open_storage
 
-TIMERS = """
-[shared_subscriptions]
-find_leader_retry = 0.3
-ping_interval = 1.0
-ping_timeout = 1.0
-unsubscribe_timeout = 0.5
-leader_borrower_timeout = 2.0
-fence_margin = 0.5
-leader_periodic = 0.5
-leader_resend = 0.5
-leader_claim_lease = 6.0
-leader_idle_stop = 30.0
-"""
-
 
 @pytest.fixture
 def broker(storage_url: str, tmp_path: Path) -> Iterator[BrokerProcess]:
-    config = tmp_path / "riverbed.toml"
-    config.write_text(TIMERS)
+    # The Leader stays while the test looks at an idle group.
+    config = short_timers_config(tmp_path, leader_idle_stop=30.0)
     with BrokerProcess(storage_url, http=True, extra_args=("--config", str(config))) as running:
         yield running
-
-
-@pytest.fixture
-def api(broker: BrokerProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=broker.http_url, timeout=30) as client:
-        yield client
 
 
 def retain(port: int, *messages: tuple[str, bytes]) -> None:

@@ -4,19 +4,15 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
 import httpx
-import pytest
 from click.testing import CliRunner
 
+from harness.admin_api import AdminApi
 from harness.broker import BrokerProcess, Client
-from harness.net import free_port, wait_listening
 from harness.raw_mqtt import RawClient
 from harness.waiting import eventually
 from riverbed.cli import cli
@@ -26,18 +22,6 @@ from riverbed.sessions.session import Subscription
 from riverbed.sessions.store import SessionRecord, SessionStore, node_lease, now_us
 from riverbed.storage import open_storage
 from riverbed.storage.leases import Leases
-
-
-@pytest.fixture
-def broker(storage_url: str) -> Iterator[BrokerProcess]:
-    with BrokerProcess(storage_url, http=True) as running:
-        yield running
-
-
-@pytest.fixture
-def api(broker: BrokerProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=broker.http_url, timeout=30) as client:
-        yield client
 
 
 def parse_time(text: str) -> float:
@@ -324,33 +308,16 @@ def test_admin_without_a_broker_lists_and_deletes_stored_sessions_and_retained(
             lambda: (s := broker.session("stored-1")) is not None and not s.connected,
             what="stored-1's session saved as disconnected",
         )
-    port = free_port()
-    log = tmp_path / "admin.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "riverbed.cli", "admin"),
-                *("--http", f"127.0.0.1:{port}", "--db", storage_url),
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        wait_listening(process, port, 60, "riverbed admin", log.read_text, process.kill)
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as api:
-            assert api.get("/api/v1/clients").json() == []
-            (view,) = api.get("/api/v1/sessions").json()
-            assert (view["client_id"], view["online"]) == ("stored-1", False)
-            # The broker stopped cleanly: it released its lease.
-            assert api.get("/api/v1/nodes").json() == []
-            assert api.delete("/api/v1/retained/st/r").status_code == 200
-            assert api.delete("/api/v1/sessions/stored-1").status_code == 200
-            assert api.get("/api/v1/sessions").json() == []
-            assert api.get("/api/v1/retained").json() == []
-    finally:
-        process.terminate()
-        code = process.wait(60)
-    assert code == 0, log.read_text()
+    with AdminApi(storage_url) as admin, admin.client() as api:
+        assert api.get("/api/v1/clients").json() == []
+        (view,) = api.get("/api/v1/sessions").json()
+        assert (view["client_id"], view["online"]) == ("stored-1", False)
+        # The broker stopped cleanly: it released its lease.
+        assert api.get("/api/v1/nodes").json() == []
+        assert api.delete("/api/v1/retained/st/r").status_code == 200
+        assert api.delete("/api/v1/sessions/stored-1").status_code == 200
+        assert api.get("/api/v1/sessions").json() == []
+        assert api.get("/api/v1/retained").json() == []
     storage = open_storage(storage_url)
     try:
         assert SessionStore(storage).load("stored-1") is None

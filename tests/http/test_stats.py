@@ -7,8 +7,6 @@ that withholds its PUBACKs; the shared-group counters move when a member joins;
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,9 +16,9 @@ import paho.mqtt.client as paho
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from harness.admin_api import AdminApi
 from harness.broker import BrokerProcess, Client
 from harness.cli import rb
-from harness.net import free_port, wait_listening
 from harness.waiting import eventually
 from riverbed.mqtt.retained import RetainedStore
 from riverbed.storage import open_storage
@@ -47,12 +45,6 @@ def broker(tmp_path: Path, sqlite_url: str) -> Iterator[BrokerProcess]:
     config.write_text(CONFIG)
     with BrokerProcess(sqlite_url, http=True, extra_args=("--config", str(config))) as running:
         yield running
-
-
-@pytest.fixture
-def api(broker: BrokerProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=broker.http_url, timeout=30) as client:
-        yield client
 
 
 def _samples(api: httpx.Client) -> Samples:
@@ -245,43 +237,25 @@ def test_shared_group_counters_move_when_a_second_member_joins(
         client.close()
 
 
-def test_stats_under_riverbed_admin_reads_the_storage_itself(
-    tmp_path: Path, sqlite_url: str
-) -> None:
+def test_stats_under_riverbed_admin_reads_the_storage_itself(sqlite_url: str) -> None:
     for args in (
         ("topic", "create", "events", "--partitions", "2"),
         ("subscription", "create", "quiet", "--topic", "events"),
     ):
         done = rb(sqlite_url, *args)
         assert done.exit_code == 0, done.output
-    port = free_port()
-    log = tmp_path / "admin.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "riverbed.cli", "admin"),
-                *("--http", f"127.0.0.1:{port}", "--db", sqlite_url),
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        wait_listening(process, port, 60, "riverbed admin", log.read_text, process.kill)
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as api:
-            stats = api.get("/api/v1/stats").json()
-            assert stats["connections"] == stats["publish_in"] == stats["bytes_out"] == 0
-            assert stats["commit"] == {
-                "count": 0,
-                "sum_seconds": 0.0,
-                "p50_seconds": None,
-                "p99_seconds": None,
-            }
-            assert stats["subscriptions"] == [
-                {"name": "quiet", "lag": 0, "retry_queue": None, "dead_letter_queue": None}
-            ]
-            assert stats["readings_at"] > 0
-            # Polled again within the interval: the same reading, not a new query.
-            assert api.get("/api/v1/stats").json()["readings_at"] == stats["readings_at"]
-    finally:
-        process.terminate()
-        process.wait(30)
+    with AdminApi(sqlite_url) as admin, admin.client() as api:
+        stats = api.get("/api/v1/stats").json()
+        assert stats["connections"] == stats["publish_in"] == stats["bytes_out"] == 0
+        assert stats["commit"] == {
+            "count": 0,
+            "sum_seconds": 0.0,
+            "p50_seconds": None,
+            "p99_seconds": None,
+        }
+        assert stats["subscriptions"] == [
+            {"name": "quiet", "lag": 0, "retry_queue": None, "dead_letter_queue": None}
+        ]
+        assert stats["readings_at"] > 0
+        # Polled again within the interval: the same reading, not a new query.
+        assert api.get("/api/v1/stats").json()["readings_at"] == stats["readings_at"]

@@ -13,8 +13,9 @@ import httpx
 import pytest
 from click.testing import CliRunner, Result
 
+from harness.admin_api import AdminApi
 from harness.broker import BrokerProcess
-from harness.net import free_port, wait_listening
+from harness.net import free_port
 from harness.waiting import eventually
 from riverbed.cli import cli
 from riverbed.http.auth import load_token_file
@@ -195,26 +196,9 @@ def test_admin_serves_the_api_without_mqtt(sqlite_url: str, tmp_path: Path) -> N
         cli, ["topic", "create", "orders", "--partitions", "2", "--db", sqlite_url]
     )
     assert made.exit_code == 0, made.output
-    port = free_port()
-    log = tmp_path / "admin.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "riverbed.cli", "admin"),
-                *("--http", f"127.0.0.1:{port}", "--db", sqlite_url),
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        wait_listening(process, port, 60, "riverbed admin", log.read_text, process.kill)
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as api:
-            assert api.get("/readyz").status_code == 200
-            assert "orders" in [t["name"] for t in api.get("/api/v1/topics").json()]
-            posted = api.post("/api/v1/topics/orders/messages", json={"payload": "x", "key": "a"})
-            assert posted.status_code == 201, posted.text
-            assert api.get("/api/v1/clients").json() == []
-    finally:
-        process.terminate()
-        code = process.wait(60)
-    assert code == 0, log.read_text()
+    with AdminApi(sqlite_url) as admin, admin.client() as api:
+        assert api.get("/readyz").status_code == 200
+        assert "orders" in [t["name"] for t in api.get("/api/v1/topics").json()]
+        posted = api.post("/api/v1/topics/orders/messages", json={"payload": "x", "key": "a"})
+        assert posted.status_code == 201, posted.text
+        assert api.get("/api/v1/clients").json() == []

@@ -25,9 +25,13 @@ from riverbed.cli._reuse import if_not_exists_option, reusing
 from riverbed.errors import InvalidInput
 from riverbed.log.jsonlines import format_time
 from riverbed.model import StreamId
-from riverbed.storage.base import StartKind, SubscriptionRecord
+from riverbed.storage.base import StartKind
 from riverbed.subscriptions.cursors import Start, StreamLag, Subscriptions
-from riverbed.subscriptions.definition import Definitions, DeliveryDefinition, delivery_definition
+from riverbed.subscriptions.definition import (
+    Definitions,
+    delivery_definition,
+    subscription_json,
+)
 from riverbed.subscriptions.delivering import (
     create_subscription,
     delete_subscription,
@@ -161,23 +165,6 @@ def _retry_on(text: str | None) -> list[str] | None:
     return None if text is None else [i.strip() for i in text.split(",") if i.strip()]
 
 
-def _subscription_row(
-    record: SubscriptionRecord, delivery: DeliveryDefinition | None
-) -> dict[str, object]:
-    endpoint = None if delivery is None else delivery.target
-    return {
-        "name": record.name,
-        "topic": record.topic,
-        "filter": record.filter,
-        "start": record.start.value,
-        "start_time": None if record.start_us is None else format_time(record.start_us),
-        "created": format_time(record.created_us),
-        "endpoint": endpoint,
-        "shards": None if delivery is None else delivery.shard_count,
-        "grouped": None if delivery is None else delivery.grouped,
-    }
-
-
 @subscription.command("list")
 @click.option("--topic", help="Only subscriptions of this topic.")
 @json_option
@@ -189,7 +176,7 @@ def subscription_list(topic: str | None, as_json: bool) -> None:
             log.topics.get(topic)  # TopicNotFound rather than an empty list
         deliveries = {d.name: d for d in Definitions(log.storage).list()}
         rows = [
-            _subscription_row(r, deliveries.get(r.name))
+            subscription_json(r, deliveries.get(r.name))
             for r in Subscriptions(log.storage).list(topic)
         ]
     if as_json:

@@ -25,12 +25,11 @@ from riverbed.errors import InvalidInput
 from riverbed.http.context import HttpContext
 from riverbed.http.fields import in_field
 from riverbed.http.jobs import JOB_RESPONSES, Progress, accepted
-from riverbed.log.jsonlines import format_time
 from riverbed.log.log import Log
 from riverbed.model import StreamId
 from riverbed.storage.base import StartKind, SubscriptionRecord
 from riverbed.subscriptions.cursors import Start, Subscriptions
-from riverbed.subscriptions.definition import Definitions, delivery_definition
+from riverbed.subscriptions.definition import Definitions, delivery_definition, subscription_json
 from riverbed.subscriptions.delivering import create_subscription, delete_subscription
 from riverbed.subscriptions.groups import Queue
 from riverbed.subscriptions.pipeline import queue_depths
@@ -42,20 +41,11 @@ from riverbed.subscriptions.reshard import change_shard_count, check_shard_chang
 def _subscription_view(log: Log, record: SubscriptionRecord) -> dict[str, Any]:
     delivery = Definitions(log.storage).get(record.name)
     lags = Subscriptions(log.storage).lag(record.name)
-    view: dict[str, Any] = {
-        "name": record.name,
-        "topic": record.topic,
-        "filter": record.filter,
-        "start": record.start.value,
-        "start_time": None if record.start_us is None else format_time(record.start_us),
-        "created": format_time(record.created_us),
-        "endpoint": None if delivery is None else delivery.target,
+    view = subscription_json(record, delivery) | {
         "lag": sum(s.lag for s in lags),
         "streams": [s.as_json() for s in lags],
     }
     if delivery is not None:
-        view["shards"] = delivery.shard_count
-        view["grouped"] = delivery.grouped
         view["retry_queue"], view["dead_letter_queue"] = queue_depths(log.storage, record.name)
     return view
 

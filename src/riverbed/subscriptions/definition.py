@@ -33,7 +33,8 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from riverbed.errors import AlreadyExists, InvalidInput, NotFound, PreconditionFailed
-from riverbed.storage.base import Storage
+from riverbed.log.jsonlines import format_time
+from riverbed.storage.base import Storage, SubscriptionRecord
 from riverbed.storage.transactions import Transaction, kv_hold_in
 
 NAMESPACE = "delivery"
@@ -418,3 +419,21 @@ def hold_definition(tx: Transaction, name: str, version: int, shard: int, doing:
             f"subscription {name!r} changed its shards while {doing}: nothing done from"
             f" shard {shard} on (the shards before it are done); run it again"
         )
+
+
+def subscription_json(
+    record: SubscriptionRecord, delivery: DeliveryDefinition | None
+) -> dict[str, Any]:
+    """A named subscription as `subscription list --json` and the HTTP API show
+    it: where it reads from, and where it delivers (null fields when it does not)."""
+    return {
+        "name": record.name,
+        "topic": record.topic,
+        "filter": record.filter,
+        "start": record.start.value,
+        "start_time": None if record.start_us is None else format_time(record.start_us),
+        "created": format_time(record.created_us),
+        "endpoint": None if delivery is None else delivery.target,
+        "shards": None if delivery is None else delivery.shard_count,
+        "grouped": None if delivery is None else delivery.grouped,
+    }
