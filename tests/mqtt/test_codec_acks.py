@@ -101,3 +101,24 @@ def test_a_reason_code_of_another_packet_is_refused() -> None:
     with pytest.raises(ProtocolError, match="PUBACK has reason code 0x92"):
         encode_puback(7, 0x92)
     assert encode_pubrel(7, 0x92) == encode(Pubrel(7, PubrelReason(0x92)), 5)
+
+
+def test_pubacks_decode_the_same_before_and_after_the_connect_and_cut_anywhere() -> None:
+    """The decoder reads a Success PUBACK on a short path once the level is known;
+    the same bytes in the CONNECT's feed take the general one."""
+    connect = b"\x10\x0d\x00\x04MQTT\x05\x02\x00\x00\x00\x00\x00"
+    acks = encode_pubacks(list(range(1, 13))) + encode_puback(13, 0x10)
+    expected = [Puback(i) for i in range(1, 13)] + [Puback(13, PubackReason(0x10))]
+    decoder = Decoder()
+    assert decoder.feed(connect + acks)[1:] == expected
+    assert decoder.feed(acks) == expected
+    assert decoder.feed(acks[:3]) == []
+    assert decoder.feed(acks[3:]) == expected
+
+
+def test_a_puback_with_packet_id_0_or_over_the_size_limit_is_refused() -> None:
+    with pytest.raises(ProtocolError, match=r"PUBACK Packet Identifier must be 1\.\.65535, not 0"):
+        Decoder(5).feed(b"\x40\x02\x00\x00")
+    with pytest.raises(ProtocolError, match="larger than the maximum packet size 3") as refused:
+        Decoder(4, max_packet_size=3).feed(b"\x40\x02\x00\x07")
+    assert refused.value.reason_code == 0x95

@@ -386,18 +386,26 @@ def _ack(
 
 
 def read_puback(level: int, data: bytes, pos: int, end: int) -> Packet:
+    if end - pos == 2:  # Success without properties: the common form at both levels
+        return Puback((data[pos] << 8) | data[pos + 1])
     return Puback(*_ack(level, data, pos, end, _PUBACK, "PUBACK"))
 
 
 def read_pubrec(level: int, data: bytes, pos: int, end: int) -> Packet:
+    if end - pos == 2:  # Success without properties: the common form at both levels
+        return Pubrec((data[pos] << 8) | data[pos + 1])
     return Pubrec(*_ack(level, data, pos, end, _PUBREC, "PUBREC"))
 
 
 def read_pubrel(level: int, data: bytes, pos: int, end: int) -> Packet:
+    if end - pos == 2:  # Success without properties: the common form at both levels
+        return Pubrel((data[pos] << 8) | data[pos + 1])
     return Pubrel(*_ack(level, data, pos, end, _PUBREL, "PUBREL"))
 
 
 def read_pubcomp(level: int, data: bytes, pos: int, end: int) -> Packet:
+    if end - pos == 2:  # Success without properties: the common form at both levels
+        return Pubcomp((data[pos] << 8) | data[pos + 1])
     return Pubcomp(*_ack(level, data, pos, end, _PUBCOMP, "PUBCOMP"))
 
 
