@@ -128,12 +128,17 @@ class Decoder:
         packets: list[Packet] = []
         size = len(data)
         pos = 0
-        # A successful PUBACK (40 02 + packet id) is the packet a broker reads once
-        # per QoS 1 delivery: read it here, without the general path's calls.
-        short_puback = self._level is not None and self._max >= 4
         while pos < size:
             first = data[pos]
-            if first == 0x40 and short_puback and pos + 4 <= size and data[pos + 1] == 2:
+            if (
+                first == 0x40
+                and pos + 4 <= size
+                and data[pos + 1] == 2
+                and self._level is not None
+                and self._max >= 4
+            ):
+                # A successful PUBACK (40 02 + packet id), the packet a broker reads
+                # once per QoS 1 delivery: read here, without the general path's calls.
                 packets.append(Puback((data[pos + 2] << 8) | data[pos + 3]))
                 pos += 4
                 continue
