@@ -78,6 +78,10 @@ _CACHEABLE_LENGTH = 256
 _encoded_topics: dict[str, bytes] = {}
 """Topic name -> its length-prefixed UTF-8, for the names a broker publishes to
 again and again. Bounded like the decoder's name cache."""
+_encoded_properties: dict[PublishProperties, bytes] = {}
+"""PUBLISH properties -> their encoded form, for the property sets a broker
+delivers again and again (a publisher's user properties on each of its messages:
+one lookup instead of encoding each property). Small encodings only, bounded."""
 
 
 def encode(packet: Packet, protocol_level: int) -> bytes:
@@ -205,9 +209,17 @@ def encode_publish(
     if qos:
         parts.append(packet_id.to_bytes(2, "big"))  # type: ignore[union-attr]
     if v5:
-        parts.append(
-            b"\x00" if properties is NO_PUBLISH_PROPERTIES else encode_properties(properties)
-        )
+        if properties is NO_PUBLISH_PROPERTIES:
+            parts.append(b"\x00")
+        else:
+            encoded = _encoded_properties.get(properties)
+            if encoded is None:
+                encoded = encode_properties(properties)
+                if len(encoded) <= _CACHEABLE_LENGTH:
+                    if len(_encoded_properties) >= _CACHE_LIMIT:
+                        _encoded_properties.clear()
+                    _encoded_properties[properties] = encoded
+            parts.append(encoded)
     elif not is_empty(properties):
         # Also refuses an empty Topic Name: a Publish has one only with a Topic
         # Alias, which 3.1.1 does not know [MQTT-4.7.3-1].
