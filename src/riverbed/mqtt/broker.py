@@ -61,6 +61,7 @@ from riverbed.mqtt.sys import SysPublisher
 from riverbed.mqtt.tls import server_context
 from riverbed.mqtt.wills import Wills
 from riverbed.sessions.store import SessionStore, node_lease, now_us
+from riverbed.sessions.writer import SessionWriter
 from riverbed.sharedsub.runtime import SharedRuntime
 from riverbed.storage.leases import Lease, Leases
 from riverbed.storage.postgres import PostgresStorage
@@ -79,6 +80,11 @@ NODE_LEASE_TTL = 30.0
 how long after a crash other nodes still count its sessions as in use (after
 that they expire counting from when they were last seen, as on one node)."""
 
+
+LISTEN_BACKLOG = 4096
+"""Connections the kernel queues for `accept` (capped by net.core.somaxconn).
+asyncio's default, 100, drops the SYNs of a fleet reconnecting at once while
+the loop is busy; each dropped one waits a second or more for its retry."""
 
 RETAINER_STOP_TIMEOUT = 10.0
 """Seconds `stop` waits for the retention thread to end its transaction."""
@@ -115,6 +121,8 @@ class Broker:
         """Connections made and ended since the last summary line."""
         self._summarizer: asyncio.Task[None] | None = None
         self.store = SessionStore(log.storage)
+        self.writer = SessionWriter(self.store)
+        """Session writes of all connections, group-committed (`sessions/writer.py`)."""
         self.retained = RetainedStore(log.storage)
         self.wills = Wills(self)
         self.trie: TopicTrie[Hashable] = TopicTrie()
@@ -307,6 +315,7 @@ class Broker:
             # and release this node's Leaders' claims.
             await self.shared.close()
         self.pacer.commit_now()
+        await asyncio.to_thread(self.writer.close)
         await self.router.stop()
         if self._lease is not None:
             # Its sessions are marked disconnected now: nobody needs the lease.
@@ -496,7 +505,12 @@ async def _listen(
     refusal to bind becomes `CannotListen` naming the address and the way out."""
     try:
         return await loop.create_server(
-            accept, address.host, address.port, ssl=ssl, start_serving=False
+            accept,
+            address.host,
+            address.port,
+            ssl=ssl,
+            start_serving=False,
+            backlog=LISTEN_BACKLOG,
         )
     except OSError as exc:
         raise _cannot_listen(exc, address, flag, key) from None

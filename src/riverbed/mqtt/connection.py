@@ -477,9 +477,13 @@ class Connection(asyncio.Protocol):
                 self._connack_refusal(ConnectReason.CLIENT_IDENTIFIER_NOT_VALID)
                 return
             client_id = assigned = f"auto-{uuid.uuid4().hex}"
-        result = await asyncio.to_thread(
-            broker.authenticator.authenticate, client_id, packet.username, packet.password
-        )
+        if packet.username is None:
+            # No user name: nothing to hash, no reason to hand over to a thread.
+            result = broker.authenticator.authenticate(client_id, None, packet.password)
+        else:
+            result = await asyncio.to_thread(
+                broker.authenticator.authenticate, client_id, packet.username, packet.password
+            )
         if not result.accepted:
             log.info("client %s (%s): refused: %s", client_id, self.peer, result.reason.name)
             self._connack_refusal(result.reason)
@@ -643,7 +647,7 @@ class Connection(asyncio.Protocol):
                 will=self._will_json(),
                 node=broker.node,
             )
-            self.stored = await asyncio.to_thread(store.write, record, stored.version)
+            self.stored = await asyncio.wrap_future(broker.writer.write(record, stored.version))
             since = old.disconnected_us if old.disconnected_us is not None else old.seen_us
             private = tuple(s for s in record.subscriptions if not is_shared(s.topic_filter))
             follow = await self.following.follow(
@@ -664,8 +668,8 @@ class Connection(asyncio.Protocol):
             will=self._will_json(),
             node=broker.node,
         )
-        self.stored = await asyncio.to_thread(
-            store.write, record, None if stored is None else stored.version
+        self.stored = await asyncio.wrap_future(
+            broker.writer.write(record, None if stored is None else stored.version)
         )
         if stored is not None:
             old = stored.record
@@ -738,8 +742,8 @@ class Connection(asyncio.Protocol):
             async with self.record_lock:
                 if self.stored is None:
                     return
-                self.stored = await asyncio.to_thread(
-                    self.broker.store.write, self.record(), self.stored.version
+                self.stored = await asyncio.wrap_future(
+                    self.broker.writer.write(self.record(), self.stored.version)
                 )
         except PreconditionFailed:
             log.warning("client %s: session taken over elsewhere", self.client_id)
@@ -875,8 +879,8 @@ class Connection(asyncio.Protocol):
                 )
                 stored = Stored(record, stored.version)
             by_topic = cursors_by_topic(checkpoint.cursors, self.broker.router.topic_of())
-            self.stored = await asyncio.to_thread(
-                self.broker.store.commit, stored, by_topic, checkpoint.sent
+            self.stored = await asyncio.wrap_future(
+                self.broker.writer.commit(stored, by_topic, checkpoint.sent)
             )
 
     # --- closing ------------------------------------------------------------------------

@@ -16,12 +16,12 @@ connection; raise to roll back.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from riverbed.errors import InvalidInput, StorageError, StorageUnavailable
-from riverbed.storage.base import Row, Storage
+from riverbed.storage.base import Row, Storage, StreamHead, SubscriptionRecord
 from riverbed.storage.connections import ConnectionLost, Cursor, operation
 from riverbed.storage.sql import SqlStorage
 from riverbed.storage.urls import redact_url
@@ -179,6 +179,42 @@ def kv_put_in(
             (value, namespace, key, expected_version),
         ).fetchone()
     return row is not None
+
+
+def kv_write_in(
+    tx: Transaction, namespace: str, key: str, value: bytes, expected_version: int | None
+) -> int | None:
+    """`kv_put_in` that returns the version written (None: another writer
+    changed the key first, nothing written)."""
+    if expected_version is None:
+        row = tx.execute(
+            "INSERT INTO kv (namespace, key, value, version) VALUES (?, ?, ?, 1)"
+            " ON CONFLICT (namespace, key) DO NOTHING RETURNING version",
+            (namespace, key, value),
+        ).fetchone()
+    else:
+        row = tx.execute(
+            "UPDATE kv SET value = ?, version = version + 1"
+            " WHERE namespace = ? AND key = ? AND version = ? RETURNING version",
+            (value, namespace, key, expected_version),
+        ).fetchone()
+    return None if row is None else int(row[0])
+
+
+def subscription_exists_in(tx: Transaction, name: str) -> bool:
+    """Whether the named subscription exists, read inside `tx`."""
+    return tx.execute("SELECT 1 FROM subscriptions WHERE name = ?", (name,)).fetchone() is not None
+
+
+def create_subscription_in(
+    tx: Transaction,
+    record: SubscriptionRecord,
+    initial: Callable[[list[StreamHead]], dict[int, int]],
+) -> None:
+    """`Storage.create_subscription` inside `tx` (`AlreadyExists` if the name
+    is taken; `TopicNotFound` without its topic; either writes nothing)."""
+    tx._check_open()
+    tx._storage._create_subscription_on(tx._cursor, record, initial)
 
 
 def commit_cursors_in(tx: Transaction, subscription: str, offsets: Mapping[int, int]) -> None:
