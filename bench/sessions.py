@@ -18,6 +18,9 @@ in this process, against each broker on a fresh store, in this order:
   d. leave: the storm's clients send DISCONNECT together (the session saves
      at disconnect); time until every connection is closed by the broker.
 
+Each phase also prints the broker's CPU time per session (utime + stime of its
+pid), which a busy machine disturbs less than the rates.
+
 Brokers: Riverbed (`riverbed serve`, SQLite in a temp dir, or a database on a
 throwaway PostgreSQL server with `--riverbed-db postgres`), mosquitto (Debian
 package, persistence on), started and stopped as `bench/mqtt.py` does.
@@ -40,6 +43,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -148,18 +152,34 @@ def pct(values: list[float], q: float) -> float:
 @dataclass
 class Result:
     broker: str
+    cpu: Callable[[], float]
+    """The broker's CPU seconds so far (utime + stime)."""
     rows: dict[str, tuple[int, float, list[float]]] = field(default_factory=dict)
     """phase -> (count, seconds, latencies)"""
+    used: dict[str, float] = field(default_factory=dict)
+    """phase -> broker CPU seconds"""
+    _cpu_at: float = 0.0
+
+    def begin(self) -> float:
+        self._cpu_at = self.cpu()
+        return time.perf_counter()
 
     def add(self, phase: str, count: int, seconds: float, latencies: list[float]) -> None:
         self.rows[phase] = (count, seconds, latencies)
-        line = f"  {phase:<11} {count:>6} in {seconds:7.2f} s = {count / seconds:8.0f}/s"
+        self.used[phase] = self.cpu() - self._cpu_at
+        line = (
+            f"  {phase:<11} {count:>6} in {seconds:7.2f} s = {count / seconds:8.0f}/s"
+            f"   CPU {self.used[phase] / count * 1e6:6.0f} us each"
+        )
         if latencies:
             line += (
                 f"   p50 {pct(latencies, 0.5) * 1000:7.1f} ms"
                 f"   p99 {pct(latencies, 0.99) * 1000:7.1f} ms"
             )
         print(line, flush=True)
+
+    def cpu_each(self, phase: str) -> float:
+        return self.used[phase] / self.rows[phase][0]
 
     def rate(self, phase: str) -> float:
         count, seconds, _ = self.rows[phase]
@@ -173,7 +193,7 @@ async def run(port: int, args: argparse.Namespace, result: Result) -> None:
     # a. sequential creation (ids from `args.storm` on, apart from the storm's)
     base = args.storm
     latencies = []
-    t = time.perf_counter()
+    t = result.begin()
     for i in range(base, base + args.sequential):
         latencies.append(await make_session(port, i))
     result.add("sequential", args.sequential, time.perf_counter() - t, latencies)
@@ -185,7 +205,7 @@ async def run(port: int, args: argparse.Namespace, result: Result) -> None:
         async with gate:
             return await make_session(port, i)
 
-    t = time.perf_counter()
+    t = result.begin()
     latencies = list(await asyncio.gather(*(made(i) for i in range(args.storm))))
     result.add("stored", args.storm, time.perf_counter() - t, latencies)
 
@@ -203,18 +223,18 @@ async def run(port: int, args: argparse.Namespace, result: Result) -> None:
                 raise Refused(f"{client_id(i)}: Session Present 0 in the storm")
             clients.append(c)
 
-    t = time.perf_counter()
+    t = result.begin()
     await asyncio.wait_for(asyncio.gather(*(resume(i) for i in range(args.storm))), args.timeout)
     result.add("storm", args.storm, time.perf_counter() - t, connack)
 
     # d. all of them leave at once
-    t = time.perf_counter()
+    t = result.begin()
     await asyncio.wait_for(asyncio.gather(*(c.leave() for c in clients)), args.timeout)
     result.add("leave", len(clients), time.perf_counter() - t, [])
 
 
 def run_broker(broker: Broker, args: argparse.Namespace) -> Result:
-    result = Result(broker.name)
+    result = Result(broker.name, broker.cpu)
     broker.start()
     try:
         with contextlib.suppress(ImportError):
@@ -270,7 +290,8 @@ def main() -> None:
     for phase in ("sequential", "stored", "storm"):
         ratio = r.rate(phase) / m.rate(phase)
         mark = "" if phase == "stored" else ("  ok" if ratio >= 0.5 else "  MISSED (>= 0.5)")
-        print(f"  {phase:<11} Riverbed / mosquitto {ratio:5.2f}{mark}")
+        cost = r.cpu_each(phase) / m.cpu_each(phase) if m.cpu_each(phase) else float("nan")
+        print(f"  {phase:<11} Riverbed / mosquitto {ratio:5.2f}{mark}   (CPU each {cost:.0f}x)")
     p99 = r.p99("storm")
     print(f"  storm CONNACK p99 {p99 * 1000:.0f} ms{'  ok' if p99 <= 1.0 else '  MISSED (<= 1 s)'}")
 

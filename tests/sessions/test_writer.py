@@ -5,15 +5,22 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future
+from pathlib import Path
 
 import pytest
 
 from harness.storage import create_topic, numbered_rows
-from riverbed.errors import PreconditionFailed, StorageError, SubscriptionNotFound, TopicNotFound
+from riverbed.errors import (
+    PreconditionFailed,
+    StorageError,
+    StorageFull,
+    SubscriptionNotFound,
+    TopicNotFound,
+)
 from riverbed.sessions.session import Subscription
 from riverbed.sessions.store import SessionRecord, SessionStore, Stored, cursor_name
 from riverbed.sessions.writer import NewCursors, SessionWriter
-from riverbed.storage import Storage
+from riverbed.storage import Storage, open_storage
 
 TIMEOUT = 30.0
 
@@ -168,3 +175,20 @@ def test_closing_answers_what_was_queued(storage: Storage) -> None:
     late = writer.write(record("late"), None)
     error = late.exception(0)
     assert isinstance(error, StorageError) and "closed" in str(error)
+
+
+def test_a_store_that_refuses_writes_says_so(tmp_path: Path) -> None:
+    """A full store: the writes it refuses fail with `StorageFull` (what the
+    broker answers with CONNACK 0x88), and the writer goes on answering."""
+    storage = open_storage(f"sqlite:///{tmp_path}/full.db?max_size=256KiB")
+    try:
+        writer = SessionWriter(SessionStore(storage))
+        will = "w" * 60_000
+        errors = [
+            writer.write(record(f"c{i}", will=will), None).exception(TIMEOUT) for i in range(8)
+        ]
+        writer.close()
+    finally:
+        storage.close()
+    assert errors[0] is None
+    assert isinstance(errors[-1], StorageFull), errors

@@ -43,7 +43,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Hashable
 from ssl import SSLContext
-from typing import Protocol, cast
+from typing import Protocol, TypeVar, cast
 
 from riverbed.errors import CannotListen, LeaseHeld, PreconditionFailed, RiverbedError
 from riverbed.log.log import Log
@@ -68,6 +68,8 @@ from riverbed.storage.postgres import PostgresStorage
 from riverbed.topics.trie import TopicTrie
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 ORPHAN_SWEEP = 60.0
 """Seconds between two looks for cursors of sessions that have no record
@@ -327,6 +329,15 @@ class Broker:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(server.wait_closed(), 1.0)
         log.info("stopped; %d sessions saved", len(connections))
+
+    async def read(self, read: Callable[..., T], *args: object) -> T:
+        """A storage read for a connection: on an embedded database right here
+        on the loop (a few indexed rows cost less than the hand-over to a
+        thread and back, as `Router.refresh` finds for the heads), otherwise
+        in a worker thread. Never for a write: that may wait for a lock."""
+        if self.log.storage.appends_inline:
+            return read(*args)
+        return await asyncio.to_thread(read, *args)
 
     @property
     def open_connections(self) -> int:

@@ -627,7 +627,7 @@ class Connection(asyncio.Protocol):
         """Resume or create the session record; return (Session Present, Follow events)."""
         broker = self.broker
         store = broker.store
-        stored = await asyncio.to_thread(store.load, self.client_id)
+        stored = await broker.read(store.load, self.client_id)
         at = now_us()
         live = stored is not None and (
             not stored.record.expired(at)

@@ -101,7 +101,7 @@ class Following:
 
     async def bindings(self) -> list[tuple[str, str | None]]:
         conn = self.conn
-        topics = await asyncio.to_thread(conn.broker.log.storage.list_topics)
+        topics = await conn.broker.read(conn.broker.log.storage.list_topics)
         return [(t.name, t.binding) for t in topics]
 
     def reachable_topics(
@@ -141,8 +141,8 @@ class Following:
         heads = await conn.broker.router.refresh()
         start_heads = conn.broker.router.start_heads
         events: list[Event] = []
-        # The cursors of the topics it had are made if missing in the same hop
-        # to a thread that reads them.
+        # The cursors of the topics it had are made if missing (a crash between
+        # making them and writing the record that names them).
         readable = await self.readable(all_topics, ensure=stored.record.topics)
         for key, cursor in readable.items():
             dup_below = dup.get(key, 0)
@@ -162,9 +162,11 @@ class Following:
         assert conn.stored is not None
         session_id = conn.stored.record.session_id
         in_memory = conn.session.cursors() if conn.session is not None else {}
-        out, waiting = await asyncio.to_thread(
-            self._readable, session_id, topics, in_memory, ensure
-        )
+        store = conn.broker.store
+        missing = await conn.broker.read(store.missing_cursors, session_id, ensure)
+        if missing:
+            await asyncio.to_thread(store.ensure_cursors, session_id, missing, None)
+        out, waiting = await conn.broker.read(self._readable, session_id, topics, in_memory)
         self.lineage_wait = waiting
         return out
 
@@ -173,16 +175,12 @@ class Following:
         session_id: str,
         topics: list[str],
         in_memory: dict[int, int],
-        ensure: tuple[str, ...] = (),
     ) -> tuple[dict[int, int], bool]:
-        """`readable`, blocking (in a worker thread): the streams and cursors,
+        """`readable`, blocking (`Broker.read`): the streams and cursors,
         and whether some stream has to wait for its lineage. `in_memory`: the
         session's cursors, newer than the stored ones."""
         store = self.conn.broker.store
         storage = self.conn.broker.log.storage
-        missing = store.missing_cursors(session_id, ensure)
-        if missing:
-            store.ensure_cursors(session_id, missing, None)
         out: dict[int, int] = {}
         waiting = False
         for topic in topics:
@@ -394,7 +392,7 @@ class Following:
         cursors = NewCursors(tuple(new), taken.at_us, taken.positions) if new else None
         stored = await asyncio.wrap_future(broker.writer.write(record, version, cursors))
         if new:
-            follow, waiting = await asyncio.to_thread(self._readable, record.session_id, new, {})
+            follow, waiting = await broker.read(self._readable, record.session_id, new, {})
         return stored, follow, waiting
 
     async def unsubscribe(self, packet: Unsubscribe) -> None:

@@ -38,6 +38,7 @@ from riverbed.errors import (
     PreconditionFailed,
     RiverbedError,
     StorageError,
+    StorageFull,
     StorageUnavailable,
 )
 from riverbed.sessions.store import (
@@ -53,6 +54,7 @@ from riverbed.storage.transactions import (
     commit_cursors_in,
     create_subscription_in,
     kv_write_in,
+    storage_error,
     subscription_exists_in,
     transaction,
 )
@@ -181,13 +183,20 @@ class SessionWriter:
                     return
                 take = min(len(self._queue), self.max_batch)
                 batch = [self._queue.popleft() for _ in range(take)]
-            self._write_batch(batch)
+            try:
+                self._write_batch(batch)
+            except Exception as exc:  # a bug: fail its writes, keep the thread
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
 
     def _write_batch(self, batch: Sequence[tuple[_Op, Future[Stored]]]) -> None:
         try:
             outcomes = self._transaction([op for op, _ in batch])
-        except StorageUnavailable as exc:
-            # The outcome of the COMMIT may be unknown: never repeat it.
+        except (StorageUnavailable, StorageFull) as exc:
+            # Unreachable (the outcome of the COMMIT may be unknown: never
+            # repeat it), or refusing writes (full, read-only): every write
+            # gets the error, and the connections refuse what waited for it.
             for _, future in batch:
                 future.set_exception(exc)
             return
@@ -210,12 +219,18 @@ class SessionWriter:
         """All of `ops` in one transaction: per op, what it wrote or why it
         was refused (a refusal writes nothing of that op)."""
         outcomes: list[Stored | RiverbedError] = []
-        with transaction(self.store.storage) as tx:
-            for op in ops:
-                try:
-                    outcomes.append(self._apply(tx, op))
-                except PreconditionFailed as exc:
-                    outcomes.append(exc)
+        storage = self.store.storage
+        try:
+            with transaction(storage) as tx:
+                for op in ops:
+                    try:
+                        outcomes.append(self._apply(tx, op))
+                    except PreconditionFailed as exc:
+                        outcomes.append(exc)
+        except RiverbedError:
+            raise
+        except Exception as exc:  # the database's driver, from a statement
+            raise storage_error(storage, exc) from exc
         return outcomes
 
     def _apply(self, tx: Transaction, op: _Op) -> Stored:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from riverbed.errors import InvalidInput, StorageError, StorageUnavailable
+from riverbed.errors import InvalidInput, StorageError, StorageFull, StorageUnavailable
 from riverbed.storage.base import Row, Storage, StreamHead, SubscriptionRecord
 from riverbed.storage.connections import ConnectionLost, Cursor, operation
 from riverbed.storage.sql import SqlStorage
@@ -90,7 +90,8 @@ def transaction(storage: Storage, *, durable: bool = True) -> Iterator[Transacti
 
     Raises `StorageError` when the database fails to begin or commit it
     (`StorageUnavailable` when the connection was lost; at COMMIT that means its
-    outcome is unknown). An exception raised inside the block rolls back and
+    outcome is unknown; `StorageFull` when it refuses writes: full or
+    read-only). An exception raised inside the block rolls back and
     passes through unchanged.
     """
     sql = sql_storage(storage)
@@ -119,9 +120,18 @@ def transaction(storage: Storage, *, durable: bool = True) -> Iterator[Transacti
     except sql.DRIVER_ERRORS as exc:
         if body_raised:
             raise
-        raise StorageError(
-            f"transaction on {redact_url(sql.url)!r} failed: {' '.join(str(exc).split())}"
-        ) from exc
+        raise storage_error(storage, exc) from exc
+
+
+def storage_error(storage: Storage, exc: BaseException) -> StorageError:
+    """The `StorageError` that a database driver's error, raised by a statement
+    in a transaction or by its COMMIT, stands for: `StorageFull` when the store
+    refuses writes (full, or read-only), as a storage operation would say it."""
+    sql = sql_storage(storage)
+    message = f"transaction on {redact_url(sql.url)!r} failed: {' '.join(str(exc).split())}"
+    if isinstance(exc, sql.DRIVER_ERRORS) and sql._refuses_writes(exc):
+        return StorageFull(message)
+    return StorageError(message)
 
 
 # --------------------------------------------------------------------- log and KV in a transaction
