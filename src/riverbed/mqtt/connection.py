@@ -589,9 +589,10 @@ class Connection(asyncio.Protocol):
             " resumed" if present else "",
             self.expiry,
         )
-        for event in follow:
-            self.handle(event)
-        self.handle(Tick())
+        if not self.closing:
+            # One turn of the session for all its streams (a resumed session
+            # follows every partition its filters reach, 16 for `mqtt`).
+            self.execute(self.session.handle_all([*follow, Tick()], self._loop.time()))
         shared = [s for s in subscriptions if is_shared(s.topic_filter)]
         if shared and broker.shared is not None and not self.closing:
             sharing = self.share()

@@ -116,6 +116,8 @@ class SessionWriter:
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._idle = False
+        """The thread waits for writes (else it is writing, or not started)."""
         self.transactions = 0
         """Transactions committed so far (for tests and benchmarks)."""
         self.writes = 0
@@ -168,7 +170,11 @@ class SessionWriter:
                 future.set_exception(StorageError("the session writer is closed"))
                 return future
             self._queue.append((op, future))
-            self._wake.notify()
+            if self._idle:
+                # Only a waiting thread needs waking: a busy one takes the
+                # queue when its transaction ends (and each wake-up costs the
+                # event loop a hand-over of the GIL).
+                self._wake.notify()
         if self._autostart and self._thread is None:
             self.start()
         return future
@@ -178,7 +184,9 @@ class SessionWriter:
         while True:
             with self._wake:
                 while not self._queue and not self._closed:
+                    self._idle = True
                     self._wake.wait()
+                    self._idle = False
                 if not self._queue:
                     return
                 take = min(len(self._queue), self.max_batch)
