@@ -43,7 +43,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Hashable
 from ssl import SSLContext
-from typing import Protocol, cast
+from typing import Protocol, TypeVar, cast
 
 from riverbed.errors import CannotListen, LeaseHeld, PreconditionFailed, RiverbedError
 from riverbed.log.log import Log
@@ -61,12 +61,15 @@ from riverbed.mqtt.sys import SysPublisher
 from riverbed.mqtt.tls import server_context
 from riverbed.mqtt.wills import Wills
 from riverbed.sessions.store import SessionStore, node_lease, now_us
+from riverbed.sessions.writer import SessionWriter
 from riverbed.sharedsub.runtime import SharedRuntime
 from riverbed.storage.leases import Lease, Leases
 from riverbed.storage.postgres import PostgresStorage
 from riverbed.topics.trie import TopicTrie
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 ORPHAN_SWEEP = 60.0
 """Seconds between two looks for cursors of sessions that have no record
@@ -79,6 +82,11 @@ NODE_LEASE_TTL = 30.0
 how long after a crash other nodes still count its sessions as in use (after
 that they expire counting from when they were last seen, as on one node)."""
 
+
+LISTEN_BACKLOG = 4096
+"""Connections the kernel queues for `accept` (capped by net.core.somaxconn).
+asyncio's default, 100, drops the SYNs of a fleet reconnecting at once while
+the loop is busy; each dropped one waits a second or more for its retry."""
 
 RETAINER_STOP_TIMEOUT = 10.0
 """Seconds `stop` waits for the retention thread to end its transaction."""
@@ -115,6 +123,8 @@ class Broker:
         """Connections made and ended since the last summary line."""
         self._summarizer: asyncio.Task[None] | None = None
         self.store = SessionStore(log.storage)
+        self.writer = SessionWriter(self.store)
+        """Session writes of all connections, group-committed (`sessions/writer.py`)."""
         self.retained = RetainedStore(log.storage)
         self.wills = Wills(self)
         self.trie: TopicTrie[Hashable] = TopicTrie()
@@ -307,6 +317,7 @@ class Broker:
             # and release this node's Leaders' claims.
             await self.shared.close()
         self.pacer.commit_now()
+        await asyncio.to_thread(self.writer.close)
         await self.router.stop()
         if self._lease is not None:
             # Its sessions are marked disconnected now: nobody needs the lease.
@@ -318,6 +329,15 @@ class Broker:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(server.wait_closed(), 1.0)
         log.info("stopped; %d sessions saved", len(connections))
+
+    async def read(self, read: Callable[..., T], *args: object) -> T:
+        """A storage read for a connection: on an embedded database right here
+        on the loop (a few indexed rows cost less than the hand-over to a
+        thread and back, as `Router.refresh` finds for the heads), otherwise
+        in a worker thread. Never for a write: that may wait for a lock."""
+        if self.log.storage.appends_inline:
+            return read(*args)
+        return await asyncio.to_thread(read, *args)
 
     @property
     def open_connections(self) -> int:
@@ -496,7 +516,12 @@ async def _listen(
     refusal to bind becomes `CannotListen` naming the address and the way out."""
     try:
         return await loop.create_server(
-            accept, address.host, address.port, ssl=ssl, start_serving=False
+            accept,
+            address.host,
+            address.port,
+            ssl=ssl,
+            start_serving=False,
+            backlog=LISTEN_BACKLOG,
         )
     except OSError as exc:
         raise _cannot_listen(exc, address, flag, key) from None

@@ -477,9 +477,13 @@ class Connection(asyncio.Protocol):
                 self._connack_refusal(ConnectReason.CLIENT_IDENTIFIER_NOT_VALID)
                 return
             client_id = assigned = f"auto-{uuid.uuid4().hex}"
-        result = await asyncio.to_thread(
-            broker.authenticator.authenticate, client_id, packet.username, packet.password
-        )
+        if packet.username is None:
+            # No user name: nothing to hash, no reason to hand over to a thread.
+            result = broker.authenticator.authenticate(client_id, None, packet.password)
+        else:
+            result = await asyncio.to_thread(
+                broker.authenticator.authenticate, client_id, packet.username, packet.password
+            )
         if not result.accepted:
             log.info("client %s (%s): refused: %s", client_id, self.peer, result.reason.name)
             self._connack_refusal(result.reason)
@@ -585,9 +589,10 @@ class Connection(asyncio.Protocol):
             " resumed" if present else "",
             self.expiry,
         )
-        for event in follow:
-            self.handle(event)
-        self.handle(Tick())
+        if not self.closing:
+            # One turn of the session for all its streams (a resumed session
+            # follows every partition its filters reach, 16 for `mqtt`).
+            self.execute(self.session.handle_all([*follow, Tick()], self._loop.time()))
         shared = [s for s in subscriptions if is_shared(s.topic_filter)]
         if shared and broker.shared is not None and not self.closing:
             sharing = self.share()
@@ -623,7 +628,7 @@ class Connection(asyncio.Protocol):
         """Resume or create the session record; return (Session Present, Follow events)."""
         broker = self.broker
         store = broker.store
-        stored = await asyncio.to_thread(store.load, self.client_id)
+        stored = await broker.read(store.load, self.client_id)
         at = now_us()
         live = stored is not None and (
             not stored.record.expired(at)
@@ -643,7 +648,7 @@ class Connection(asyncio.Protocol):
                 will=self._will_json(),
                 node=broker.node,
             )
-            self.stored = await asyncio.to_thread(store.write, record, stored.version)
+            self.stored = await asyncio.wrap_future(broker.writer.write(record, stored.version))
             since = old.disconnected_us if old.disconnected_us is not None else old.seen_us
             private = tuple(s for s in record.subscriptions if not is_shared(s.topic_filter))
             follow = await self.following.follow(
@@ -664,8 +669,8 @@ class Connection(asyncio.Protocol):
             will=self._will_json(),
             node=broker.node,
         )
-        self.stored = await asyncio.to_thread(
-            store.write, record, None if stored is None else stored.version
+        self.stored = await asyncio.wrap_future(
+            broker.writer.write(record, None if stored is None else stored.version)
         )
         if stored is not None:
             old = stored.record
@@ -738,8 +743,8 @@ class Connection(asyncio.Protocol):
             async with self.record_lock:
                 if self.stored is None:
                     return
-                self.stored = await asyncio.to_thread(
-                    self.broker.store.write, self.record(), self.stored.version
+                self.stored = await asyncio.wrap_future(
+                    self.broker.writer.write(self.record(), self.stored.version)
                 )
         except PreconditionFailed:
             log.warning("client %s: session taken over elsewhere", self.client_id)
@@ -875,8 +880,8 @@ class Connection(asyncio.Protocol):
                 )
                 stored = Stored(record, stored.version)
             by_topic = cursors_by_topic(checkpoint.cursors, self.broker.router.topic_of())
-            self.stored = await asyncio.to_thread(
-                self.broker.store.commit, stored, by_topic, checkpoint.sent
+            self.stored = await asyncio.wrap_future(
+                self.broker.writer.commit(stored, by_topic, checkpoint.sent)
             )
 
     # --- closing ------------------------------------------------------------------------

@@ -44,6 +44,7 @@ from riverbed.mqtt.codec import (
 from riverbed.mqtt.sharing import is_shared
 from riverbed.sessions.session import Event, Follow, Subscription
 from riverbed.sessions.store import SessionRecord, Stored, now_us
+from riverbed.sessions.writer import NewCursors
 from riverbed.sharedsub.claims import GroupStore
 from riverbed.sharedsub.protocol import GroupId
 
@@ -100,7 +101,7 @@ class Following:
 
     async def bindings(self) -> list[tuple[str, str | None]]:
         conn = self.conn
-        topics = await asyncio.to_thread(conn.broker.log.storage.list_topics)
+        topics = await conn.broker.read(conn.broker.log.storage.list_topics)
         return [(t.name, t.binding) for t in topics]
 
     def reachable_topics(
@@ -122,48 +123,60 @@ class Following:
         conn = self.conn
         assert conn.stored is not None
         stored = conn.stored
-        store = conn.broker.store
         known = set(stored.record.topics)
         new = [t for t in topics if t not in known]
         all_topics = [*stored.record.topics, *new]
         if not all_topics:
             return []
-        session_id = stored.record.session_id
         # Topics the session had before keep their cursors; a topic it reaches for
         # the first time starts where the session was last seen (resume) or now.
-        await asyncio.to_thread(store.ensure_cursors, session_id, stored.record.topics, None)
-        await asyncio.to_thread(store.ensure_cursors, session_id, new, start_us)
         if new:
             async with conn.record_lock:
                 record = replace(conn.record(), topics=tuple(all_topics))
-                conn.stored = await asyncio.to_thread(store.write, record, conn.stored.version)
+                conn.stored = await asyncio.wrap_future(
+                    conn.broker.writer.write(
+                        record, conn.stored.version, NewCursors(tuple(new), start_us)
+                    )
+                )
         heads = await conn.broker.router.refresh()
         start_heads = conn.broker.router.start_heads
         events: list[Event] = []
-        for key, cursor in (await self.readable(all_topics)).items():
+        # The cursors of the topics it had are made if missing (a crash between
+        # making them and writing the record that names them).
+        readable = await self.readable(all_topics, ensure=stored.record.topics)
+        for key, cursor in readable.items():
             dup_below = dup.get(key, 0)
             if crashed:
                 dup_below = max(dup_below, start_heads.get(key, heads.get(key, 0)))
             events.append(Follow(key, cursor, dup_below))
         return events
 
-    async def readable(self, topics: list[str]) -> dict[int, int]:
+    async def readable(self, topics: list[str], ensure: tuple[str, ...] = ()) -> dict[int, int]:
         """The streams of `topics` the session may read now, with their cursors:
         a stream of a later generation only once its lineage's streams of the
         generation before are fully consumed (`log.reader`, per-key order across
-        a scale-up). Sets `lineage_wait` when some stream has to wait."""
+        a scale-up). Sets `lineage_wait` when some stream has to wait.
+        `ensure`: topics whose cursors are made first if missing (at the heads;
+        most resumes find them all, and only a missing one takes the write lock)."""
         conn = self.conn
         assert conn.stored is not None
         session_id = conn.stored.record.session_id
         in_memory = conn.session.cursors() if conn.session is not None else {}
-        out, waiting = await asyncio.to_thread(self._readable, session_id, topics, in_memory)
+        store = conn.broker.store
+        missing = await conn.broker.read(store.missing_cursors, session_id, ensure)
+        if missing:
+            await asyncio.to_thread(store.ensure_cursors, session_id, missing, None)
+        out, waiting = await conn.broker.read(self._readable, session_id, topics, in_memory)
         self.lineage_wait = waiting
         return out
 
     def _readable(
-        self, session_id: str, topics: list[str], in_memory: dict[int, int]
+        self,
+        session_id: str,
+        topics: list[str],
+        in_memory: dict[int, int],
     ) -> tuple[dict[int, int], bool]:
-        """`readable`, blocking (in a worker thread): the streams and cursors,
+        """`readable`, blocking (`Broker.read`): the streams and cursors,
         and whether some stream has to wait for its lineage. `in_memory`: the
         session's cursors, newer than the stored ones."""
         store = self.conn.broker.store
@@ -323,8 +336,8 @@ class Following:
                     return  # closing: the session is being saved or discarded
                 record = replace(conn.record(), subscriptions=conn.subscriptions())
                 filters = [s.topic_filter for s in session.subscriptions]
-                conn.stored, follow, waiting = await asyncio.to_thread(
-                    self._store_subscriptions, record, conn.stored.version, filters, taken
+                conn.stored, follow, waiting = await self._store_subscriptions(
+                    record, conn.stored.version, filters, taken
                 )
             self.lineage_wait = self.lineage_wait or waiting
         session = conn.session
@@ -358,29 +371,28 @@ class Following:
             if found and session is not None and not conn.closing and sub in session.subscriptions:
                 conn.execute(session.retained(sub, found, conn._loop.time()))
 
-    def _store_subscriptions(
+    async def _store_subscriptions(
         self, record: SessionRecord, version: int, filters: list[str], taken: _Taken
     ) -> tuple[Stored, dict[int, int], bool]:
-        """In a worker thread: cursors on the topics `filters` newly reach, at
-        the positions `taken` holds; then the record with those topics and its
-        subscriptions (compare-and-set on `version`). Returns what was written,
-        the new topics' streams to follow now with their cursors, and whether
-        some stream of them waits for its lineage."""
+        """Cursors on the topics `filters` newly reach, at the positions `taken`
+        holds, and the record with those topics and its subscriptions
+        (compare-and-set on `version`): one write of the session writer, in a
+        transaction it shares with other connections' writes. Returns what was
+        written, the new topics' streams to follow now with their cursors, and
+        whether some stream of them waits for its lineage."""
         broker = self.conn.broker
-        store = broker.store
         follow: dict[int, int] = {}
         waiting = False
         new: list[str] = []
         if taken.added:
-            bindings = [(t.name, t.binding) for t in broker.log.storage.list_topics()]
             known = set(record.topics)
-            new = [t for t in reachable_topics(filters, bindings) if t not in known]
+            new = [t for t in reachable_topics(filters, await self.bindings()) if t not in known]
             if new:
-                store.ensure_cursors(record.session_id, new, taken.at_us, taken.positions)
                 record = replace(record, topics=(*record.topics, *new))
-        stored = store.write(record, version)
+        cursors = NewCursors(tuple(new), taken.at_us, taken.positions) if new else None
+        stored = await asyncio.wrap_future(broker.writer.write(record, version, cursors))
         if new:
-            follow, waiting = self._readable(record.session_id, new, {})
+            follow, waiting = await broker.read(self._readable, record.session_id, new, {})
         return stored, follow, waiting
 
     async def unsubscribe(self, packet: Unsubscribe) -> None:
@@ -422,8 +434,8 @@ class Following:
                 return
             kept = tuple(t for t in conn.stored.record.topics if t not in gone)
             record = replace(conn.record(), topics=kept)
-            conn.stored = await asyncio.to_thread(
-                conn.broker.store.write, record, conn.stored.version
+            conn.stored = await asyncio.wrap_future(
+                conn.broker.writer.write(record, conn.stored.version)
             )
         await asyncio.to_thread(conn.broker.store.drop_cursors, conn.stored.record.session_id, gone)
 
@@ -434,6 +446,6 @@ class Following:
             if conn.stored is None:
                 return
             record = replace(conn.record(), subscriptions=conn.subscriptions())
-            conn.stored = await asyncio.to_thread(
-                conn.broker.store.write, record, conn.stored.version
+            conn.stored = await asyncio.wrap_future(
+                conn.broker.writer.write(record, conn.stored.version)
             )

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Container, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from riverbed.errors import AlreadyExists, NotFound, PreconditionFailed, SubscriptionNotFound
@@ -315,31 +315,53 @@ class SessionStore:
         in `offsets` starts there instead (within what it holds): the positions
         a SUBSCRIBE took when it was read (`mqtt/following.py`)."""
         for topic in topics:
-            name = cursor_name(session_id, topic)
-
-            def initial(heads: list[StreamHead], at: int | None = start_us) -> dict[int, int]:
-                out: dict[int, int] = {}
-                for h in heads:
-                    given = None if offsets is None else offsets.get(h.key)
-                    if given is not None:
-                        offset = min(given, h.next_offset)
-                    elif at is None:
-                        offset = h.next_offset
-                    else:
-                        offset = self.storage.first_offset_at(h.key, at)
-                    out[h.key] = max(h.start_offset, offset)
-                return out
-
-            record = SubscriptionRecord(
-                name,
-                topic,
-                None,
-                StartKind.LATEST if start_us is None else StartKind.TIME,
-                start_us,
-                now_us(),
-            )
+            record, initial = self.new_cursor(session_id, topic, start_us, offsets)
             with contextlib.suppress(AlreadyExists):
                 self.storage.create_subscription(record, initial)
+
+    def missing_cursors(self, session_id: str, topics: Iterable[str]) -> list[str]:
+        """Of `topics`, those the session has no cursor on (a read: making a
+        cursor that exists would take the write lock for nothing)."""
+        out: list[str] = []
+        for topic in topics:
+            try:
+                self.storage.get_subscription(cursor_name(session_id, topic))
+            except SubscriptionNotFound:
+                out.append(topic)
+        return out
+
+    def new_cursor(
+        self,
+        session_id: str,
+        topic: str,
+        start_us: int | None,
+        offsets: Mapping[int, int] | None = None,
+    ) -> tuple[SubscriptionRecord, Callable[[list[StreamHead]], dict[int, int]]]:
+        """The named subscription holding the session's cursor on `topic`, and
+        its initial positions given the topic's heads (`ensure_cursors`)."""
+
+        def initial(heads: list[StreamHead]) -> dict[int, int]:
+            out: dict[int, int] = {}
+            for h in heads:
+                given = None if offsets is None else offsets.get(h.key)
+                if given is not None:
+                    offset = min(given, h.next_offset)
+                elif start_us is None:
+                    offset = h.next_offset
+                else:
+                    offset = self.storage.first_offset_at(h.key, start_us)
+                out[h.key] = max(h.start_offset, offset)
+            return out
+
+        record = SubscriptionRecord(
+            cursor_name(session_id, topic),
+            topic,
+            None,
+            StartKind.LATEST if start_us is None else StartKind.TIME,
+            start_us,
+            now_us(),
+        )
+        return record, initial
 
     def positions(self, session_id: str, topic: str, heads: Iterable[StreamHead]) -> dict[int, int]:
         """The committed cursor of every stream of `topic` (streams that appeared

@@ -632,39 +632,47 @@ class SqlStorage(ConnectedStorage):
         initial: Callable[[list[StreamHead]], dict[int, int]],
     ) -> None:
         with self._write() as cur:
-            self._lock_meta(cur)
-            self._get_topic(cur, record.topic)
-            found = self._x(
-                cur, "SELECT 1 FROM subscriptions WHERE name = ?", (record.name,)
-            ).fetchone()
-            if found is not None:
-                raise AlreadyExists(f"subscription {record.name!r} exists already")
-            self._x(
+            self._create_subscription_on(cur, record, initial)
+
+    def _create_subscription_on(
+        self,
+        cur: Cursor,
+        record: SubscriptionRecord,
+        initial: Callable[[list[StreamHead]], dict[int, int]],
+    ) -> None:
+        """`create_subscription` inside the transaction of `cur`."""
+        self._lock_meta(cur)
+        self._get_topic(cur, record.topic)
+        found = self._x(
+            cur, "SELECT 1 FROM subscriptions WHERE name = ?", (record.name,)
+        ).fetchone()
+        if found is not None:
+            raise AlreadyExists(f"subscription {record.name!r} exists already")
+        self._x(
+            cur,
+            f"INSERT INTO subscriptions ({_SUB_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+            (
+                record.name,
+                record.topic,
+                record.filter,
+                record.start.value,
+                record.start_us,
+                record.created_us,
+            ),
+        )
+        heads = [
+            _head(r)
+            for r in self._x(
                 cur,
-                f"INSERT INTO subscriptions ({_SUB_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
-                (
-                    record.name,
-                    record.topic,
-                    record.filter,
-                    record.start.value,
-                    record.start_us,
-                    record.created_us,
-                ),
-            )
-            heads = [
-                _head(r)
-                for r in self._x(
-                    cur,
-                    f"SELECT {_HEAD_COLUMNS} FROM streams WHERE topic = ?"
-                    " ORDER BY generation, part",
-                    (record.topic,),
-                ).fetchall()
-            ]
-            offsets = initial(heads)
-            cur.executemany(
-                self._sql("INSERT INTO cursors (subscription, stream, committed) VALUES (?, ?, ?)"),
-                [(record.name, k, v) for k, v in offsets.items()],
-            )
+                f"SELECT {_HEAD_COLUMNS} FROM streams WHERE topic = ? ORDER BY generation, part",
+                (record.topic,),
+            ).fetchall()
+        ]
+        offsets = initial(heads)
+        cur.executemany(
+            self._sql("INSERT INTO cursors (subscription, stream, committed) VALUES (?, ?, ?)"),
+            [(record.name, k, v) for k, v in offsets.items()],
+        )
 
     @operation
     def get_subscription(self, name: str) -> SubscriptionRecord:

@@ -16,12 +16,12 @@ connection; raise to roll back.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from riverbed.errors import InvalidInput, StorageError, StorageUnavailable
-from riverbed.storage.base import Row, Storage
+from riverbed.errors import InvalidInput, StorageError, StorageFull, StorageUnavailable
+from riverbed.storage.base import Row, Storage, StreamHead, SubscriptionRecord
 from riverbed.storage.connections import ConnectionLost, Cursor, operation
 from riverbed.storage.sql import SqlStorage
 from riverbed.storage.urls import redact_url
@@ -90,7 +90,8 @@ def transaction(storage: Storage, *, durable: bool = True) -> Iterator[Transacti
 
     Raises `StorageError` when the database fails to begin or commit it
     (`StorageUnavailable` when the connection was lost; at COMMIT that means its
-    outcome is unknown). An exception raised inside the block rolls back and
+    outcome is unknown; `StorageFull` when it refuses writes: full or
+    read-only). An exception raised inside the block rolls back and
     passes through unchanged.
     """
     sql = sql_storage(storage)
@@ -119,9 +120,18 @@ def transaction(storage: Storage, *, durable: bool = True) -> Iterator[Transacti
     except sql.DRIVER_ERRORS as exc:
         if body_raised:
             raise
-        raise StorageError(
-            f"transaction on {redact_url(sql.url)!r} failed: {' '.join(str(exc).split())}"
-        ) from exc
+        raise storage_error(storage, exc) from exc
+
+
+def storage_error(storage: Storage, exc: BaseException) -> StorageError:
+    """The `StorageError` that a database driver's error, raised by a statement
+    in a transaction or by its COMMIT, stands for: `StorageFull` when the store
+    refuses writes (full, or read-only), as a storage operation would say it."""
+    sql = sql_storage(storage)
+    message = f"transaction on {redact_url(sql.url)!r} failed: {' '.join(str(exc).split())}"
+    if isinstance(exc, sql.DRIVER_ERRORS) and sql._refuses_writes(exc):
+        return StorageFull(message)
+    return StorageError(message)
 
 
 # --------------------------------------------------------------------- log and KV in a transaction
@@ -179,6 +189,42 @@ def kv_put_in(
             (value, namespace, key, expected_version),
         ).fetchone()
     return row is not None
+
+
+def kv_write_in(
+    tx: Transaction, namespace: str, key: str, value: bytes, expected_version: int | None
+) -> int | None:
+    """`kv_put_in` that returns the version written (None: another writer
+    changed the key first, nothing written)."""
+    if expected_version is None:
+        row = tx.execute(
+            "INSERT INTO kv (namespace, key, value, version) VALUES (?, ?, ?, 1)"
+            " ON CONFLICT (namespace, key) DO NOTHING RETURNING version",
+            (namespace, key, value),
+        ).fetchone()
+    else:
+        row = tx.execute(
+            "UPDATE kv SET value = ?, version = version + 1"
+            " WHERE namespace = ? AND key = ? AND version = ? RETURNING version",
+            (value, namespace, key, expected_version),
+        ).fetchone()
+    return None if row is None else int(row[0])
+
+
+def subscription_exists_in(tx: Transaction, name: str) -> bool:
+    """Whether the named subscription exists, read inside `tx`."""
+    return tx.execute("SELECT 1 FROM subscriptions WHERE name = ?", (name,)).fetchone() is not None
+
+
+def create_subscription_in(
+    tx: Transaction,
+    record: SubscriptionRecord,
+    initial: Callable[[list[StreamHead]], dict[int, int]],
+) -> None:
+    """`Storage.create_subscription` inside `tx` (`AlreadyExists` if the name
+    is taken; `TopicNotFound` without its topic; either writes nothing)."""
+    tx._check_open()
+    tx._storage._create_subscription_on(tx._cursor, record, initial)
 
 
 def commit_cursors_in(tx: Transaction, subscription: str, offsets: Mapping[int, int]) -> None:

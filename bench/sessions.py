@@ -1,0 +1,300 @@
+"""Sessions at the rate clients arrive (issue 17): Riverbed beside mosquitto.
+
+Raw MQTT 5 clients on asyncio (the project's own codec, no paho threads), all
+in this process, against each broker on a fresh store, in this order:
+
+  a. sequential: `--sequential` persistent sessions made one after another,
+     each CONNECT (clean start 0, Session Expiry Interval 1 day) + SUBSCRIBE
+     (one filter, QoS 1) + DISCONNECT on a connection of its own; sessions/s,
+     and the p50/p99 of the whole exchange;
+  b. stored: `--storm` sessions made the same way, `--concurrency` at a time
+     (setting up the storm; its rate is printed too);
+  c. storm: all `--storm` sessions come back at once, at most `--concurrency`
+     CONNECTs waiting for their CONNACK at a time (a fleet after a network blip
+     or a broker restart); every CONNACK must say Session Present 1. A client
+     that has its CONNACK stays connected until all have theirs. Sessions/s
+     (first CONNECT to last CONNACK), and CONNACK latency p50/p99 (from opening
+     the TCP connection to the CONNACK);
+  d. leave: the storm's clients send DISCONNECT together (the session saves
+     at disconnect); time until every connection is closed by the broker.
+
+Each phase also prints the broker's CPU time per session (utime + stime of its
+pid), which a busy machine disturbs less than the rates.
+
+Brokers: Riverbed (`riverbed serve`, SQLite in a temp dir, or a database on a
+throwaway PostgreSQL server with `--riverbed-db postgres`), mosquitto (Debian
+package, persistence on), started and stopped as `bench/mqtt.py` does.
+
+    .venv/bin/python bench/sessions.py [--sequential 2000] [--storm 5000]
+        [--concurrency 500] [--brokers riverbed,mosquitto] [--riverbed-db sqlite|postgres]
+
+Targets (issue 17): Riverbed at least 0.5x mosquitto's rate in (a) and (c), and
+CONNACK p99 at most 1 s in the storm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness.postgres import PostgresServer
+from mqtt import Broker, Mosquitto, Riverbed  # bench/mqtt.py
+from riverbed.mqtt.codec import (
+    MQTT_5,
+    Connack,
+    Connect,
+    ConnectProperties,
+    Decoder,
+    Disconnect,
+    Packet,
+    Suback,
+    Subscribe,
+    SubscribeTopic,
+    encode,
+)
+
+EXPIRY = 86_400
+TIMEOUT = 60.0
+
+
+class Refused(Exception):
+    pass
+
+
+def _connect_bytes(client_id: str) -> bytes:
+    return encode(
+        Connect(
+            client_id=client_id,
+            clean_start=False,
+            keep_alive=600,
+            properties=ConnectProperties(session_expiry_interval=EXPIRY),
+        ),
+        MQTT_5,
+    )
+
+
+class Client:
+    """One raw MQTT 5 connection: write packets, wait for the next one."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.decoder = Decoder(MQTT_5)
+        self.pending: list[Packet] = []
+
+    @classmethod
+    async def open(cls, port: int) -> Client:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        return cls(reader, writer)
+
+    async def next(self) -> Packet:
+        while not self.pending:
+            data = await self.reader.read(65536)
+            if not data:
+                raise Refused("connection closed by the broker")
+            self.pending.extend(self.decoder.feed(data))
+        return self.pending.pop(0)
+
+    async def connect(self, client_id: str) -> bool:
+        self.writer.write(_connect_bytes(client_id))
+        packet = await self.next()
+        if not isinstance(packet, Connack) or packet.reason_code:
+            raise Refused(f"{client_id}: {packet!r}")
+        return packet.session_present
+
+    async def subscribe(self, topic_filter: str) -> None:
+        self.writer.write(encode(Subscribe(1, (SubscribeTopic(topic_filter, 1),)), MQTT_5))
+        packet = await self.next()
+        if not isinstance(packet, Suback) or packet.reason_codes[0] != 1:
+            raise Refused(f"SUBSCRIBE {topic_filter}: {packet!r}")
+
+    async def leave(self) -> None:
+        """DISCONNECT 0x00, then wait until the broker closes the connection."""
+        self.writer.write(encode(Disconnect(), MQTT_5))
+        with contextlib.suppress(ConnectionError):
+            while await self.reader.read(65536):
+                pass
+        self.writer.close()
+
+
+def client_id(i: int) -> str:
+    return f"bench-session-{i:06d}"
+
+
+async def make_session(port: int, i: int) -> float:
+    """CONNECT + SUBSCRIBE + DISCONNECT for session `i`; the seconds it took."""
+    t = time.perf_counter()
+    c = await Client.open(port)
+    await c.connect(client_id(i))
+    await c.subscribe(f"bench/sessions/{i}/#")
+    await c.leave()
+    return time.perf_counter() - t
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+@dataclass
+class Result:
+    broker: str
+    cpu: Callable[[], float]
+    """The broker's CPU seconds so far (utime + stime)."""
+    rows: dict[str, tuple[int, float, list[float]]] = field(default_factory=dict)
+    """phase -> (count, seconds, latencies)"""
+    used: dict[str, float] = field(default_factory=dict)
+    """phase -> broker CPU seconds"""
+    _cpu_at: float = 0.0
+
+    def begin(self) -> float:
+        self._cpu_at = self.cpu()
+        return time.perf_counter()
+
+    def add(self, phase: str, count: int, seconds: float, latencies: list[float]) -> None:
+        self.rows[phase] = (count, seconds, latencies)
+        self.used[phase] = self.cpu() - self._cpu_at
+        line = (
+            f"  {phase:<11} {count:>6} in {seconds:7.2f} s = {count / seconds:8.0f}/s"
+            f"   CPU {self.used[phase] / count * 1e6:6.0f} us each"
+        )
+        if latencies:
+            line += (
+                f"   p50 {pct(latencies, 0.5) * 1000:7.1f} ms"
+                f"   p99 {pct(latencies, 0.99) * 1000:7.1f} ms"
+            )
+        print(line, flush=True)
+
+    def cpu_each(self, phase: str) -> float:
+        return self.used[phase] / self.rows[phase][0]
+
+    def rate(self, phase: str) -> float:
+        count, seconds, _ = self.rows[phase]
+        return count / seconds
+
+    def p99(self, phase: str) -> float:
+        return pct(self.rows[phase][2], 0.99)
+
+
+async def run(port: int, args: argparse.Namespace, result: Result) -> None:
+    # a. sequential creation (ids from `args.storm` on, apart from the storm's)
+    base = args.storm
+    latencies = []
+    t = result.begin()
+    for i in range(base, base + args.sequential):
+        latencies.append(await make_session(port, i))
+    result.add("sequential", args.sequential, time.perf_counter() - t, latencies)
+
+    # b. the storm's stored sessions, made concurrently
+    gate = asyncio.Semaphore(args.concurrency)
+
+    async def made(i: int) -> float:
+        async with gate:
+            return await make_session(port, i)
+
+    t = result.begin()
+    latencies = list(await asyncio.gather(*(made(i) for i in range(args.storm))))
+    result.add("stored", args.storm, time.perf_counter() - t, latencies)
+
+    # c. the storm: every stored session resumes, `concurrency` CONNECTs at a time
+    clients: list[Client] = []
+    connack: list[float] = []
+
+    async def resume(i: int) -> None:
+        async with gate:
+            t0 = time.perf_counter()
+            c = await Client.open(port)
+            present = await c.connect(client_id(i))
+            connack.append(time.perf_counter() - t0)
+            if not present:
+                raise Refused(f"{client_id(i)}: Session Present 0 in the storm")
+            clients.append(c)
+
+    t = result.begin()
+    await asyncio.wait_for(asyncio.gather(*(resume(i) for i in range(args.storm))), args.timeout)
+    result.add("storm", args.storm, time.perf_counter() - t, connack)
+
+    # d. all of them leave at once
+    t = result.begin()
+    await asyncio.wait_for(asyncio.gather(*(c.leave() for c in clients)), args.timeout)
+    result.add("leave", len(clients), time.perf_counter() - t, [])
+
+
+def run_broker(broker: Broker, args: argparse.Namespace) -> Result:
+    result = Result(broker.name, broker.cpu)
+    broker.start()
+    try:
+        with contextlib.suppress(ImportError):
+            import uvloop
+
+            asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+        asyncio.run(run(broker.port, args, result))
+    except Exception as exc:
+        print(f"  ! {broker.name} failed: {exc!r}\n{broker.tail()}", flush=True)
+    finally:
+        cpu = broker.cpu() if broker.process and broker.process.poll() is None else 0.0
+        print(f"  broker CPU {cpu:.1f} s, RSS {broker.rss_mb() if cpu else 0:.0f} MiB")
+        broker.stop()
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--sequential", type=int, default=2000)
+    p.add_argument("--storm", type=int, default=5000)
+    p.add_argument("--concurrency", type=int, default=500)
+    p.add_argument("--brokers", default="riverbed,mosquitto")
+    p.add_argument("--riverbed-db", choices=["sqlite", "postgres"], default="sqlite")
+    p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--keep", action="store_true", help="keep the temp dirs (logs, stores)")
+    args = p.parse_args()
+    print(
+        f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()},"
+        f" load {os.getloadavg()[0]:.2f}; sequential {args.sequential}, storm {args.storm}"
+        f" at {args.concurrency} concurrent; Riverbed on {args.riverbed_db}",
+        flush=True,
+    )
+    kinds: dict[str, type[Broker]] = {"riverbed": Riverbed, "mosquitto": Mosquitto}
+    results: dict[str, Result] = {}
+    with contextlib.ExitStack() as stack:
+        if args.riverbed_db == "postgres" and "riverbed" in args.brokers:
+            server = PostgresServer()
+            server.start()
+            stack.callback(server.stop)
+            Riverbed.db_url = server.new_database("bench_sessions")
+        for name in args.brokers.split(","):
+            workdir = Path(tempfile.mkdtemp(prefix=f"bench-sessions-{name}-"))
+            print(f"-- {name}: {workdir}", flush=True)
+            results[name] = run_broker(kinds[name](workdir), args)
+            if args.keep:
+                print(f"  log: {results[name].broker} in {workdir}")
+            else:
+                shutil.rmtree(workdir, ignore_errors=True)
+    r, m = results.get("riverbed"), results.get("mosquitto")
+    if r is None or m is None or "storm" not in r.rows or "storm" not in m.rows:
+        return
+    print("\n== targets (issue 17)")
+    for phase in ("sequential", "stored", "storm"):
+        ratio = r.rate(phase) / m.rate(phase)
+        mark = "" if phase == "stored" else ("  ok" if ratio >= 0.5 else "  MISSED (>= 0.5)")
+        cost = r.cpu_each(phase) / m.cpu_each(phase) if m.cpu_each(phase) else float("nan")
+        print(f"  {phase:<11} Riverbed / mosquitto {ratio:5.2f}{mark}   (CPU each {cost:.0f}x)")
+    p99 = r.p99("storm")
+    print(f"  storm CONNACK p99 {p99 * 1000:.0f} ms{'  ok' if p99 <= 1.0 else '  MISSED (<= 1 s)'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,281 @@
+"""Group commit for session writes (issue 17): many connections' saves in one
+transaction, like the commit pacer does for messages.
+
+A broker whose clients all come back at once (a network blip, a restart) has
+every connection write its session record at CONNECT, its subscriptions and
+new cursors at SUBSCRIBE and a checkpoint at DISCONNECT. One transaction each
+costs a commit (an fsync on PostgreSQL, the write lock on SQLite) per write;
+`SessionWriter` runs them on one thread instead, taking every write queued
+while the previous transaction committed into the next one. Each caller gets a
+`concurrent.futures.Future` answered once its write is durable (committed), so
+a CONNACK or SUBACK still goes out only after the state it promises is stored.
+
+Every write keeps its own rules, as `SessionStore` applies them one at a time:
+
+- a record write is a compare-and-set on the version its connection read
+  (`PreconditionFailed` for that write alone, the others commit);
+- a checkpoint writes the record, then moves the cursors forward (never back),
+  skipping topics whose cursor has gone;
+- the cursors of topics a SUBSCRIBE newly reaches are made in the same
+  transaction as the record naming them, after its compare-and-set succeeded.
+
+A batch that fails as a whole in the database (not a refused compare-and-set)
+is run again write by write, so one connection's bad write never fails
+another's. A lost connection is not retried: a COMMIT whose outcome is unknown
+must not be repeated, and every write of the batch gets the error.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, replace
+
+from riverbed.errors import (
+    AlreadyExists,
+    PreconditionFailed,
+    RiverbedError,
+    StorageError,
+    StorageFull,
+    StorageUnavailable,
+)
+from riverbed.sessions.store import (
+    NAMESPACE,
+    SessionRecord,
+    SessionStore,
+    Stored,
+    cursor_name,
+    now_us,
+)
+from riverbed.storage.transactions import (
+    Transaction,
+    commit_cursors_in,
+    create_subscription_in,
+    kv_write_in,
+    storage_error,
+    subscription_exists_in,
+    transaction,
+)
+
+MAX_BATCH = 500
+"""Writes in one transaction at most (a storm of 5,000 reconnects makes a few
+transactions of this size, each short enough not to hold the write lock long)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NewCursors:
+    """Cursors to make with a record write: on `topics`, from `start_us` (None:
+    the heads), or from `offsets` for the streams named there
+    (`SessionStore.ensure_cursors`)."""
+
+    topics: tuple[str, ...]
+    start_us: int | None
+    offsets: Mapping[int, int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Write:
+    """A record written as given (compare-and-set on `version`; None: create)."""
+
+    record: SessionRecord
+    version: int | None
+    cursors: NewCursors | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Checkpoint:
+    """`SessionStore.commit`: the record with `seen_us` and `sent`, then the cursors."""
+
+    stored: Stored
+    cursors: Mapping[str, Mapping[int, int]]
+    sent: Mapping[int, int]
+    at_us: int | None
+
+
+_Op = _Write | _Checkpoint
+
+
+class SessionWriter:
+    """Writes session records (and the cursors that go with them) for many
+    connections, in as few transactions as the database's speed allows.
+
+    Thread-safe; its one thread starts with the first write (`autostart`
+    False: with `start`, so a test can queue writes first). `close` answers
+    what is queued, then stops it.
+    """
+
+    def __init__(
+        self, store: SessionStore, *, max_batch: int = MAX_BATCH, autostart: bool = True
+    ) -> None:
+        self.store = store
+        self.max_batch = max_batch
+        self._autostart = autostart
+        self._queue: deque[tuple[_Op, Future[Stored]]] = deque()
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._idle = False
+        """The thread waits for writes (else it is writing, or not started)."""
+        self.transactions = 0
+        """Transactions committed so far (for tests and benchmarks)."""
+        self.writes = 0
+        """Writes answered so far."""
+
+    # --- what callers ask for ------------------------------------------------
+    def write(
+        self, record: SessionRecord, version: int | None, cursors: NewCursors | None = None
+    ) -> Future[Stored]:
+        """Create (`version` None) or compare-and-set the record; with `cursors`,
+        make those in the same transaction (once the record is written). The
+        future fails with `PreconditionFailed` if another writer got there
+        first (nothing of this write is stored then)."""
+        return self._submit(_Write(record, version, cursors))
+
+    def commit(
+        self,
+        stored: Stored,
+        cursors: Mapping[str, Mapping[int, int]],
+        sent: Mapping[int, int],
+        at_us: int | None = None,
+    ) -> Future[Stored]:
+        """A checkpoint, as `SessionStore.commit` makes it."""
+        return self._submit(_Checkpoint(stored, cursors, sent, at_us))
+
+    def start(self) -> None:
+        """Start the thread (done by the first write unless `autostart` is False)."""
+        with self._wake:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="riverbed-session-writer", daemon=True
+                )
+                self._thread.start()
+
+    def close(self) -> None:
+        """Answer everything queued, then stop the thread."""
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+        else:
+            self._run()  # never started: answer what was queued here
+
+    def _submit(self, op: _Op) -> Future[Stored]:
+        future: Future[Stored] = Future()
+        with self._wake:
+            if self._closed:
+                future.set_exception(StorageError("the session writer is closed"))
+                return future
+            self._queue.append((op, future))
+            if self._idle:
+                # Only a waiting thread needs waking: a busy one takes the
+                # queue when its transaction ends (and each wake-up costs the
+                # event loop a hand-over of the GIL).
+                self._wake.notify()
+        if self._autostart and self._thread is None:
+            self.start()
+        return future
+
+    # --- the thread -------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._queue and not self._closed:
+                    self._idle = True
+                    self._wake.wait()
+                    self._idle = False
+                if not self._queue:
+                    return
+                take = min(len(self._queue), self.max_batch)
+                batch = [self._queue.popleft() for _ in range(take)]
+            try:
+                self._write_batch(batch)
+            except Exception as exc:  # a bug: fail its writes, keep the thread
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+
+    def _write_batch(self, batch: Sequence[tuple[_Op, Future[Stored]]]) -> None:
+        try:
+            outcomes = self._transaction([op for op, _ in batch])
+        except (StorageUnavailable, StorageFull) as exc:
+            # Unreachable (the outcome of the COMMIT may be unknown: never
+            # repeat it), or refusing writes (full, read-only): every write
+            # gets the error, and the connections refuse what waited for it.
+            for _, future in batch:
+                future.set_exception(exc)
+            return
+        except RiverbedError as exc:
+            if len(batch) == 1:
+                batch[0][1].set_exception(exc)
+                return
+            for one in batch:
+                self._write_batch([one])
+            return
+        self.transactions += 1
+        self.writes += len(batch)
+        for (_, future), outcome in zip(batch, outcomes, strict=True):
+            if isinstance(outcome, Stored):
+                future.set_result(outcome)
+            else:
+                future.set_exception(outcome)
+
+    def _transaction(self, ops: Sequence[_Op]) -> list[Stored | RiverbedError]:
+        """All of `ops` in one transaction: per op, what it wrote or why it
+        was refused (a refusal writes nothing of that op)."""
+        outcomes: list[Stored | RiverbedError] = []
+        storage = self.store.storage
+        try:
+            with transaction(storage) as tx:
+                for op in ops:
+                    try:
+                        outcomes.append(self._apply(tx, op))
+                    except PreconditionFailed as exc:
+                        outcomes.append(exc)
+        except RiverbedError:
+            raise
+        except Exception as exc:  # the database's driver, from a statement
+            raise storage_error(storage, exc) from exc
+        return outcomes
+
+    def _apply(self, tx: Transaction, op: _Op) -> Stored:
+        match op:
+            case _Write(record, version, cursors):
+                written = _put(tx, record, version)
+                if cursors is not None:
+                    self._make_cursors(tx, record.session_id, cursors)
+                return written
+            case _Checkpoint(stored, cursors, sent, at_us):
+                record = replace(stored.record, seen_us=at_us or now_us(), sent=dict(sent))
+                written = _put(tx, record, stored.version)
+                for topic, offsets in cursors.items():
+                    name = cursor_name(record.session_id, topic)
+                    # A topic the session stopped reaching may have lost its
+                    # cursor since this checkpoint was taken: nothing to keep.
+                    if offsets and subscription_exists_in(tx, name):
+                        commit_cursors_in(tx, name, offsets)
+                return written
+
+    def _make_cursors(self, tx: Transaction, session_id: str, cursors: NewCursors) -> None:
+        for topic in cursors.topics:
+            name = cursor_name(session_id, topic)
+            if subscription_exists_in(tx, name):
+                continue
+            record, initial = self.store.new_cursor(
+                session_id, topic, cursors.start_us, cursors.offsets
+            )
+            try:
+                create_subscription_in(tx, record, initial)
+            except AlreadyExists:
+                continue
+
+
+def _put(tx: Transaction, record: SessionRecord, version: int | None) -> Stored:
+    written = kv_write_in(tx, NAMESPACE, record.client_id, record.to_json(), version)
+    if written is None:
+        what = "exists already" if version is None else f"is not at version {version}"
+        raise PreconditionFailed(f"key {NAMESPACE}/{record.client_id} {what}")
+    return Stored(record, written)

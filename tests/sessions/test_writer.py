@@ -1,0 +1,194 @@
+"""The session writer on both backends: many connections' writes in one
+transaction, each answered with what it wrote or why it was refused."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from pathlib import Path
+
+import pytest
+
+from harness.storage import create_topic, numbered_rows
+from riverbed.errors import (
+    PreconditionFailed,
+    StorageError,
+    StorageFull,
+    SubscriptionNotFound,
+    TopicNotFound,
+)
+from riverbed.sessions.session import Subscription
+from riverbed.sessions.store import SessionRecord, SessionStore, Stored, cursor_name
+from riverbed.sessions.writer import NewCursors, SessionWriter
+from riverbed.storage import Storage, open_storage
+
+TIMEOUT = 30.0
+
+
+def record(client_id: str, session_id: str = "", **changes: object) -> SessionRecord:
+    base = SessionRecord(client_id, session_id or f"s-{client_id}", 5, 60, True, 1_000_000)
+    return SessionRecord(**{**{f: getattr(base, f) for f in base.__slots__}, **changes})  # type: ignore[arg-type]
+
+
+def answers(futures: list[Future[Stored]]) -> list[Stored | BaseException]:
+    out: list[Stored | BaseException] = []
+    for future in futures:
+        error = future.exception(TIMEOUT)
+        out.append(future.result() if error is None else error)
+    return out
+
+
+def test_queued_writes_share_one_transaction(storage: Storage) -> None:
+    store = SessionStore(storage)
+    writer = SessionWriter(store, autostart=False)
+    futures = [writer.write(record(f"c{i}"), None) for i in range(50)]
+    writer.start()
+    written = answers(futures)
+    writer.close()
+    assert writer.transactions == 1
+    assert writer.writes == 50
+    for i, stored in enumerate(written):
+        assert isinstance(stored, Stored) and stored.version == 1
+        loaded = store.load(f"c{i}")
+        assert loaded is not None and loaded.record == record(f"c{i}") and loaded.version == 1
+
+
+def test_a_refused_write_refuses_only_itself(storage: Storage) -> None:
+    store = SessionStore(storage)
+    first = store.write(record("taken"), None)
+    store.write(record("taken", seen_us=2), first.version)  # another connection moved it on
+    writer = SessionWriter(store, autostart=False)
+    futures = [
+        writer.write(record("a"), None),
+        writer.write(record("taken", seen_us=3), first.version),  # a late, fenced write
+        writer.write(record("b"), None),
+        writer.write(record("a"), None),  # created already, by the first write
+    ]
+    writer.start()
+    a, taken, b, again = answers(futures)
+    writer.close()
+    assert writer.transactions == 1
+    assert isinstance(a, Stored) and isinstance(b, Stored)
+    assert isinstance(taken, PreconditionFailed) and "version 1" in str(taken)
+    assert isinstance(again, PreconditionFailed) and "exists already" in str(again)
+    loaded = store.load("taken")
+    assert loaded is not None and loaded.record.seen_us == 2 and loaded.version == 2
+
+
+def test_new_cursors_come_with_the_record(storage: Storage) -> None:
+    heads = create_topic(storage, "t", partitions=2)
+    storage.append({heads[0].key: numbered_rows(3)})
+    store = SessionStore(storage)
+    writer = SessionWriter(store)
+    subscribed = record("c", subscriptions=(Subscription("t/#", 1),), topics=("t",))
+    stored = writer.write(subscribed, None, NewCursors(("t",), None, {heads[1].key: 0})).result(
+        TIMEOUT
+    )
+    # A write refused by its compare-and-set makes no cursor either.
+    refused = writer.write(record("c", "other", topics=("t",)), None, NewCursors(("t",), None))
+    assert isinstance(refused.exception(TIMEOUT), PreconditionFailed)
+    writer.close()
+    assert stored.record == subscribed
+    # At the heads, or where the SUBSCRIBE said.
+    assert storage.get_cursors(cursor_name("s-c", "t")) == {heads[0].key: 3, heads[1].key: 0}
+    with pytest.raises(SubscriptionNotFound):
+        storage.get_subscription(cursor_name("other", "t"))
+
+
+def test_a_write_that_fails_in_the_database_fails_alone(storage: Storage) -> None:
+    (head,) = create_topic(storage, "t")
+    store = SessionStore(storage)
+    writer = SessionWriter(store, autostart=False)
+    futures = [
+        writer.write(record("a", topics=("t",)), None, NewCursors(("t",), None)),
+        writer.write(record("b", topics=("gone",)), None, NewCursors(("gone",), None)),
+        writer.write(record("c"), None),
+    ]
+    writer.start()
+    a, b, c = answers(futures)
+    writer.close()
+    assert isinstance(a, Stored) and isinstance(c, Stored)
+    assert isinstance(b, TopicNotFound)
+    assert store.load("b") is None  # nothing of it: rolled back, then run alone
+    assert store.load("a") is not None and store.load("c") is not None
+    assert storage.get_cursors(cursor_name("s-a", "t")) == {head.key: 0}
+
+
+def test_checkpoints_move_cursors_forward_and_skip_gone_ones(storage: Storage) -> None:
+    heads = create_topic(storage, "t")
+    create_topic(storage, "u")
+    key = heads[0].key
+    storage.append({key: numbered_rows(10)})
+    store = SessionStore(storage)
+    stored = store.write(record("c", topics=("t", "u")), None)
+    store.ensure_cursors("s-c", ["t"], None, {key: 2})
+    writer = SessionWriter(store)
+    first = writer.commit(stored, {"t": {key: 7}, "u": {999: 1}}, {key: 8}, at_us=5).result(TIMEOUT)
+    # A checkpoint never moves a cursor back.
+    second = writer.commit(first, {"t": {key: 4}}, {key: 8}, at_us=6).result(TIMEOUT)
+    writer.close()
+    assert storage.get_cursors(cursor_name("s-c", "t")) == {key: 7}
+    assert second.version == 3
+    loaded = store.load("c")
+    assert loaded is not None and loaded.record.seen_us == 6 and loaded.record.sent == {key: 8}
+
+
+def test_many_threads_at_once(storage: Storage) -> None:
+    """Connections writing concurrently: every write answered, stored once,
+    in fewer transactions than writes."""
+    store = SessionStore(storage)
+    writer = SessionWriter(store)
+    results: dict[str, Stored | BaseException] = {}
+    go = threading.Barrier(8)
+
+    def connection(n: int) -> None:
+        go.wait()
+        for i in range(25):
+            client = f"t{n}-{i}"
+            created = writer.write(record(client), None)
+            error = created.exception(TIMEOUT)
+            if error is not None:
+                results[client] = error
+                continue
+            saved = writer.commit(created.result(), {}, {}, at_us=7)
+            error = saved.exception(TIMEOUT)
+            results[client] = saved.result() if error is None else error
+
+    threads = [threading.Thread(target=connection, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(TIMEOUT)
+    writer.close()
+    assert len(results) == 200
+    assert all(isinstance(r, Stored) and r.version == 2 for r in results.values()), results
+    assert writer.writes == 400
+    assert writer.transactions < 400
+    assert {s.record.client_id for s in store.all()} == set(results)
+
+
+def test_closing_answers_what_was_queued(storage: Storage) -> None:
+    writer = SessionWriter(SessionStore(storage), autostart=False)
+    queued = writer.write(record("q"), None)
+    writer.close()
+    assert isinstance(queued.result(0), Stored)
+    late = writer.write(record("late"), None)
+    error = late.exception(0)
+    assert isinstance(error, StorageError) and "closed" in str(error)
+
+
+def test_a_store_that_refuses_writes_says_so(tmp_path: Path) -> None:
+    """A full store: the writes it refuses fail with `StorageFull` (what the
+    broker answers with CONNACK 0x88), and the writer goes on answering."""
+    storage = open_storage(f"sqlite:///{tmp_path}/full.db?max_size=256KiB")
+    try:
+        writer = SessionWriter(SessionStore(storage))
+        will = "w" * 60_000
+        errors = [
+            writer.write(record(f"c{i}", will=will), None).exception(TIMEOUT) for i in range(8)
+        ]
+        writer.close()
+    finally:
+        storage.close()
+    assert errors[0] is None
+    assert isinstance(errors[-1], StorageFull), errors
