@@ -377,10 +377,12 @@ def test_inbound_receive_maximum_counts_unacknowledged_qos_1_and_2() -> None:
         Publish("t", b"", qos=0),  # QoS 0 never counts
     )
     appends = [e for e in effects if isinstance(e, Append)]
-    assert len(appends) == 3
+    assert len(appends) == 2 and core.waiting  # the QoS 2 one first
     core.committed(appends[0].seq)
     core.committed(appends[1].seq)  # PUBREC sent, but QoS 2 counts until PUBCOMP
-    core.committed(appends[2].seq)
+    (qos0,) = core.resume(0.0)
+    assert isinstance(qos0, Append)
+    core.committed(qos0.seq)
     assert others(feed(core, Publish("t", b"", qos=1, packet_id=3))) != []
     effects = feed(core, Publish("t", b"", qos=1, packet_id=4))
     assert sent(effects) == [Disconnect(DisconnectReason.RECEIVE_MAXIMUM_EXCEEDED)]
@@ -391,9 +393,29 @@ def test_inbound_receive_maximum_frees_a_slot_on_pubcomp() -> None:
     (append,) = others(feed(core, Publish("t", b"", qos=2, packet_id=9)))
     assert isinstance(append, Append)
     assert sent(core.committed(append.seq)) == [Pubrec(9)]
+    core.resume(0.0)
     assert others(feed(core, Pubrel(9))) == [ForgetPacketId(9)]
     assert sent(core.handle(Released(9, known=True), 0.0)) == [Pubcomp(9)]
+    core.resume(0.0)
     assert isinstance(others(feed(core, Publish("t", b"", qos=1, packet_id=10)))[0], Append)
+
+
+def test_what_follows_a_packet_that_waits_is_held_until_resume() -> None:
+    core = connected()
+    effects = feed(
+        core,
+        Publish("t", b"", qos=2, packet_id=1),
+        Pingreq(),
+        Publish("t", b"", qos=1, packet_id=2),
+    )
+    (append,) = effects
+    assert isinstance(append, Append) and append.waits
+    assert core.waiting and core.held == 2
+    assert feed(core, Pingreq()) == []  # still held
+    effects = core.resume(0.0)
+    assert sent(effects) == [Pingresp(), Pingresp()]
+    assert [e.seq for e in effects if isinstance(e, Append)] == [append.seq + 1]
+    assert not core.waiting and core.held == 0
 
 
 def test_outbound_window_is_the_smaller_of_the_clients_and_ours() -> None:
@@ -499,6 +521,7 @@ def test_qos_2_in_exactly_once() -> None:
     (append,) = others(feed(core, Publish("t", b"", qos=2, packet_id=7)))
     assert isinstance(append, Append)
     assert sent(core.committed(append.seq)) == [Pubrec(7)]
+    core.resume(0.0)
     # Its PUBREC lost, the client sends it again: answered, not appended again.
     effects = feed(core, Publish("t", b"", qos=2, packet_id=7, dup=True))
     assert sent(effects) == [Pubrec(7)] and others(effects) == []
@@ -559,7 +582,9 @@ def test_acknowledgements_subscribe_and_ping() -> None:
     core = connected()
     subscribe = Subscribe(1, (SubscribeTopic("a/#", 1),))
     effects = feed(core, subscribe, Pingreq(), Pubrec(4))
-    assert others(effects) == [ToSession(subscribe), ToSession(Pubrec(4))]
+    assert effects == [ToSession(subscribe)]  # the rest waits for the SUBACK
+    effects = core.resume(0.0)
+    assert others(effects) == [ToSession(Pubrec(4))]
     assert sent(effects) == [Pingresp()]
 
 

@@ -27,7 +27,11 @@ The machine, as data in `_TRANSITIONS`::
   then the session opened (`Authenticate`, then `OpenSession`). Packets that
   arrive meanwhile are held and handled, in order, once CONNECTED. No keep
   alive runs (the runtime is working for the client).
-- CONNECTED: the CONNACK went out. Every packet is checked here.
+- CONNECTED: the CONNACK went out. Every packet is checked here. A packet
+  whose effect must finish before the next is handled (a QoS 2 or retained
+  PUBLISH, PUBREL, SUBSCRIBE, UNSUBSCRIBE) makes the core `waiting`: it holds
+  what it reads until the runtime calls `resume`, so every check of a later
+  packet (Receive Maximum, a resent QoS 2...) sees the earlier one done.
 - CLOSING: a `Close` effect was returned; nothing more is read or answered.
   `connection_lost` then says whether a Will must be scheduled.
 
@@ -168,7 +172,8 @@ class ConnectionCore:
 
     `may_publish(username, client_id, topic)` is the authorization policy
     (`mqtt/auth.py`, itself sans-I/O); `new_client_id()` makes an Assigned
-    Client Identifier.
+    Client Identifier; `publish_in`, if given, counts the PUBLISHes read per
+    QoS (the broker's metrics: plain ints).
     """
 
     __slots__ = (
@@ -186,10 +191,12 @@ class ConnectionCore:
         "_new_client_id",
         "_next_seq",
         "_out",
+        "_publish_in",
         "_queue",
         "_refused",
         "_requested_expiry",
         "_unacked",
+        "_waiting",
         "_will_scheduled",
         "assigned",
         "clean_start",
@@ -214,10 +221,12 @@ class ConnectionCore:
         *,
         new_client_id: Callable[[], str],
         may_publish: Callable[[str | None, str, str], bool] = _anyone_may_publish,
+        publish_in: list[int] | None = None,
     ) -> None:
         self._limits = limits
         self._decoder = Decoder(max_packet_size=limits.maximum_packet_size)
         self._may_publish = may_publish
+        self._publish_in = [0, 0, 0] if publish_in is None else publish_in
         self._new_client_id = new_client_id
         self.state = State.AWAITING_CONNECT
         self.level = 4
@@ -245,7 +254,11 @@ class ConnectionCore:
         self._alias_maximum = 0
         self._aliases_in: dict[int, str] = {}
         self._aliases_out: dict[str, int] = {}
-        self._held: list[Packet] = []
+        self._held: deque[Packet] = deque()
+        """Packets read while authenticating or `waiting`, handled in order later."""
+        self._waiting = False
+        """An effect that must finish before the next packet is handled is being
+        carried out (`resume` ends it)."""
         self._queue: deque[list[object]] = deque()
         """Inbound PUBLISHes in arrival order, not yet acknowledged:
         [seq, qos, packet id, reason (None: commit pending), store refused, answered]."""
@@ -262,26 +275,55 @@ class ConnectionCore:
     # ----------------------------------------------------------------- the runtime's calls
 
     def receive(self, data: bytes, now: float) -> list[Effect]:
-        """The client's next bytes, in any cut: handle the packets they complete."""
+        """The client's next bytes, in any cut: handle the packets they complete
+        (or hold them, while authenticating or `waiting`)."""
         self._last_read = now
         if self.state is State.CLOSING:
             return []
         try:
+            held = self._held
             for packet in self._decoder.feed(data):
                 state = self.state
-                if state is State.CONNECTED:
+                if state is State.CONNECTED and not self._waiting:
                     self._packet(packet)
-                elif state is State.AUTHENTICATING:
-                    self._held.append(packet)
+                elif state is State.CONNECTED or state is State.AUTHENTICATING:
+                    held.append(packet)
                 elif state is State.AWAITING_CONNECT:
                     # The decoder lets nothing but a CONNECT come first [MQTT-3.1.0-1].
                     assert type(packet) is Connect
                     self._connect(packet)
-                else:
-                    break
         except ProtocolError as exc:
             self._protocol_error(exc)
         return self._done()
+
+    @property
+    def waiting(self) -> bool:
+        """The last effect must finish before the next packet is handled: a QoS 2
+        or retained `Append`, `ForgetPacketId` (PUBREL), SUBSCRIBE or
+        UNSUBSCRIBE. The runtime calls `resume` once it has."""
+        return self._waiting
+
+    @property
+    def held(self) -> int:
+        """How many packets wait to be handled (the runtime stops reading when
+        there are many)."""
+        return len(self._held)
+
+    def resume(self, now: float) -> list[Effect]:
+        """The effect the core waited for is done: handle the packets held
+        meanwhile, up to the next one that waits."""
+        self._waiting = False
+        if self.state is State.CONNECTED:
+            self._handle_held()
+        return self._done()
+
+    def _handle_held(self) -> None:
+        held = self._held
+        try:
+            while held and not self._waiting and self.state is State.CONNECTED:
+                self._packet(held.popleft())
+        except ProtocolError as exc:
+            self._protocol_error(exc)
 
     def handle(self, event: Event, now: float) -> list[Effect]:
         """An answer to an effect, or news only the runtime has."""
@@ -326,6 +368,22 @@ class ConnectionCore:
             raise LocalProtocolError(f"commit {seq} reported twice or never appended")
         entry[3] = reason
         entry[4] = store_refused
+        if self.state is not State.CLOSING:
+            self._send_acks()
+        return self._done()
+
+    def committed_all(self, seqs: list[int]) -> list[Effect]:
+        """`committed(seq)` for each of `seqs`, all successful, in one call (the
+        hot path: one `Send` for all their acknowledgements)."""
+        queue = self._queue
+        if not queue:
+            raise LocalProtocolError(f"commits {seqs} reported, none pending")
+        first = queue[0][0]
+        for seq in seqs:
+            entry = queue[seq - first]  # type: ignore[operator]
+            if entry[0] != seq or entry[3] is not None:
+                raise LocalProtocolError(f"commit {seq} reported twice or never appended")
+            entry[3] = 0
         if self.state is not State.CLOSING:
             self._send_acks()
         return self._done()
@@ -446,10 +504,14 @@ class ConnectionCore:
                 self.outbound.discard(received.packet_id)
             self._emit(ToSession(received))
         elif kind is Pubrel:
+            # The PUBCOMP waits for the marker to go; what follows waits for it.
+            self._waiting = True
             self._emit(ForgetPacketId(cast(Pubrel, packet).packet_id))
         elif kind is Pingreq:
             self._send(Pingresp())
         elif kind is Subscribe or kind is Unsubscribe:
+            # In effect when handled; what follows waits for the SUBACK/UNSUBACK.
+            self._waiting = True
             self._emit(ToSession(cast(Subscribe | Unsubscribe, packet)))
         elif kind is Disconnect:
             self._disconnect(cast(Disconnect, packet))
@@ -515,21 +577,14 @@ class ConnectionCore:
             self._send(Connack(present))
         self.connack_sent = True
         self._last_read = max(self._last_read, now)
-        held, self._held = self._held, []
-        try:
-            for packet in held:
-                if self.state is not State.CONNECTED:
-                    break
-                self._packet(packet)
-        except ProtocolError as exc:
-            self._protocol_error(exc)
+        self._handle_held()
 
-    def _refuse_connect(self, reason: ConnectReason) -> None:
+    def _refuse_connect(self, reason: ConnectReason, error: str = "") -> None:
         """A CONNACK refusal, then close [MQTT-3.2.2-6]; 3.1.1 only gets the
         return codes it has (else it is just closed)."""
         if self.level == MQTT_5 or reason in CONNACK_REASONS_V311:
             self._send(Connack(reason_code=reason))
-        self._close(reason)
+        self._close(reason, error)
 
     def _disconnect(self, packet: Disconnect) -> None:
         interval = packet.properties.session_expiry_interval
@@ -553,6 +608,7 @@ class ConnectionCore:
         Subscription Identifier, topic alias, a resent QoS 2, Receive Maximum,
         retain, `$SYS` and authorization. Accepted: `Append`."""
         qos = packet.qos
+        self._publish_in[qos] += 1
         packet_id = packet.packet_id
         if self._refused is not None:
             # Read after a PUBLISH the store refused: refused as well, never
@@ -607,7 +663,12 @@ class ConnectionCore:
         self._queue.append([seq, qos, packet_id, None, False, False])
         if qos:
             self._unacked += 1
-        self._emit(Append(seq, packet, topic))
+        # QoS 2 commits alone, after those before it and before the next is
+        # handled (per-publisher order); a retained PUBLISH is stored first.
+        waits = qos == 2 or packet.retain
+        if waits:
+            self._waiting = True
+        self._emit(Append(seq, packet, topic, waits))
 
     def _resolve_alias(self, alias: int, topic: str) -> str:
         maximum = self._limits.topic_alias_maximum
@@ -693,26 +754,28 @@ class ConnectionCore:
         """The client broke a rule: say why and close [MQTT-4.13.1-1]."""
         if self.state is State.CLOSING:
             return
+        error = f"{exc} (0x{exc.reason_code:02X})"
         if not self.connack_sent:
             self.level = self._decoder.protocol_level or 4
             try:
                 reason = ConnectReason(exc.reason_code)
             except ValueError:
                 reason = ConnectReason.UNSPECIFIED_ERROR
-            self._refuse_connect(reason)
+            self._refuse_connect(reason, error)
             return
         try:
-            self._close(DisconnectReason(exc.reason_code))
+            disconnect = DisconnectReason(exc.reason_code)
         except ValueError:
-            self._close(DisconnectReason.PROTOCOL_ERROR)
+            disconnect = DisconnectReason.PROTOCOL_ERROR
+        self._close(disconnect, error)
 
-    def _close(self, reason: ConnectReason | DisconnectReason | None) -> None:
+    def _close(self, reason: ConnectReason | DisconnectReason | None, error: str = "") -> None:
         if self.state is State.CLOSING:
             return
         self._goto("close")
         if self.connack_sent and self.level == MQTT_5 and isinstance(reason, DisconnectReason):
             self._send(Disconnect(reason))
-        self._emit(Close(reason))
+        self._emit(Close(reason, error=error))
 
     # ----------------------------------------------------------------- plumbing
 

@@ -72,6 +72,8 @@ class Append:
     seq: int
     publish: Publish
     topic: str
+    waits: bool = False
+    """QoS 2 or retained: the core holds what follows until `resume`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,10 +97,12 @@ class Close:
     """Close the transport (after the `Send`s before it). `reason` is why (a
     CONNACK refusal before the CONNACK was sent, a DISCONNECT reason after; None:
     closed without a word, e.g. no CONNECT in time); `by_client` when the client
-    sent DISCONNECT."""
+    sent DISCONNECT; `error` says which rule the client broke, if it did."""
 
     reason: ConnectReason | DisconnectReason | None
     by_client: bool = False
+    error: str = ""
+    """The rule the client broke, for the log (empty: none)."""
 
 
 @dataclass(frozen=True, slots=True)
