@@ -12,7 +12,8 @@ Rows:
 - build + encode: `Publish(...)` and `encode` (a delivery with its own packet id);
 - decode, one per feed: `Decoder.feed` with one whole packet per call;
 - decode, 100 per feed: one call with 100 packets back to back;
-- PUBACK build + encode: the answer to each QoS 1 PUBLISH;
+- PUBACK build + encode: the answer to each QoS 1 PUBLISH; the same bytes
+  from `encode_puback` (no packet object), and 100 at a time from `encode_pubacks`;
 - and, at level 5, the same PUBLISH with two properties (a user property `key`
   and a Message Expiry Interval).
 
@@ -29,7 +30,15 @@ import sys
 import time
 from collections.abc import Callable
 
-from riverbed.mqtt.codec import Decoder, Puback, Publish, PublishProperties, encode
+from riverbed.mqtt.codec import (
+    Decoder,
+    Puback,
+    Publish,
+    PublishProperties,
+    encode,
+    encode_puback,
+    encode_pubacks,
+)
 
 TOPIC = "sensors/room-1/temperature"
 PAYLOAD = bytes(range(100))
@@ -95,6 +104,16 @@ def rows(level: int, count: int, rounds: int) -> list[tuple[str, float, float | 
         for i in range(n):
             encode(Puback(i % 65535 + 1), level)
 
+    def puback_bytes_loop(n: int) -> None:
+        for i in range(n):
+            encode_puback(i % 65535 + 1, 0, level == 5)
+
+    ids = list(range(1, 101))
+
+    def pubacks_loop(n: int) -> None:
+        for _ in range(n // 100):
+            encode_pubacks(ids)
+
     def floor_encode_loop(n: int) -> None:
         for i in range(n):
             floor_encode(topic_bytes, i % 65535 + 1, PAYLOAD, level == 5)
@@ -113,6 +132,8 @@ def rows(level: int, count: int, rounds: int) -> list[tuple[str, float, float | 
         ("decode, one per feed", best_rate(decode_loop, count, rounds), floor_dec),
         ("decode, 100 per feed", best_rate(decode_batch_loop, count, rounds), floor_dec),
         ("PUBACK build + encode", best_rate(puback_loop, count, rounds), None),
+        ("PUBACK encode_puback", best_rate(puback_bytes_loop, count, rounds), None),
+        ("PUBACK, 100 per encode_pubacks", best_rate(pubacks_loop, count, rounds), None),
     ]
     if level == 5:
         rich = Publish(
@@ -151,10 +172,10 @@ def main() -> None:
     )
     for level, name in ((4, "MQTT 3.1.1"), (5, "MQTT 5.0")):
         print(f"\n{name} ({len(encode(Publish(TOPIC, PAYLOAD, 1, packet_id=10), level))} bytes)")
-        print(f"  {'':24} {'packets/s':>12} {'µs/packet':>10} {'floor/s':>12} {'codec/floor':>11}")
+        print(f"  {'':30} {'packets/s':>12} {'µs/packet':>10} {'floor/s':>12} {'codec/floor':>11}")
         for label, rate, floor in rows(level, args.count, args.rounds):
             floor_text = f"{floor:12,.0f} {rate / floor:10.2f}x" if floor else ""
-            print(f"  {label:24} {rate:12,.0f} {1e6 / rate:10.2f} {floor_text}")
+            print(f"  {label:30} {rate:12,.0f} {1e6 / rate:10.2f} {floor_text}")
     sys.stdout.flush()
 
 

@@ -13,12 +13,16 @@
 4. `riverbed consume dashboard` prints what the consumer receives.
 
     .venv/bin/python examples/sensor_pipeline.py [--db URL] [--readings N]
+        [--master spark://HOST:7077 [--conf NAME=VALUE ...] | --remote sc://HOST:15002]
 
 Without --db it works in a fresh SQLite database in a temporary directory.
 With --db it can run again on the same database: it reuses the topics and
 subscriptions, publishes the readings again and prints what the consumer
 receives this time.
-Runs Spark in this process (`local[*]`, a JVM is needed).
+Runs Spark in this process (`local[*]`, a JVM is needed), on a standalone
+cluster (`--master`: the database must be PostgreSQL, which every machine of
+the cluster reaches; `--conf` passes Spark settings such as
+`spark.executor.memory`) or through a Spark Connect server (`--remote`).
 """
 
 from __future__ import annotations
@@ -31,8 +35,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from riverbed.errors import InvalidInput
 from riverbed.log.log import Log
 from riverbed.spark import session
+from riverbed.spark.options import check_shared_storage
 from riverbed.subscriptions import Subscriptions
 
 DEVICES = ("boiler", "fridge", "porch")
@@ -123,11 +129,19 @@ def aggregate(spark: Any, db: str, checkpoint: str) -> None:
     query.awaitTermination()
 
 
-def run(db: str, count: int, work: Path) -> list[dict[str, Any]]:
+def run(
+    db: str,
+    count: int,
+    work: Path,
+    master: str | None = None,
+    remote: str | None = None,
+    conf: dict[str, str] | None = None,
+) -> list[dict[str, Any]]:
     """The whole pipeline; returns the aggregates the consumer received."""
+    check_shared_storage(db, master)  # a SQLite file on a cluster: refused before any write
     setup(db)
     publish(db, count)
-    spark = session()
+    spark = session(master, remote=remote, config=conf)
     aggregate(spark, db, str(work / "checkpoint"))
     lines = riverbed(db, "consume", "dashboard").splitlines()
     return [json.loads(json.loads(line)["payload"]) for line in lines if line.strip()]
@@ -137,11 +151,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--db", help="database URL (default: a new SQLite file)")
     parser.add_argument("--readings", type=int, default=90)
+    parser.add_argument("--master", help="Spark master URL (default: local[*])")
+    parser.add_argument("--remote", help="Spark Connect URL, sc://HOST:PORT")
+    parser.add_argument(
+        "--conf", action="append", default=[], metavar="NAME=VALUE", help="a Spark setting"
+    )
     args = parser.parse_args()
+    conf = dict(pair.split("=", 1) for pair in args.conf)
     with tempfile.TemporaryDirectory(prefix="riverbed-example-") as tmp:
         work = Path(tmp)
         db = args.db or f"sqlite:///{work}/example.db"
-        for row in run(db, args.readings, work):
+        try:
+            rows = run(db, args.readings, work, args.master, args.remote, conf)
+        except InvalidInput as exc:
+            sys.exit(f"error: {exc}")
+        for row in rows:
             print(
                 f"{row['minute']}  {row['device']:<8} {row['readings']:>3} readings"
                 f"  avg {row['avg_temperature']:6.2f}  max {row['max_temperature']:6.2f}"

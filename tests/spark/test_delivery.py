@@ -12,48 +12,23 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from harness.delivery import by_group, produce_groups, queued, subscribe
-from harness.endpoint import Endpoint, Request
+from harness.delivery import by_group, produce_groups, queued
+from harness.delivery_job import check_outcome, setup
+from harness.endpoint import Endpoint
 from harness.postgres import PostgresServer
 from harness.waiting import eventually
 from riverbed.storage import open_storage
-from riverbed.subscriptions.definition import ConsumptionPolicy, RetryPolicy
 from riverbed.subscriptions.dlq import parked as parked_in
 from riverbed.subscriptions.queues import QueuedMessage
 
 pytestmark = pytest.mark.spark
 
 RIVERBED = str(Path(sys.executable).with_name("riverbed"))
-
-
-def setup(
-    url: str, endpoint: Endpoint, groups: int, per_group: int, shards: int = 2, inline: float = 0.5
-) -> None:
-    """`inline=0`: every retry through the retry queue."""
-    storage = open_storage(url)
-    try:
-        subscribe(
-            storage,
-            endpoint.url,
-            shards=shards,
-            retry=RetryPolicy(
-                retry_on_status=(503,),
-                min_delay=0.2,
-                max_delay=1,
-                max_attempts=3,
-                inline_max_delay=inline,
-            ),
-            consumption=ConsumptionPolicy(max_in_flight=16, max_parallel_groups=16),
-        )
-        produce_groups(storage, groups, 0, per_group)
-    finally:
-        storage.close()
 
 
 def test_the_job_delivers_retries_and_parks_in_group_order(spark: Any, storage_url: str) -> None:
@@ -236,36 +211,6 @@ def test_sigterm_stops_the_job_after_the_batch_in_hand(sqlite_url: str, tmp_path
         delivered = endpoint.delivered()
         rq, parked = _queues(sqlite_url)
     assert check_outcome(delivered, rq, parked, 20, 100, set()) == 0
-
-
-def check_outcome(
-    delivered: list[Request],
-    rq: list[QueuedMessage],
-    parked: list[QueuedMessage],
-    groups: int,
-    per_group: int,
-    expected_parked: set[bytes],
-    copies: int = 1,
-) -> int:
-    """Nothing lost, no queue entry twice, first deliveries in group order;
-    returns how many deliveries were repeats."""
-    payloads = Counter(r.payload for r in delivered)
-    parked_payloads = Counter(q.payload for q in parked)
-    everything = {f"g{g}:{n}:".encode() for g in range(groups) for n in range(per_group)}
-    assert set(payloads) | set(parked_payloads) == everything
-    assert set(parked_payloads) == expected_parked
-    # One RQ entry per (message, attempt); a reshard copies what it feeds (`copies`).
-    assert max(Counter((q.message_id, q.attempt) for q in rq).values(), default=1) <= copies
-    assert max(parked_payloads.values(), default=1) == 1
-    first: dict[str, list[int]] = {}
-    seen: set[bytes] = set()
-    for r in delivered:
-        if r.payload not in seen:
-            seen.add(r.payload)
-            group, seq, _ = r.payload.split(b":")
-            first.setdefault(group.decode(), []).append(int(seq))
-    assert all(seqs == sorted(seqs) for seqs in first.values())
-    return sum(count - 1 for count in payloads.values())
 
 
 def test_the_shard_count_changes_while_the_job_runs(spark: Any, sqlite_url: str) -> None:

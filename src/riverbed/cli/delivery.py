@@ -23,9 +23,11 @@ import click
 
 from riverbed.cli._app import command_url, open_storage_of_command, plural
 from riverbed.cli._metrics import serve_metrics
+from riverbed.errors import InvalidInput
 from riverbed.metrics import Exposition, outcomes_family
 from riverbed.mqtt.config import Address
 from riverbed.spark.delivery import Totals
+from riverbed.spark.options import check_shared_storage
 from riverbed.subscriptions.pipeline import definition_of
 
 
@@ -39,8 +41,20 @@ def run_delivery(
     stop_grace: float = 60.0,
     verbose: bool = False,
     metrics: Address | None = None,
+    *,
+    remote: str | None = None,
+    spark_conf: tuple[str, ...] = (),
 ) -> None:
     url = command_url()
+    settings = spark_settings(spark_conf)
+    if master is not None and remote is not None:
+        raise InvalidInput(
+            f"--master {master} and --remote {remote}: give one (a Spark master or a Spark"
+            " Connect server)"
+        )
+    if remote is not None and not remote.startswith("sc://"):
+        raise InvalidInput(f"--remote {remote!r} must be a Spark Connect URL, sc://HOST:PORT")
+    check_shared_storage(url, master)  # before Spark starts; a Connect server is asked later
     storage = open_storage_of_command()
     try:
         definition = definition_of(storage, name)  # NotFound: exit 1 before Spark starts
@@ -69,7 +83,13 @@ def run_delivery(
         f" {definition.target}; starting Spark",
         err=True,
     )
-    spark = session(master, app_name=f"riverbed-delivery-{name}", quiet=not verbose)
+    spark = session(
+        master,
+        app_name=f"riverbed-delivery-{name}",
+        remote=remote,
+        quiet=not verbose,
+        config=settings,
+    )
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -124,3 +144,16 @@ def run_delivery(
         f" retried {totals.retried}, parked {totals.parked}"
         f" in {time.monotonic() - started:.1f} s"
     )
+
+
+def spark_settings(pairs: tuple[str, ...]) -> dict[str, str]:
+    """`--conf NAME=VALUE` options as Spark settings."""
+    out = {}
+    for pair in pairs:
+        name, equals, value = pair.partition("=")
+        if not equals or not name.strip().startswith("spark."):
+            raise InvalidInput(
+                f"--conf {pair!r} must be NAME=VALUE with a Spark setting's name (spark.*)"
+            )
+        out[name.strip()] = value
+    return out

@@ -319,7 +319,20 @@ def subscription_delete(name: str) -> None:
 @click.option(
     "--master",
     metavar="URL",
-    help="Spark master (spark://HOST:7077, local[N]). Default: Spark in this process, every core.",
+    help="Spark master (spark://HOST:7077, local[N]). Default: Spark in this process, every"
+    " core. A master other than local[N] needs a PostgreSQL --db.",
+)
+@click.option(
+    "--remote",
+    metavar="URL",
+    help="A Spark Connect server (sc://HOST:15002) to run the job on, instead of a master.",
+)
+@click.option(
+    "--conf",
+    "spark_conf",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="A Spark setting (spark.executor.memory=512m, spark.driver.host=HOST); repeatable.",
 )
 @click.option(
     "--trigger-interval",
@@ -362,6 +375,8 @@ def subscription_delete(name: str) -> None:
 def subscription_run(
     name: str,
     master: str | None,
+    remote: str | None,
+    spark_conf: tuple[str, ...],
     trigger_interval: float,
     max_per_trigger: int,
     until_idle: bool,
@@ -388,6 +403,8 @@ def subscription_run(
         stop_grace,
         verbose,
         address,
+        remote=remote,
+        spark_conf=spark_conf,
     )
 
 

@@ -44,7 +44,13 @@ from riverbed.errors import (
 )
 from riverbed.log.router import key_hash, route
 from riverbed.metrics import Metrics
-from riverbed.model import Message, MessageIdGenerator, StreamId, encode_properties
+from riverbed.model import (
+    SEQUENCE_BITS,
+    Message,
+    MessageIdGenerator,
+    StreamId,
+    encode_properties,
+)
 from riverbed.storage import bulk
 from riverbed.storage.base import Row, Storage, StreamSealed
 
@@ -435,27 +441,45 @@ class Appender:
         hashes: list[int] = []
         rows: list[Row] = []
         seen: dict[str, int] = {}  # most batches repeat a few keys
-        for m, (id_bytes, ts) in zip(messages, self.ids.reserve(len(messages)), strict=True):
-            key = m.key
-            if key is None:
-                hashes.append(next(spread))
-            else:
-                h = seen.get(key)
-                if h is None:
-                    h = seen[key] = key_hash(key)
-                hashes.append(h)
-            rows.append(
-                (
-                    id_bytes,
-                    ts,
-                    m.mqtt_topic,
-                    key,
-                    m.payload,
-                    encode_properties(m.properties) if m.properties else None,
-                    m.qos,
-                    int(m.retain),
+        blobs: dict[Any, bytes | None] = {}  # and a few property sets (a publisher's)
+        node = self.ids.node << SEQUENCE_BITS
+        index = 0
+        # Ids straight from the reserved spans: no (id, timestamp) pair per message.
+        for ts, first, n in self.ids.reserve_spans(len(messages)):
+            base = (ts << 64) | node
+            for sequence in range(first, first + n):
+                m = messages[index]
+                index += 1
+                key = m.key
+                if key is None:
+                    hashes.append(next(spread))
+                else:
+                    h = seen.get(key)
+                    if h is None:
+                        h = seen[key] = key_hash(key)
+                    hashes.append(h)
+                properties = m.properties
+                if properties:
+                    try:
+                        blob = blobs[properties]
+                    except KeyError:
+                        blob = blobs[properties] = encode_properties(properties)
+                    except TypeError:  # not hashable: encode_properties says what is wrong
+                        blob = encode_properties(properties)
+                else:
+                    blob = None
+                rows.append(
+                    (
+                        (base | sequence).to_bytes(16, "big"),
+                        ts,
+                        m.mqtt_topic,
+                        key,
+                        m.payload,
+                        blob,
+                        m.qos,
+                        int(m.retain),
+                    )
                 )
-            )
         return _Pending(topic, hashes, rows, future)
 
     def _queue_locked(self, pending: _Pending) -> None:

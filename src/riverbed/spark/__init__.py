@@ -2,6 +2,8 @@
 
     from riverbed.spark import session
     spark = session()  # local[*], the `riverbed` data source registered
+    spark = session("spark://host:7077")  # a cluster (PostgreSQL storage)
+    spark = session(remote="sc://host:15002")  # Spark Connect
 
     spark.read.format("riverbed").option("db", URL).option("topic", "orders").load()
     spark.readStream.format("riverbed").option("db", URL).option("subscription", "s").load()
@@ -15,12 +17,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from riverbed.spark.options import check_shared_storage
 from riverbed.spark.session import session
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["register", "session"]
+__all__ = ["check_shared_storage", "register", "session"]
 
 
 def register(spark: SparkSession) -> None:

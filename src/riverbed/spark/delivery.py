@@ -6,11 +6,20 @@ streaming source does (Spark offsets are the main topic's streams' next
 offsets, lineage order, admission control by `maxMessagesPerTrigger`), but
 plans **one Spark partition per shard** and hands each task its shard's work
 rather than the messages: one row `(shard, ranges, tick)` with the shard's
-ranges of the batch. `foreachBatch` runs every shard's task
-(`deliver_partition`), which reads its messages and its due retry-queue rows
-from the log, delivers them with httpx (`subscriptions/batch.py`), and
-commits queue rows, GroupState and progress in one transaction, marked with
-(run, batch id, shard).
+ranges of the batch. The query is DataFrame operations only, so it runs the
+same in this process, on a cluster and through Spark Connect:
+`mapInArrow(deliver_batches(...))` is every shard's task, which reads its
+messages and its due retry-queue rows from the log, delivers them with httpx
+(`subscriptions/batch.py`), commits queue rows, GroupState and progress in
+one transaction, marked with (run, batch id, shard), and yields its step
+stats; `observe` sums them per batch into the query's progress (where the
+driver reads the run's totals), and the `noop` sink runs it.
+
+Stopping after the batch in hand: the job writes its run id in the KV entry
+`delivery.stop/NAME`; the source's planning finds it there and plans no more
+batches, and the job waits until the trigger in hand is over before it stops
+the query. A Spark task that fails (a worker lost) runs again: the batch's
+marker makes a shard's commit happen once.
 
 The offsets carry one more entry, `~retry`, a counter the driver moves on when
 some shard has a retry-queue row due, or when the cursors are behind Spark's
@@ -45,7 +54,7 @@ from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows
 from pyspark.sql.types import StructType
 
 from riverbed.errors import RiverbedError
-from riverbed.spark.options import stream_options
+from riverbed.spark.options import StreamOptions, check_shared_storage, stream_options
 from riverbed.spark.planning import next_offsets
 from riverbed.spark.source import SubscriptionStreamReader
 from riverbed.subscriptions.step import StepStats
@@ -54,6 +63,15 @@ logger = logging.getLogger(__name__)
 
 TICK = "~retry"
 WORK_SCHEMA = "shard INT, shards INT, ranges STRING, tick LONG"
+
+STOP_NAMESPACE = "delivery.stop"
+"""KV: subscription name -> the run id of the job stopping (no more batches)."""
+
+OBSERVED = "riverbed_delivery"
+"""The name of the batch's summed step stats in the query's progress."""
+
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+"""The local property Spark sets on a micro-batch's tasks (MicroBatchExecution)."""
 
 
 class ShardPartition(InputPartition):
@@ -79,11 +97,28 @@ class DeliveryDataSource(DataSource):
         return WORK_SCHEMA
 
     def streamReader(self, schema: StructType) -> DeliveryStreamReader:
-        return DeliveryStreamReader(stream_options(self.options))
+        options = {k: v for k, v in self.options.items() if k.lower() != "run"}
+        return DeliveryStreamReader(stream_options(options), self.options.get("run", ""))
 
 
 class DeliveryStreamReader(SubscriptionStreamReader):
     """The work of each shard per batch (see the module docstring)."""
+
+    def __init__(self, options: StreamOptions, run_id: str = "") -> None:
+        super().__init__(options)
+        self.run_id = run_id
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"options": self.options, "run_id": self.run_id}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["options"], state.get("run_id", ""))  # type: ignore[misc]
+
+    def _stopping(self) -> bool:
+        """Whether the job that started this query is stopping (see the module
+        docstring)."""
+        entry = self._open().kv_get(STOP_NAMESPACE, self.options.subscription)
+        return bool(self.run_id) and entry is not None and entry.value == self.run_id.encode()
 
     @property
     def _planning(self) -> str:
@@ -131,6 +166,8 @@ class DeliveryStreamReader(SubscriptionStreamReader):
     def _latest_offset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
         from riverbed.subscriptions.pipeline import retry_due
 
+        if self._stopping():
+            return start  # no new batch
         storage = self._open()
         subscriptions, record, definition = self._context()
         heads = storage.list_streams(record.topic)
@@ -221,24 +258,42 @@ class Totals(StepStats):
 STAT_FIELDS = StepStats.__slots__
 
 
-def deliver_partition(
-    url: str, name: str, run_id: str, batch_id: int
-) -> Callable[[Iterator[Any]], Iterator[dict[str, int]]]:
-    """The function each task of a batch runs on its rows (one per shard)."""
+STATS_SCHEMA = "shard INT, committed INT, " + ", ".join(f"{f} LONG" for f in STAT_FIELDS)
+"""What each shard's task yields: its step stats (zeros if it committed nothing)."""
 
-    def run(rows: Iterator[Any]) -> Iterator[dict[str, int]]:
+
+def deliver_batches(url: str, name: str, run_id: str) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """The function each task of a batch runs (`mapInArrow`) on its rows, one
+    per shard: it runs the shard's batch and yields its stats."""
+
+    def run(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+        from pyspark import TaskContext
+
         from riverbed.subscriptions.pipeline import run_shard
 
-        for row in rows:
-            stats = run_shard(
-                url, name, run_id, batch_id, row["shard"], row["shards"], row["ranges"]
-            )
-            out = {"shard": row["shard"], "committed": int(stats is not None)}
-            for field in STAT_FIELDS:
-                out[field] = 0 if stats is None else getattr(stats, field)
-            yield out
+        context = TaskContext.get()
+        batch = None if context is None else context.getLocalProperty(BATCH_ID_PROPERTY)
+        if batch is None:  # pragma: no cover - set on every micro-batch's tasks
+            raise RuntimeError("a delivery task found no streaming batch id")
+        for rows in batches:
+            for row in rows.to_pylist():
+                stats = run_shard(
+                    url, name, run_id, int(batch), row["shard"], row["shards"], row["ranges"]
+                )
+                out = {"shard": [row["shard"]], "committed": [int(stats is not None)]}
+                for field in STAT_FIELDS:
+                    out[field] = [0 if stats is None else getattr(stats, field)]
+                yield pa.RecordBatch.from_pydict(out, schema=_stats_arrow_schema())
 
     return run
+
+
+def _stats_arrow_schema() -> Any:
+    import pyarrow as pa
+
+    fields = [("shard", pa.int32()), ("committed", pa.int32())]
+    return pa.schema(fields + [(f, pa.int64()) for f in STAT_FIELDS])
 
 
 JOB_LEASE = "delivery-job/"
@@ -275,15 +330,14 @@ class DeliveryJob:
         from riverbed.storage import open_storage
         from riverbed.storage.leases import Leases
 
+        check_shared_storage(url, spark_master(spark))
         self.spark = spark
         self.url = url
         self.name = name
         self.run_id = uuid.uuid4().hex[:12]
         self.totals = Totals()
-        self._lock = threading.Lock()
-        self._batch_done = threading.Condition(self._lock)
-        self._running = 0  # batches in hand (0 or 1: Spark runs one at a time)
-        self._draining = False  # stopping: batches that start now do nothing
+        self._counted: set[int] = set()
+        """Batch ids whose stats are in `totals`."""
         self._grace = stop_grace_seconds
         self._on_batch = on_batch
         self._storage = open_storage(url)
@@ -310,24 +364,31 @@ class DeliveryJob:
             raise
 
     def _start(self, spark: Any, trigger_seconds: float, max_per_trigger: int | None) -> Any:
+        from pyspark.sql import functions as F
+
         name, url = self.name, self.url
-        self._checkpoint = tempfile.mkdtemp(prefix=f"riverbed-delivery-{name}-")
         spark.dataSource.register(DeliveryDataSource)
         reader = (
             spark.readStream.format("riverbed-delivery")
             .option("db", url)
             .option("subscription", name)
+            .option("run", self.run_id)
         )
         if max_per_trigger is not None:
             reader = reader.option("maxMessagesPerTrigger", str(max_per_trigger))
-        frame = reader.load()
-        return (
-            frame.writeStream.foreachBatch(self._batch)
+        stats = reader.load().mapInArrow(deliver_batches(url, name, self.run_id), STATS_SCHEMA)
+        observed = stats.observe(OBSERVED, *(F.sum(field).alias(field) for field in STAT_FIELDS))
+        writer = (
+            observed.writeStream.format("noop")
             .trigger(processingTime=f"{int(trigger_seconds * 1000)} milliseconds")
-            .option("checkpointLocation", self._checkpoint)
             .queryName(f"riverbed-delivery-{name}-{self.run_id}")
-            .start()
         )
+        if not is_remote(spark):
+            # Spark Connect keeps it on the server (a temporary one); here it is
+            # a directory of this run, removed at close.
+            self._checkpoint = tempfile.mkdtemp(prefix=f"riverbed-delivery-{name}-")
+            writer = writer.option("checkpointLocation", self._checkpoint)
+        return writer.start()
 
     def _take_lease(
         self, stop: threading.Event | None, on_wait: Callable[[str], None] | None
@@ -371,41 +432,34 @@ class DeliveryJob:
                 " job may have taken over): stopped"
             )
 
-    def _batch(self, frame: Any, batch_id: int) -> None:
-        with self._lock:
-            if self._draining:
-                return  # nothing read is lost: progress lives in the cursors
-            self._running += 1
-        rows: list[Any] | None = None
-        try:
-            function = deliver_partition(self.url, self.name, self.run_id, batch_id)
-            rows = frame.rdd.mapPartitions(function).collect()
-        finally:
-            with self._lock:  # counted before a stop waiting for this batch goes on
-                self._running -= 1
-                if rows is not None:
-                    t = self.totals
-                    t.batches += 1
-                    for row in rows:
-                        for field in STAT_FIELDS:
-                            setattr(t, field, getattr(t, field) + row[field])
-                snapshot = copy.copy(self.totals)
-                self._batch_done.notify_all()
-        if self._on_batch is not None:
-            self._on_batch(batch_id, snapshot)
+    def _count_batches(self) -> None:
+        """Add the step stats of the batches that ended since the last call
+        (the query's progress) to the totals, and tell `on_batch`."""
+        for progress in self.query.recentProgress:
+            batch_id = progress.batchId
+            if batch_id in self._counted:
+                continue
+            metrics = observed_stats(progress.json)
+            if metrics is None:
+                continue
+            self._counted.add(batch_id)
+            t = self.totals
+            t.batches += 1
+            for field in STAT_FIELDS:
+                setattr(t, field, getattr(t, field) + (metrics.get(field) or 0))
+            if self._on_batch is not None:
+                self._on_batch(batch_id, copy.copy(t))
 
     def _drain(self) -> bool:
-        """Let the batch in hand finish (at most the grace period) and keep
-        later ones from starting; whether none is left running."""
+        """Plan no more batches and let the one in hand finish (at most the
+        grace period); whether none is left running."""
+        self._storage.kv_put(STOP_NAMESPACE, self.name, self.run_id.encode())
         deadline = time.monotonic() + self._grace
-        with self._lock:
-            self._draining = True
-        while True:
-            with self._lock:
-                left = deadline - time.monotonic()
-                if not self._running or left <= 0:
-                    return not self._running
-                self._batch_done.wait(min(left, self._renew_every))
+        while self.query.isActive and self.query.status["isTriggerActive"]:
+            if time.monotonic() >= deadline:
+                return False
+            self.query.awaitTermination(0.1)
+        return True
 
     def idle(self) -> bool:
         """Nothing left: no main-topic lag, no unread retry-queue row. Not
@@ -424,6 +478,7 @@ class DeliveryJob:
         subscription has nothing left; then stop the query."""
         try:
             while self.query.isActive:
+                self._count_batches()
                 if stop is not None and stop.is_set():
                     break
                 self._keep_lease()
@@ -443,11 +498,12 @@ class DeliveryJob:
         grace period: a batch cut short commits nothing and runs again)."""
         try:
             query = getattr(self, "query", None)
-            if query is not None and query.isActive:
-                if not self._drain():
+            if query is not None:
+                if query.isActive and not self._drain():
                     logger.warning(
                         "the batch in hand did not finish within %.0f s: cut short", self._grace
                     )
+                self._count_batches()
                 query.stop()
         except Exception as exc:  # the JVM went first (a signal reached it too)
             logger.warning("stopping the delivery query: %s", str(exc).splitlines()[0])
@@ -457,5 +513,38 @@ class DeliveryJob:
             self._stop_renewing.set()
             self._renewer.join()
             with contextlib.suppress(RiverbedError):
+                entry = self._storage.kv_get(STOP_NAMESPACE, self.name)
+                if entry is not None and entry.value == self.run_id.encode():
+                    self._storage.kv_delete_if_version(STOP_NAMESPACE, self.name, entry.version)
+            with contextlib.suppress(RiverbedError):
                 self._leases.release(self._lease)  # a standby takes over at once
             self._storage.close()
+
+
+def observed_stats(progress_json: str) -> dict[str, int] | None:
+    """A batch's summed step stats from its progress (JSON), None if it has
+    none (a trigger that ran no batch). Spark writes an observed row as
+    `{"values": [...], "schema": {"fields": [{"name": ...}, ...]}}`, or as an
+    object of names (both are read: `StreamingQueryProgress.observedMetrics`
+    loses the names on Spark Connect)."""
+    raw = json.loads(progress_json).get("observedMetrics", {}).get(OBSERVED)
+    if not isinstance(raw, dict):
+        return None
+    if "values" in raw and "schema" in raw:
+        names = [f["name"] for f in raw["schema"]["fields"]]
+        return dict(zip(names, raw["values"], strict=True))
+    return {str(k): v for k, v in raw.items()}
+
+
+def is_remote(spark: Any) -> bool:
+    """Whether `spark` is a Spark Connect session."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def spark_master(spark: Any) -> str | None:
+    """Where the session's tasks run: its master (a Connect server's own)."""
+    try:
+        master: str | None = spark.conf.get("spark.master", None)
+    except Exception:  # a Connect server that does not tell: assume another machine
+        return "sc://"
+    return master

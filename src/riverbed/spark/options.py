@@ -26,17 +26,53 @@ writers get the frozen result (picklable, so workers receive it as is).
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import Enum
 
-from riverbed.errors import InvalidConfig
+from riverbed.errors import InvalidConfig, InvalidInput
 from riverbed.model import StreamId
 from riverbed.storage import default_url
 from riverbed.topics.filters import validate_filter
 
 DEFAULT_PARTITION_MESSAGES = 250_000
+
+MASTER_ENV = "RIVERBED_SPARK_MASTER"
+"""Set by `session()` before Spark's JVM starts, so the processes that plan the
+`riverbed` source's reads and writes (children of that JVM) know whether the
+tasks may run on other machines (`check_shared_storage`)."""
+
+
+def is_local(master: str | None) -> bool:
+    """Whether every task of a session with this master runs on this machine."""
+    return master is None or master == "local" or master.startswith("local[")
+
+
+def check_shared_storage(db: str, where: str | None) -> None:
+    """Refuse a SQLite database for Spark tasks that may run on other machines.
+
+    `where` is the master (`spark://...`) or Connect URL (`sc://...`) the tasks
+    run under; `None` or `local[...]` is this machine, where a SQLite file is
+    fine. A Connect server on loopback is this machine too: its own master
+    decides (the delivery job asks it).
+    """
+    if is_local(where) or not db.strip().lower().startswith("sqlite"):
+        return
+    raise InvalidInput(
+        f"the database {db!r} is a SQLite file, which the machines of the Spark cluster at"
+        f" {where} cannot share: use PostgreSQL (postgresql://...) with a master other than"
+        " local[...]"
+    )
+
+
+def _db(options: Mapping[str, str]) -> str:
+    """The `db` option (or the default), refused for a cluster if it is SQLite."""
+    db = options.get("db") or default_url()
+    check_shared_storage(db, os.environ.get(MASTER_ENV))
+    return db
+
 
 _KNOWN = {
     "db",
@@ -186,7 +222,7 @@ def read_options(options: Mapping[str, str]) -> ReadOptions:
     since = parse_time(o["starttime"], "startTime") if "starttime" in o else None
     until = parse_time(o["endtime"], "endTime") if "endtime" in o else None
     return ReadOptions(
-        db=o.get("db") or default_url(),
+        db=_db(o),
         topic=_required(o, "topic", "topic"),
         topic_filter=topic_filter,
         key=o.get("key"),
@@ -225,7 +261,7 @@ def stream_options(options: Mapping[str, str]) -> StreamOptions:
             f"option ordering={ordering_text!r} must be strict or relaxed"
         ) from None
     return StreamOptions(
-        db=o.get("db") or default_url(),
+        db=_db(o),
         subscription=_required(o, "subscription", "subscription"),
         ordering=ordering,
         max_per_trigger=_positive(o, "maxmessagespertrigger", "maxMessagesPerTrigger"),
@@ -236,4 +272,4 @@ def stream_options(options: Mapping[str, str]) -> StreamOptions:
 
 def write_options(options: Mapping[str, str]) -> WriteOptions:
     o = _lower(options)
-    return WriteOptions(db=o.get("db") or default_url(), topic=_required(o, "topic", "topic"))
+    return WriteOptions(db=_db(o), topic=_required(o, "topic", "topic"))

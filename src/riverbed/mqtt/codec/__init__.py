@@ -6,6 +6,7 @@
     for packet in decoder.feed(chunk):       # any cut of the byte stream
         ...
     data = encode(Publish("a/b", b"hi", qos=1, packet_id=7), decoder.protocol_level)
+    ack = encode_puback(7)                   # the acknowledgements as bytes, no packet
 
 Packets are frozen, slotted dataclasses (`Connect`, `Connack`, `Publish`,
 `Puback`, `Pubrec`, `Pubrel`, `Pubcomp`, `Subscribe`, `Suback`, `Unsubscribe`,
@@ -15,7 +16,10 @@ class per packet (`PublishProperties`, `ConnectProperties`, ...), reason codes
 one enum per packet (`ConnectReason`, `PubackReason`, ...).
 
 `encode(packet, protocol_level)` writes a packet for MQTT 3.1.1 (4) or 5.0 (5),
-losslessly or not at all. `Decoder(protocol_level=None, max_packet_size=...)`
+losslessly or not at all. `encode_publish` and `encode_puback`,
+`encode_pubrec`, `encode_pubrel`, `encode_pubcomp` (and `encode_pubacks` for
+many successful PUBACKs at once) write the packets a broker sends per message
+straight from their fields. `Decoder(protocol_level=None, max_packet_size=...)`
 takes bytes as they arrive and returns whole packets.
 
 Every rule the codec checks raises `riverbed.errors.ProtocolError` (a
@@ -47,7 +51,15 @@ Decisions where the specifications leave room:
 from riverbed.errors import ProtocolError
 
 from .decoder import Decoder
-from .encoder import encode, encode_publish
+from .encoder import (
+    encode,
+    encode_puback,
+    encode_pubacks,
+    encode_pubcomp,
+    encode_publish,
+    encode_pubrec,
+    encode_pubrel,
+)
 from .packets import (
     Auth,
     Connack,
@@ -166,5 +178,10 @@ __all__ = [
     "Will",
     "WillProperties",
     "encode",
+    "encode_puback",
+    "encode_pubacks",
+    "encode_pubcomp",
     "encode_publish",
+    "encode_pubrec",
+    "encode_pubrel",
 ]

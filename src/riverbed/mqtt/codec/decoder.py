@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from riverbed.errors import InvalidConfig, ProtocolError
 
-from .packets import Packet
+from .packets import Packet, Puback
 from .readers import READERS, read_connect, read_protocol, read_publish
 from .wire import (
     MAX_PACKET_SIZE,
@@ -130,6 +130,18 @@ class Decoder:
         pos = 0
         while pos < size:
             first = data[pos]
+            if (
+                first == 0x40
+                and pos + 4 <= size
+                and data[pos + 1] == 2
+                and self._level is not None
+                and self._max >= 4
+            ):
+                # A successful PUBACK (40 02 + packet id), the packet a broker reads
+                # once per QoS 1 delivery: read here, without the general path's calls.
+                packets.append(Puback((data[pos + 2] << 8) | data[pos + 3]))
+                pos += 4
+                continue
             kind = first >> 4
             level = self._level
             if kind == 3 and level is not None:

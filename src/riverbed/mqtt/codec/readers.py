@@ -124,6 +124,13 @@ def _packet_id(data: bytes, pos: int, end: int, packet: str) -> int:
 
 # --------------------------------------------------------------------- PUBLISH
 
+_CACHE_LIMIT = 4096
+_CACHEABLE_LENGTH = 256
+_topic_names: dict[bytes, str] = {}
+"""A PUBLISH Topic Name's UTF-8 -> its text, for the names a client publishes to
+again and again (decoding is checked once per name; bounded like the encoder's
+cache). Whether the name is valid is the `Publish`'s check, cached too."""
+
 
 def read_publish(level: int, first: int, data: bytes, pos: int, end: int) -> Publish:
     """PUBLISH (§3.3), the packet a broker reads most: written out flat. Its
@@ -136,7 +143,14 @@ def read_publish(level: int, first: int, data: bytes, pos: int, end: int) -> Pub
     stop = pos + 2 + ((data[pos] << 8) | data[pos + 1])
     if stop > end:
         raise malformed("PUBLISH Topic Name runs past the end of the packet")
-    topic = decode_utf8(data[pos + 2 : stop], "PUBLISH Topic Name")
+    raw = data[pos + 2 : stop]
+    topic = _topic_names.get(raw)
+    if topic is None:
+        topic = decode_utf8(raw, "PUBLISH Topic Name")
+        if len(raw) <= _CACHEABLE_LENGTH:
+            if len(_topic_names) >= _CACHE_LIMIT:
+                _topic_names.clear()
+            _topic_names[raw] = topic
     pos = stop
     packet_id = None
     if qos:
@@ -386,18 +400,26 @@ def _ack(
 
 
 def read_puback(level: int, data: bytes, pos: int, end: int) -> Packet:
+    if end - pos == 2:  # Success without properties: the common form at both levels
+        return Puback((data[pos] << 8) | data[pos + 1])
     return Puback(*_ack(level, data, pos, end, _PUBACK, "PUBACK"))
 
 
 def read_pubrec(level: int, data: bytes, pos: int, end: int) -> Packet:
+    if end - pos == 2:  # Success without properties: the common form at both levels
+        return Pubrec((data[pos] << 8) | data[pos + 1])
     return Pubrec(*_ack(level, data, pos, end, _PUBREC, "PUBREC"))
 
 
 def read_pubrel(level: int, data: bytes, pos: int, end: int) -> Packet:
+    if end - pos == 2:  # Success without properties: the common form at both levels
+        return Pubrel((data[pos] << 8) | data[pos + 1])
     return Pubrel(*_ack(level, data, pos, end, _PUBREL, "PUBREL"))
 
 
 def read_pubcomp(level: int, data: bytes, pos: int, end: int) -> Packet:
+    if end - pos == 2:  # Success without properties: the common form at both levels
+        return Pubcomp((data[pos] << 8) | data[pos + 1])
     return Pubcomp(*_ack(level, data, pos, end, _PUBCOMP, "PUBCOMP"))
 
 
