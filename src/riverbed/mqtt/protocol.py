@@ -82,13 +82,16 @@ from riverbed.mqtt.codec import (
     Publish,
     PublishProperties,
     Pubrec,
-    PubrecReason,
     Pubrel,
     Subscribe,
     Unsubscribe,
     Will,
     encode,
+    encode_puback,
+    encode_pubcomp,
     encode_publish,
+    encode_pubrec,
+    encode_pubrel,
 )
 from riverbed.mqtt.codec.reasons import CONNACK_REASONS_V311
 from riverbed.mqtt.protocol_effects import (
@@ -483,7 +486,7 @@ class ConnectionCore:
     def pubrel(self, packet_id: int) -> bytes:
         """A PUBREL for an outbound QoS 2 delivery (in flight until its PUBCOMP)."""
         self.outbound.add(packet_id)
-        return encode(Pubrel(packet_id), self.level)
+        return encode_pubrel(packet_id, 0, self.level == MQTT_5)
 
     # ----------------------------------------------------------------- packets
 
@@ -701,10 +704,12 @@ class ConnectionCore:
             self._ack(qos, packet_id or 0, reason)
 
     def _ack(self, qos: int, packet_id: int, reason: int) -> None:
+        # The codec writes them from their fields: no packet object per message.
+        v5 = self.level == MQTT_5
         if qos == 1:
-            self._send(Puback(packet_id, PubackReason(reason)))
+            self._out.append(encode_puback(packet_id, reason, v5))
         else:
-            self._send(Pubrec(packet_id, PubrecReason(reason)))
+            self._out.append(encode_pubrec(packet_id, reason, v5))
 
     def _send_acks(self) -> None:
         """Acknowledge the PUBLISHes whose commits are done, in arrival order
@@ -742,11 +747,12 @@ class ConnectionCore:
         known = packet_id in self.qos2 or known
         self.qos2.discard(packet_id)
         if known or self.level != MQTT_5:
-            self._send(Pubcomp(packet_id))
+            self._out.append(encode_pubcomp(packet_id, 0, self.level == MQTT_5))
         else:
             # Nothing awaits release under that id (a PUBREL resent after our
             # PUBCOMP was lost, or a stray one): MQTT 5 says so, 3.1.1 cannot.
-            self._send(Pubcomp(packet_id, PubcompReason.PACKET_IDENTIFIER_NOT_FOUND))
+            not_found = PubcompReason.PACKET_IDENTIFIER_NOT_FOUND
+            self._out.append(encode_pubcomp(packet_id, not_found))
 
     # ----------------------------------------------------------------- closing
 
