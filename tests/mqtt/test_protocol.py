@@ -434,6 +434,16 @@ def test_outbound_window_is_the_smaller_of_the_clients_and_ours() -> None:
     assert connected(limits=ProtocolLimits(max_inflight=10)).window == 10
 
 
+def test_a_dup_resend_goes_out_beyond_a_smaller_window() -> None:
+    core = connected(Connect("c1", properties=ConnectProperties(receive_maximum=1)))
+    assert deliver(core, "t", 1, 1) is not None
+    # What a previous connection left in flight is owed, whatever the window.
+    data = core.publish("t", b"m", 1, False, True, 2, NO_PUBLISH_PROPERTIES, None)
+    assert data is not None and core.outbound == {1, 2}
+    with pytest.raises(LocalProtocolError):
+        deliver(core, "t", 1, 3)
+
+
 def test_outbound_qos_2_stays_in_flight_until_pubcomp() -> None:
     core = connected(Connect("c1", properties=ConnectProperties(receive_maximum=1)))
     assert deliver(core, "t", 2, 5) is not None

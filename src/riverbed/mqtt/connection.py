@@ -65,7 +65,12 @@ from riverbed.mqtt.codec import (
 from riverbed.mqtt.following import Following
 from riverbed.mqtt.inbound import Inbound
 from riverbed.mqtt.messages import publish_properties, publisher, remaining_expiry
-from riverbed.mqtt.protocol import ConnectionCore, LocalProtocolError, ProtocolLimits
+from riverbed.mqtt.protocol import (
+    CONNECT_TIMEOUT,
+    ConnectionCore,
+    LocalProtocolError,
+    ProtocolLimits,
+)
 from riverbed.mqtt.protocol_effects import (
     Append,
     Authenticate,
@@ -524,7 +529,7 @@ class Connection(asyncio.Protocol):
         reason = close.reason
         if not self.core.connack_sent:
             if reason is None:
-                log.info("client %s: no CONNECT within %ss", self.peer, self.core.next_deadline())
+                log.info("client %s: no CONNECT within %ss", self.peer, CONNECT_TIMEOUT)
             elif isinstance(reason, ConnectReason):
                 self._count_refusal(reason)
         elif reason is DisconnectReason.KEEP_ALIVE_TIMEOUT:

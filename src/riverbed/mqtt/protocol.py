@@ -472,7 +472,10 @@ class ConnectionCore:
             if packet_id is None:
                 raise LocalProtocolError(f"a QoS {qos} delivery without a packet id")
             if packet_id not in outbound:
-                if len(outbound) >= self.window:
+                # A DUP resend of what a previous connection left in flight goes
+                # out whatever this client's window [MQTT-4.4.0-1]: a session
+                # resumed with a smaller Receive Maximum still owes it.
+                if len(outbound) >= self.window and not dup:
                     # [MQTT-3.3.4-9]: never more unacknowledged than the client's
                     # Receive Maximum; the session's window keeps to it.
                     raise LocalProtocolError(
