@@ -7,10 +7,14 @@ expiry, Maximum Packet Size, inbound QoS 2) and carries out the effects it
 returns: bytes to write, credentials to check, the session to open, PUBLISHes
 to commit (`mqtt/inbound.py`), packets for the session (`sessions.session`,
 `mqtt/following.py`). The session's own effects become deliveries, storage
-work and router fetches. Storage calls run in worker threads.
+work and router fetches. Session writes go through the session writer
+(`sessions/writer.py`: many connections' writes in one transaction, each
+answered once committed); storage reads run in worker threads, or on the loop
+for SQLite (`Broker.read`).
 
 - CONNECT: the core checks it; here the credentials are checked
-  (`Authenticate`, in a thread) and the session opened (`OpenSession`): a
+  (`Authenticate`, in a thread when there is a password to hash) and the
+  session opened (`OpenSession`): a
   connection already holding the client id is taken over (it gets DISCONNECT
   0x8E Session taken over and saves its session first); Clean Start=1
   discards the session and mints a new session id [MQTT-3.1.2-4]; Clean
