@@ -176,26 +176,15 @@ def kv_put_in(
     """Write a KV value inside `tx` if its version is still `expected_version`
     (None: the key must not exist yet). False if another writer changed it
     first (the caller rolls back)."""
-    if expected_version is None:
-        row = tx.execute(
-            "INSERT INTO kv (namespace, key, value, version) VALUES (?, ?, ?, 1)"
-            " ON CONFLICT (namespace, key) DO NOTHING RETURNING version",
-            (namespace, key, value),
-        ).fetchone()
-    else:
-        row = tx.execute(
-            "UPDATE kv SET value = ?, version = version + 1"
-            " WHERE namespace = ? AND key = ? AND version = ? RETURNING version",
-            (value, namespace, key, expected_version),
-        ).fetchone()
-    return row is not None
+    return kv_write_in(tx, namespace, key, value, expected_version) is not None
 
 
 def kv_write_in(
     tx: Transaction, namespace: str, key: str, value: bytes, expected_version: int | None
 ) -> int | None:
-    """`kv_put_in` that returns the version written (None: another writer
-    changed the key first, nothing written)."""
+    """Write a KV value inside `tx` if its version is still `expected_version`
+    (None: the key must not exist yet); the version written, or None if
+    another writer changed the key first (nothing written)."""
     if expected_version is None:
         row = tx.execute(
             "INSERT INTO kv (namespace, key, value, version) VALUES (?, ?, ?, 1)"
