@@ -2,8 +2,10 @@
 
 The asyncio side of a session, kept thin: it feeds the socket's bytes to the
 codec's `Decoder`, turns packets into `sessions.session` events and the
-session's effects into packets, storage work and router fetches. Storage calls
-run in worker threads.
+session's effects into packets, storage work and router fetches. Session
+writes go through the session writer (`sessions/writer.py`: many connections'
+writes in one transaction, each answered once committed); storage reads run in
+worker threads, or on the loop for SQLite (`Broker.read`).
 
 - CONNECT: MQTT 3.1.1 and 5; an empty client id gets an assigned one (MQTT 5
   Assigned Client Identifier; 3.1.1 only with clean session [MQTT-3.1.3-8]);
