@@ -154,3 +154,55 @@ def test_a_slow_catch_up_read_does_not_pass_over_what_was_committed_meanwhile(
         assert asyncio.run(scenario()) == [b"0", b"1", b"2"]
     finally:
         log.close()
+
+
+def test_a_stream_learnt_while_a_session_read_it_keeps_what_was_committed_meanwhile(
+    sqlite_url: str,
+) -> None:
+    """A session fetched from a stream the router did not know yet (a topic
+    created after its last look at the heads); the storage read came back empty,
+    but meanwhile a message was committed and the router learnt the stream with
+    that message below its first routed position. The empty read was taken for
+    a retention gap and the session moved past the message (found by CI: a
+    message produced over the HTTP API on PostgreSQL never reached an MQTT
+    subscriber of the newly created topic)."""
+    log = Log.open(sqlite_url)
+    try:
+        storage = SlowReads(log.storage)
+
+        async def scenario() -> list[bytes]:
+            trie: TopicTrie[Hashable] = TopicTrie()
+            trie.add("a", "session")
+            router = Router(storage, trie)  # type: ignore[arg-type]
+            await router.start()
+            log.topics.create("r", 1)  # after the router's look: unknown to it
+            (head,) = log.storage.list_streams("r")
+            got: list[bytes] = []
+            answers: asyncio.Queue[int] = asyncio.Queue()
+
+            def sink(key: int, rows: Sequence[StoredMessage], upto: int) -> None:
+                got.extend(r.payload for r in rows)
+                answers.put_nowait(upto)
+
+            try:
+                storage.release.clear()
+                storage.reading.clear()
+                router.fetch(head.key, head.next_offset, 100, "session", sink)
+                await asyncio.to_thread(storage.reading.wait, 30)  # read: empty
+                log.produce("r", [Message(b"0", key="k", mqtt_topic="a")])
+                await router.refresh()  # learns the stream, the message below its start
+                storage.release.set()
+                upto = head.next_offset
+                while not got:
+                    upto = await asyncio.wait_for(answers.get(), 30)
+                    if not got and upto > head.next_offset:
+                        break  # moved past the message without it
+                    if not got:
+                        router.fetch(head.key, upto, 100, "session", sink)
+            finally:
+                await router.stop()
+            return got
+
+        assert asyncio.run(scenario()) == [b"0"]
+    finally:
+        log.close()

@@ -355,20 +355,30 @@ class Router:
             self._advance(routed)
 
     async def _read_for(self, key: int, offset: int, limit: int, sink: Sink) -> None:
+        # Where the stream's routed messages began when the read started: every
+        # message below it was committed before the read, so an empty read means
+        # retention deleted them. A position learnt during the read says nothing
+        # of the sort (the read may predate commits below it).
+        known = self._streams.get(key)
+        base = known.base if known is not None else None
         try:
             rows = await asyncio.to_thread(self.storage.read, key, offset, max(limit, READ_AHEAD))
         except RiverbedError:
             log.exception("reading stream %d for a session failed", key)
             rows = []
-        routed = self._streams.get(key)
         if len(rows) > limit:
             self._ahead[key] = (offset, rows)
             rows = rows[:limit]
         if rows:
             sink(key, rows, rows[-1].offset + 1)
-        elif routed is not None and offset < routed.base:
-            sink(key, (), routed.base)  # retention deleted the rest
+        elif base is not None and offset < base:
+            sink(key, (), base)  # retention deleted the rest
         else:
+            if known is None and key not in self._streams:
+                # A stream created since the last look: learn it, so the
+                # session's next fetch waits for its messages instead of
+                # reading storage again and again.
+                await self._refresh_quietly()
             sink(key, (), offset)
 
     async def _refresh_quietly(self) -> None:
