@@ -2,19 +2,63 @@
 
 from __future__ import annotations
 
+import itertools
+import os
+import random
 import socket
 import subprocess
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 
 from harness.waiting import eventually
 
+_PORTS_LOW = 10_000
+"""The lowest port handed out; the highest is just below the kernel's
+ephemeral range (the ports outgoing connections take)."""
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
+
+
+def _port_sequence() -> Iterator[int]:
+    """This process's ports: a share of the range below the ephemeral ports,
+    one share per xdist worker, walked from a random point. A port asked of
+    the kernel (bind to 0) comes from the ephemeral range, where a client
+    socket or another worker can take it between the test's look and the
+    server's bind ("address already in use"); these cannot be taken that way,
+    and no two workers of a run hand out the same one."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    count = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1))
+    span = (_ephemeral_low() - _PORTS_LOW) // count
+    start = _PORTS_LOW + (index % count) * span
+    first = random.randrange(span)
+    for step in itertools.count():
+        yield start + (first + step) % span
+
+
+_ports = _port_sequence()
+_ports_lock = threading.Lock()
+
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A TCP port on 127.0.0.1 that nothing listens on right now, not handed
+    out before by this process (unless all of its share was)."""
+    with _ports_lock:
+        for _ in range(_ephemeral_low()):
+            port = next(_ports)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    continue  # taken (another run on this machine)
+                return port
+    raise RuntimeError("no free loopback port below the ephemeral range")
 
 
 def wait_listening(
