@@ -9,7 +9,7 @@ from typing import Any
 
 from riverbed.log.log import Log
 from riverbed.model import Message, StoredMessage
-from riverbed.mqtt.router import READ_AHEAD, Router
+from riverbed.mqtt.router import READ_AHEAD, Router, Sink
 from riverbed.topics.trie import TopicTrie
 
 
@@ -92,6 +92,28 @@ class SlowReads:
         return getattr(self._storage, name)
 
 
+async def _router_of_one_session(storage: Any) -> Router:
+    """A started router over `storage` whose trie has one session, "session",
+    subscribed to the MQTT topic "a"."""
+    trie: TopicTrie[Hashable] = TopicTrie()
+    trie.add("a", "session")
+    router = Router(storage, trie)
+    await router.start()
+    return router
+
+
+def _recorder() -> tuple[list[bytes], asyncio.Queue[int], Sink]:
+    """A fetch's sink that keeps the payloads answered and queues each answer's `upto`."""
+    got: list[bytes] = []
+    answers: asyncio.Queue[int] = asyncio.Queue()
+
+    def sink(key: int, rows: Sequence[StoredMessage], upto: int) -> None:
+        got.extend(r.payload for r in rows)
+        answers.put_nowait(upto)
+
+    return got, answers, sink
+
+
 def test_a_slow_catch_up_read_does_not_pass_over_what_was_committed_meanwhile(
     sqlite_url: str,
 ) -> None:
@@ -112,17 +134,8 @@ def test_a_slow_catch_up_read_does_not_pass_over_what_was_committed_meanwhile(
             return row
 
         async def scenario() -> list[bytes]:
-            trie: TopicTrie[Hashable] = TopicTrie()
-            trie.add("a", "session")
-            router = Router(storage, trie)  # type: ignore[arg-type]
-            await router.start()
-            got: list[bytes] = []
-            answers: asyncio.Queue[int] = asyncio.Queue()
-
-            def sink(key: int, rows: Sequence[StoredMessage], upto: int) -> None:
-                got.extend(r.payload for r in rows)
-                answers.put_nowait(upto)
-
+            router = await _router_of_one_session(storage)
+            got, answers, sink = _recorder()
             try:
                 router.fetch(head.key, head.next_offset, 100, "session", sink)
                 storage.release.clear()
@@ -171,19 +184,10 @@ def test_a_stream_learnt_while_a_session_read_it_keeps_what_was_committed_meanwh
         storage = SlowReads(log.storage)
 
         async def scenario() -> list[bytes]:
-            trie: TopicTrie[Hashable] = TopicTrie()
-            trie.add("a", "session")
-            router = Router(storage, trie)  # type: ignore[arg-type]
-            await router.start()
+            router = await _router_of_one_session(storage)
             log.topics.create("r", 1)  # after the router's look: unknown to it
             (head,) = log.storage.list_streams("r")
-            got: list[bytes] = []
-            answers: asyncio.Queue[int] = asyncio.Queue()
-
-            def sink(key: int, rows: Sequence[StoredMessage], upto: int) -> None:
-                got.extend(r.payload for r in rows)
-                answers.put_nowait(upto)
-
+            got, answers, sink = _recorder()
             try:
                 storage.release.clear()
                 storage.reading.clear()
