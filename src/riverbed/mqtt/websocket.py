@@ -320,7 +320,11 @@ class _Frames(asyncio.Transport):
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if self.closing or self._transport.is_closing():
             return
-        self._transport.write(self._ws.send(BytesMessage(data=bytes(data))))
+        try:
+            frame = self._ws.send(BytesMessage(data=bytes(data)))
+        except LocalProtocolError:
+            return  # the WebSocket is closing (a Close frame went one way or the other)
+        self._transport.write(frame)
 
     def writelines(self, list_of_data: Any) -> None:
         self.write(b"".join(list_of_data))
