@@ -8,10 +8,11 @@
 
 `start()` runs `python -m riverbed.cli serve --mqtt 127.0.0.1:PORT --db URL
 --allow-anonymous --log-level debug` on a free loopback port and waits until the port accepts
-connections (with `http=True`, also `--http 127.0.0.1:HTTP_PORT`, waited for
-too). `stop()` sends SIGTERM and waits (SIGKILL after `timeout`); `kill()` sends
-SIGKILL; `rss()` reads its resident memory. The broker's output goes to a log
-file whose tail is shown when the broker fails to start or exits with an error.
+connections (with `http=True`, also `--http 127.0.0.1:HTTP_PORT`, and with
+`ws=True` `--ws 127.0.0.1:WS_PORT`, waited for too). `stop()` sends SIGTERM and
+waits (SIGKILL after `timeout`); `kill()` sends SIGKILL; `rss()` reads its
+resident memory. The broker's output goes to a log file whose tail is shown
+when the broker fails to start or exits with an error.
 """
 
 from __future__ import annotations
@@ -60,12 +61,15 @@ class BrokerProcess:
         extra_args: tuple[str, ...] = (),
         port: int = 0,
         http: bool = False,
+        ws: bool = False,
     ) -> None:
         self.db_url = db_url
         self.extra_args = extra_args
         self.port = port or free_port()
         self.http_port = free_port() if http else None
         """With `http`: the admin HTTP API's port (`--http 127.0.0.1:PORT`)."""
+        self.ws_port = free_port() if ws else None
+        """With `ws`: the MQTT over WebSockets listener's port (`--ws 127.0.0.1:PORT`)."""
         self.process: subprocess.Popen[bytes] | None = None
         self._log_dir = Path(tempfile.mkdtemp(prefix="riverbed-broker-"))
         self.log_path = self._log_dir / "broker.log"
@@ -94,6 +98,7 @@ class BrokerProcess:
                 "--log-level",  # every client connecting and leaving: tests wait for those
                 "debug",
                 *(() if self.http_port is None else ("--http", f"127.0.0.1:{self.http_port}")),
+                *(() if self.ws_port is None else ("--ws", f"127.0.0.1:{self.ws_port}")),
                 *self.extra_args,
             ],
             stdout=log,
@@ -104,6 +109,8 @@ class BrokerProcess:
         wait_listening(self.process, self.port, timeout, "broker", self.tail, self.kill)
         if self.http_port is not None:
             wait_listening(self.process, self.http_port, timeout, "HTTP API", self.tail, self.kill)
+        if self.ws_port is not None:
+            wait_listening(self.process, self.ws_port, timeout, "WebSockets", self.tail, self.kill)
 
     @property
     def http_url(self) -> str:
@@ -226,7 +233,8 @@ class Client:
     `connect()` waits for the CONNACK and returns Session Present; messages
     received are appended to `received` (acknowledged by paho after the
     callback); `disconnects` holds the reason codes of DISCONNECTs and losses.
-    With `tls` (a client `SSLContext`) it connects over TLS.
+    With `tls` (a client `SSLContext`) it connects over TLS; with `websocket`
+    (a path, e.g. "/mqtt") over WebSockets (WSS with `tls`).
     """
 
     def __init__(
@@ -236,9 +244,11 @@ class Client:
         *,
         protocol: int = paho.MQTTv5,
         tls: ssl.SSLContext | None = None,
+        websocket: str | None = None,
     ) -> None:
         self.port = port
         self.tls = tls
+        self.websocket = websocket
         self.client_id = client_id
         self.protocol = protocol
         self.received: list[Received] = []
@@ -264,15 +274,24 @@ class Client:
     ) -> bool:
         """Connect (clean start / clean session `clean`); return Session Present."""
         v5 = self.protocol == paho.MQTTv5
+        transport = "tcp" if self.websocket is None else "websockets"
         if v5:
-            mqtt = paho.Client(CallbackAPIVersion.VERSION2, self.client_id, protocol=self.protocol)
+            mqtt = paho.Client(
+                CallbackAPIVersion.VERSION2,
+                self.client_id,
+                protocol=self.protocol,
+                transport=transport,
+            )
         else:
             mqtt = paho.Client(
                 CallbackAPIVersion.VERSION2,
                 self.client_id,
                 protocol=self.protocol,
                 clean_session=clean,
+                transport=transport,
             )
+        if self.websocket is not None:
+            mqtt.ws_set_options(path=self.websocket)
         mqtt.on_connect = self._on_connect
         mqtt.on_message = self._on_message
         mqtt.on_disconnect = self._on_disconnect

@@ -23,6 +23,7 @@ from riverbed.mqtt.config import (
     Listeners,
     StorageConfig,
     TlsListener,
+    WebSocketListener,
     load_config,
 )
 from riverbed.sharedsub.config import SharedSubConfig
@@ -104,6 +105,8 @@ def test_every_key_is_a_field_and_every_field_a_key() -> None:
         for f in dataclasses.fields(cls):
             if f.name == "tls":
                 out |= keys(f"{prefix}tls.", TlsListener)
+            elif f.name == "ws":
+                out |= keys(f"{prefix}ws.", WebSocketListener)
             elif f.name == "timers":  # [shared_subscriptions] holds them flat
                 out |= keys(prefix, SharedSubConfig)
             elif dataclasses.is_dataclass(f.default_factory):
@@ -480,7 +483,8 @@ def test_unknown_keys_are_refused_with_the_known_ones(tmp_path: Path) -> None:
         ("[listener]\nmqtt = 'a:1'\n", "unknown section [listener] (did you mean [listeners]?)"),
         (
             "[tls]\n",
-            "known sections: [auth], [http], [limits], [listeners], [listeners.tls], [log],"
+            "known sections: [auth], [http], [limits], [listeners], [listeners.tls],"
+            " [listeners.ws], [log],"
             " [metrics], [retention], [shared_subscriptions], [storage]",
         ),
         ("port = 1883\n", "unknown key 'port'; known keys: listeners.mqtt, listeners.tls.address"),

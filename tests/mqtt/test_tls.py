@@ -24,6 +24,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from harness.broker import BrokerProcess, Client
+from harness.certificates import Certificates, make_certificates, openssl
 from harness.net import free_port, wait_listening
 from riverbed.mqtt.config import Address, TlsListener
 from riverbed.mqtt.tls import server_context
@@ -31,67 +32,9 @@ from riverbed.mqtt.tls import server_context
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
 
 
-# --------------------------------------------------------------------- certificates
-
-
-def _openssl(*args: str | Path) -> None:
-    subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True)
-
-
-def _ca(directory: Path, name: str) -> tuple[Path, Path]:
-    key, cert = directory / f"{name}.key", directory / f"{name}.pem"
-    _openssl(
-        "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-        "-keyout", key, "-out", cert, "-days", "2", "-subj", f"/CN={name}",
-    )  # fmt: skip
-    return cert, key
-
-
-def _signed(directory: Path, name: str, ca: tuple[Path, Path], extensions: str) -> Path:
-    key, csr, cert = (directory / f"{name}.{ext}" for ext in ("key", "csr", "pem"))
-    ext = directory / f"{name}.ext"
-    ext.write_text(extensions + "\n")
-    _openssl(
-        "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-        "-keyout", key, "-out", csr, "-subj", f"/CN={name}",
-    )  # fmt: skip
-    _openssl(
-        "x509", "-req", "-in", csr, "-CA", ca[0], "-CAkey", ca[1], "-CAcreateserial",
-        "-out", cert, "-days", "2", "-extfile", ext,
-    )  # fmt: skip
-    return cert
-
-
-@dataclass(frozen=True, slots=True)
-class Certificates:
-    directory: Path
-    ca: Path
-    server: Path
-    server_key: Path
-    client: Path
-    client_key: Path
-    other_ca: Path
-
-    def client_context(self, *, trust: Path | None = None, own: bool = False) -> ssl.SSLContext:
-        """A client context trusting `trust` (default: our CA), with the client
-        certificate if `own`."""
-        context = ssl.create_default_context(cafile=trust or self.ca)
-        if own:
-            context.load_cert_chain(self.client, self.client_key)
-        return context
-
-
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
-    directory = tmp_path_factory.mktemp("tls")
-    ca = _ca(directory, "ca")
-    other_ca, _ = _ca(directory, "other-ca")
-    server = _signed(directory, "server", ca, "subjectAltName=IP:127.0.0.1,DNS:localhost")
-    client = _signed(directory, "client", ca, "extendedKeyUsage=clientAuth")
-    return Certificates(
-        directory, ca[0], server, directory / "server.key", client, directory / "client.key",
-        other_ca,
-    )  # fmt: skip
+    return make_certificates(tmp_path_factory.mktemp("tls"))
 
 
 def _tls_args(certs: Certificates, port: int, cafile: bool) -> tuple[str, ...]:
@@ -229,7 +172,7 @@ def _bad_files(certs: Certificates) -> dict[str, tuple[Path, Path, str, str]]:
     garbage = d / "garbage.pem"
     garbage.write_text("not a PEM file\n")
     encrypted = d / "encrypted.key"
-    _openssl("pkey", "-in", certs.server_key, "-aes256", "-passout", "pass:x", "-out", encrypted)
+    openssl("pkey", "-in", certs.server_key, "-aes256", "-passout", "pass:x", "-out", encrypted)
     return {
         "missing certfile": (d / "nope.pem", certs.server_key, "nope.pem", "no such file"),
         "missing keyfile": (certs.server, d / "nope.key", "nope.key", "no such file"),

@@ -110,6 +110,11 @@ def passwd(file: str, username: str, delete: bool, from_stdin: bool) -> None:
     "--cafile", metavar="FILE", help="Require TLS client certificates signed by a CA in FILE."
 )
 @click.option(
+    "--ws",
+    metavar="HOST:PORT",
+    help="Where to listen for MQTT over WebSockets (path /mqtt; WSS from the config file).",
+)
+@click.option(
     "--log-level",
     type=click.Choice(LOG_LEVELS, case_sensitive=False),
     help="How much to log (default info; debug adds every client connecting and leaving).",
@@ -124,6 +129,7 @@ def serve(
     certfile: str | None,
     keyfile: str | None,
     cafile: str | None,
+    ws: str | None,
     log_level: str | None,
     http: str | None,
     token_file: str | None,
@@ -150,6 +156,7 @@ def serve(
             "listeners.tls.certfile": certfile,
             "listeners.tls.keyfile": keyfile,
             "listeners.tls.cafile": cafile,
+            "listeners.ws.address": ws,
             "storage.url": db,
             "auth.allow_anonymous": allow_anonymous,
             "log.level": log_level,
@@ -157,8 +164,11 @@ def serve(
             "http.token_file": token_file,
         },
     )
+    # A bad certificate or key: refused before starting.
     if config.listeners.tls is not None:
-        server_context(config.listeners.tls)  # a bad certificate or key: refused before starting
+        server_context(config.listeners.tls)
+    if config.listeners.ws is not None and config.listeners.ws.secure:
+        server_context(config.listeners.ws)
     check_listeners(config)  # an address in use: refused before the database is opened
     _raise_open_files_limit()
     _configure_logging(config.log)

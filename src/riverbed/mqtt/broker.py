@@ -59,6 +59,7 @@ from riverbed.mqtt.retained import RetainedStore
 from riverbed.mqtt.router import Router
 from riverbed.mqtt.sys import SysPublisher
 from riverbed.mqtt.tls import server_context
+from riverbed.mqtt.websocket import WebSocket
 from riverbed.mqtt.wills import Wills
 from riverbed.sessions.store import SessionStore, node_lease, now_us
 from riverbed.sessions.writer import SessionWriter
@@ -143,6 +144,7 @@ class Broker:
         self._locks: dict[str, _ClientLock] = {}
         self._server: asyncio.Server | None = None
         self._tls_server: asyncio.Server | None = None
+        self._ws_server: asyncio.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._orphans_at = 0.0
         """When the expiry sweep next looks for orphaned session cursors."""
@@ -206,7 +208,7 @@ class Broker:
         return metrics
 
     async def start(self) -> None:
-        """Start the router and listen on `config.listeners.mqtt` (and `.tls` if set).
+        """Start the router and listen on `config.listeners.mqtt` (and `.tls`, `.ws` if set).
 
         The listening sockets are bound first, taking no client yet: an address
         in use is refused (`CannotListen`) before anything else has started."""
@@ -226,6 +228,22 @@ class Broker:
                 )
             except BaseException:
                 self._server.close()
+                raise
+        ws = self.config.listeners.ws
+        if ws is not None:
+            try:
+                self._ws_server = await _listen(
+                    loop,
+                    self._accept_ws,
+                    ws.address,
+                    "--ws",
+                    "listeners.ws.address",
+                    ssl=server_context(ws) if ws.secure else None,
+                )
+            except BaseException:
+                for server in (self._server, self._tls_server):
+                    if server is not None:
+                        server.close()
                 raise
         await self.router.start()
         shared = self.config.shared_subscriptions
@@ -267,15 +285,17 @@ class Broker:
         await _serve(self._server, address, "--mqtt", "listeners.mqtt")
         if self._tls_server is not None and tls is not None:
             await _serve(self._tls_server, tls.address, "--tls", "listeners.tls.address")
-        log.info("listening for MQTT on %s", ", ".join(self.addresses()))
+        listening = self.addresses()
+        if self._ws_server is not None and ws is not None:
+            await _serve(self._ws_server, ws.address, "--ws", "listeners.ws.address")
+            scheme = "wss" if ws.secure else "ws"
+            listening += [f"{scheme}://{name}{ws.path}" for name in _names(self._ws_server)]
+        log.info("listening for MQTT on %s", ", ".join(listening))
 
     def addresses(self) -> list[str]:
-        out = []
+        """HOST:PORT of each socket listened on for MQTT and MQTT over TLS."""
         servers = (self._server, self._tls_server)
-        for sock in [s for server in servers if server is not None for s in server.sockets]:
-            host, port = cast(tuple[str, int], sock.getsockname()[:2])
-            out.append(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
-        return out
+        return [name for server in servers if server is not None for name in _names(server)]
 
     def serving(self) -> bool:
         """Whether the MQTT listener takes clients (started and not stopping)."""
@@ -300,6 +320,8 @@ class Broker:
             self._server.close()
         if self._tls_server is not None:
             self._tls_server.close()
+        if self._ws_server is not None:
+            self._ws_server.close()
         for task in (self._sweeper, self._summarizer):
             if task is not None:
                 task.cancel()
@@ -324,7 +346,7 @@ class Broker:
             with contextlib.suppress(RiverbedError):
                 await asyncio.to_thread(self._leases.release, self._lease)
             self._lease = None
-        for server in (self._server, self._tls_server):
+        for server in (self._server, self._tls_server, self._ws_server):
             if server is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(server.wait_closed(), 1.0)
@@ -385,6 +407,14 @@ class Broker:
     def _accept(self) -> Connection:
         """A new client connection (the listeners' protocol factory)."""
         return Connection(self)
+
+    def _accept_ws(self) -> WebSocket:
+        """A new MQTT over WebSockets client (the WebSocket listener's protocol
+        factory): an MQTT connection once its handshake is accepted."""
+        listener = self.config.listeners.ws
+        assert listener is not None
+        limit = self.config.limits.maximum_packet_size
+        return WebSocket(listener, limit, self._accept)
 
     def connection_opened(self, connection: Connection) -> None:
         """The connection is made (for TLS: after the handshake succeeded)."""
@@ -491,6 +521,8 @@ def check_listeners(config: BrokerConfig) -> None:
     listeners = [(config.listeners.mqtt, "--mqtt", "listeners.mqtt")]
     if config.listeners.tls is not None:
         listeners.append((config.listeners.tls.address, "--tls", "listeners.tls.address"))
+    if config.listeners.ws is not None:
+        listeners.append((config.listeners.ws.address, "--ws", "listeners.ws.address"))
     for address, flag, key in listeners:
         try:
             # Every address the name stands for, as `create_server` binds them all.
@@ -502,6 +534,15 @@ def check_listeners(config: BrokerConfig) -> None:
                     pass
         except OSError as exc:
             raise _cannot_listen(exc, address, flag, key) from None
+
+
+def _names(server: asyncio.Server) -> list[str]:
+    """HOST:PORT of each socket `server` listens on."""
+    out = []
+    for sock in server.sockets:
+        host, port = cast(tuple[str, int], sock.getsockname()[:2])
+        out.append(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+    return out
 
 
 async def _listen(

@@ -20,6 +20,14 @@ A complete file, with the defaults:
     keyfile = "server.key"           # PEM private key
     cafile = "clients-ca.pem"        # optional: require client certificates signed by it
 
+    [listeners.ws]                   # optional: MQTT over WebSockets (mqtt/websocket.py)
+    address = "0.0.0.0:8080"         # HOST:PORT
+    path = "/mqtt"                   # the HTTP path clients ask for
+    allowed_origins = []             # browsers' Origin accepted, e.g. ["https://app.example.com"];
+                                     # empty: any (requests without an Origin are always taken)
+    # certfile = "server.pem"        # WSS: serve over TLS (with keyfile; cafile as above)
+    # keyfile = "server.key"
+
     [storage]
     url = "sqlite:///./riverbed-data/riverbed.db"   # default: --db, $RIVERBED_DB, else this
     commit_interval_ms = 3           # the least time between two commits of PUBLISHes
@@ -160,7 +168,7 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 from riverbed.errors import InvalidConfig
@@ -285,19 +293,59 @@ class TlsListener:
 
 
 @dataclass(frozen=True, slots=True)
+class WebSocketListener:
+    """The MQTT over WebSockets listener: HTTP upgrade requests for `path`, from
+    a browser whose Origin is in `allowed_origins` (empty: any). With `certfile`
+    and `keyfile` it serves WSS (and with `cafile`, asks for client certificates)."""
+
+    address: Address
+    path: str = "/mqtt"
+    allowed_origins: tuple[str, ...] = ()
+    certfile: Path | None = None
+    keyfile: Path | None = None
+    cafile: Path | None = None
+
+    def __post_init__(self) -> None:
+        _check_fields("listeners.ws", self)
+        if (self.certfile is None) != (self.keyfile is None):
+            given, missing = ("certfile", "keyfile")[:: 1 if self.keyfile is None else -1]
+            raise InvalidConfig(
+                f"listeners.ws.{given} is set but listeners.ws.{missing} is not: WSS needs both"
+            )
+        if self.cafile is not None and self.certfile is None:
+            raise InvalidConfig(
+                "listeners.ws.cafile is set without listeners.ws.certfile and keyfile:"
+                " client certificates are asked for only over WSS"
+            )
+
+    @property
+    def secure(self) -> bool:
+        """Whether it serves WSS (WebSockets over TLS)."""
+        return self.certfile is not None
+
+
+@dataclass(frozen=True, slots=True)
 class Listeners:
-    """Where the broker listens: plain MQTT always, TLS when configured."""
+    """Where the broker listens: plain MQTT always, TLS and WebSockets when configured."""
 
     mqtt: Address = Address("127.0.0.1", 1883)
     tls: TlsListener | None = None
+    ws: WebSocketListener | None = None
 
     def __post_init__(self) -> None:
         _check_fields("listeners", self)
-        if self.tls is not None and self.tls.address == self.mqtt and self.mqtt.port != 0:
-            raise InvalidConfig(
-                f"listeners.mqtt and listeners.tls.address are both {self.mqtt}:"
-                " the two listeners need different ports"
-            )
+        named = [("listeners.mqtt", self.mqtt)]
+        if self.tls is not None:
+            named.append(("listeners.tls.address", self.tls.address))
+        if self.ws is not None:
+            named.append(("listeners.ws.address", self.ws.address))
+        for i, (key, address) in enumerate(named):
+            for other, taken in named[:i]:
+                if address == taken and address.port != 0:
+                    raise InvalidConfig(
+                        f"{other} and {key} are both {address}: the two listeners need"
+                        " different ports"
+                    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -648,6 +696,55 @@ def _readable_file(key: str, value: object) -> Path:
     return path
 
 
+def _ws_path(key: str, value: object) -> str:
+    rule = 'must be an absolute HTTP path such as "/mqtt" (no query, fragment or spaces)'
+    if (
+        not isinstance(value, str)
+        or not value.startswith("/")
+        or not value.isascii()
+        or any(c in value for c in "?# ")
+        or not value.isprintable()
+    ):
+        raise _fail(key, value, rule)
+    return value
+
+
+def _origins(key: str, value: object) -> tuple[str, ...]:
+    """A list of web origins (`https://app.example.com`, `http://localhost:3000`),
+    lowercased as browsers send them; a comma-separated string on the command line."""
+    items: object = value
+    if isinstance(value, str):
+        items = [part.strip() for part in value.split(",") if part.strip()]
+    if not isinstance(items, list | tuple):
+        raise _fail(key, value, 'must be a list of origins, e.g. ["https://app.example.com"]')
+    origins: list[str] = []
+    for item in items:
+        if not _is_origin(item):
+            raise InvalidConfig(
+                f"{key}: {item!r} is not an origin: SCHEME://HOST[:PORT] with http or https"
+                ' and no path, not even "/", e.g. "https://app.example.com" or'
+                ' "http://localhost:3000"'
+            )
+        origins.append(cast(str, item).lower())
+    return tuple(origins)
+
+
+def _is_origin(item: object) -> bool:
+    """Whether `item` is an origin as a browser sends it in its Origin header (RFC 6454)."""
+    if not isinstance(item, str) or not item.isascii() or any(c.isspace() for c in item):
+        return False
+    try:
+        parts = urlsplit(item)
+        parts.port  # noqa: B018 - raises ValueError for a port that is no number 0..65535
+    except ValueError:
+        return False
+    return (
+        parts.scheme.lower() in ("http", "https")
+        and bool(parts.hostname)
+        and not (parts.path or parts.query or parts.fragment or "@" in parts.netloc)
+    )
+
+
 _URL_SCHEMES = ("sqlite", "postgresql", "postgres")
 
 
@@ -689,6 +786,20 @@ KEYS: dict[str, Key] = {
     "listeners.tls.cafile": Key(
         _optional(_readable_file),
         "PEM CA bundle; clients must present a certificate",
+        is_path=True,
+    ),
+    "listeners.ws.address": Key(_address, "HOST:PORT of the MQTT over WebSockets listener"),
+    "listeners.ws.path": Key(_ws_path, "the HTTP path of MQTT over WebSockets"),
+    "listeners.ws.allowed_origins": Key(
+        _origins, "origins browsers may connect from (empty: any), e.g. https://app.example.com"
+    ),
+    "listeners.ws.certfile": Key(
+        _optional(_readable_file), "PEM certificate chain: serve WSS (with keyfile)", is_path=True
+    ),
+    "listeners.ws.keyfile": Key(_optional(_readable_file), "PEM private key of WSS", is_path=True),
+    "listeners.ws.cafile": Key(
+        _optional(_readable_file),
+        "PEM CA bundle; WSS clients must present a certificate",
         is_path=True,
     ),
     "storage.url": Key(
@@ -877,8 +988,17 @@ def _build(values: Mapping[str, object]) -> BrokerConfig:
                 f" given but {', '.join(missing)} missing"
             )
         tls = TlsListener(**section("listeners.tls"))
+    ws_given = [key for key in KEYS if key.startswith("listeners.ws.") and key in values]
+    ws: WebSocketListener | None = None
+    if ws_given:
+        if "listeners.ws.address" not in values:
+            raise InvalidConfig(
+                f"the WebSocket listener needs listeners.ws.address; {', '.join(ws_given)}"
+                " given without it"
+            )
+        ws = WebSocketListener(**section("listeners.ws"))
     return BrokerConfig(
-        listeners=Listeners(**section("listeners"), tls=tls),
+        listeners=Listeners(**section("listeners"), tls=tls, ws=ws),
         storage=StorageConfig(**section("storage")),
         limits=Limits(**section("limits")),
         auth=AuthConfig(**section("auth")),

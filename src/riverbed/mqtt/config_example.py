@@ -31,6 +31,10 @@ EXAMPLES: dict[str, object] = {
     "listeners.tls.certfile": "server.pem",
     "listeners.tls.keyfile": "server.key",
     "listeners.tls.cafile": "clients-ca.pem",
+    "listeners.ws.address": "0.0.0.0:8080",
+    "listeners.ws.certfile": "server.pem",
+    "listeners.ws.keyfile": "server.key",
+    "listeners.ws.cafile": "clients-ca.pem",
     "storage.url": DEFAULT_URL,
     "limits.server_keep_alive": 60,
     "limits.default_session_expiry": "7d",
@@ -150,6 +154,8 @@ def _toml(key: str, value: object) -> str:
         return repr(value)
     if isinstance(value, Address | Path | str):
         return json.dumps(str(value), ensure_ascii=False)  # a TOML basic string
+    if isinstance(value, tuple):  # a TOML array of strings (listeners.ws.allowed_origins)
+        return "[" + ", ".join(json.dumps(str(item), ensure_ascii=False) for item in value) + "]"
     raise TypeError(f"{key}: no TOML form for {value!r}")
 
 

@@ -1,4 +1,4 @@
-"""The TLS listener's server context, built (and so validated) once at start.
+"""The TLS listener's server context (and the WSS one's), built (and so validated) once at start.
 
     context = server_context(config.listeners.tls)
     await asyncio.start_server(accept, host, port, ssl=context)
@@ -20,7 +20,7 @@ import ssl
 from pathlib import Path
 
 from riverbed.errors import InvalidConfig
-from riverbed.mqtt.config import TlsListener
+from riverbed.mqtt.config import TlsListener, WebSocketListener
 
 
 class _Encrypted(Exception):
@@ -32,15 +32,20 @@ def _no_passphrase() -> bytes:
     raise _Encrypted
 
 
-def server_context(listener: TlsListener) -> ssl.SSLContext:
-    """A server `SSLContext` for `listener`, or `InvalidConfig` naming what is wrong."""
+def server_context(listener: TlsListener | WebSocketListener) -> ssl.SSLContext:
+    """A server `SSLContext` for `listener` (the TLS listener, or the WebSocket
+    one serving WSS), or `InvalidConfig` naming what is wrong."""
+    section = "listeners.ws" if isinstance(listener, WebSocketListener) else "listeners.tls"
+    certfile, keyfile = listener.certfile, listener.keyfile
+    if certfile is None or keyfile is None:
+        raise InvalidConfig(f"{section}: no certfile and keyfile, so no TLS to serve")
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
-    _check_certificates("listeners.tls.certfile", listener.certfile, "no PEM certificate")
-    cert = f"listeners.tls.certfile = {str(listener.certfile)!r}"
-    key = f"listeners.tls.keyfile = {str(listener.keyfile)!r}"
+    _check_certificates(f"{section}.certfile", certfile, "no PEM certificate")
+    cert = f"{section}.certfile = {str(certfile)!r}"
+    key = f"{section}.keyfile = {str(keyfile)!r}"
     try:
-        context.load_cert_chain(listener.certfile, listener.keyfile, password=_no_passphrase)
+        context.load_cert_chain(certfile, keyfile, password=_no_passphrase)
     except _Encrypted:
         raise InvalidConfig(
             f"{key}: the private key is encrypted and the broker cannot ask for its"
@@ -59,7 +64,7 @@ def server_context(listener: TlsListener) -> ssl.SSLContext:
         raise InvalidConfig(f"{cert}, {key}: cannot be read ({exc.strerror})") from None
     if listener.cafile is not None:
         context.verify_mode = ssl.CERT_REQUIRED
-        _check_certificates("listeners.tls.cafile", listener.cafile, "no PEM CA certificate")
+        _check_certificates(f"{section}.cafile", listener.cafile, "no PEM CA certificate")
         context.load_verify_locations(cafile=listener.cafile)
     return context
 
