@@ -42,12 +42,30 @@ One rule per line; blank lines and lines starting with `#` are ignored:
   Without it an ACL file denies; without an ACL file everything is allowed.
 
 Rules are tried in order and the first that applies decides. A PUBLISH applies
-its topic name. A SUBSCRIBE is allowed only if every topic its filter can match
-is allowed: the first allow rule whose filter covers the whole requested filter
-(`filter_covers`) allows it, and a deny rule that shares any topic with it
-(`filters_overlap`) refuses it first. A subscription that only several allow
-rules together would cover is refused: write one rule that covers it.
-`$share/GROUP/FILTER` and `$queue/FILTER` are checked as FILTER.
+its topic name. There is no separate read access: `subscribe` rules also decide
+which messages a client receives, applied to each message's topic name
+(`can_read`). `$share/GROUP/FILTER` and `$queue/FILTER` are checked as FILTER.
+
+A SUBSCRIBE is checked in one of two ways (`auth.acl_wildcard`):
+
+- `filter` (the default, what mosquitto does): the filter itself is checked.
+  The first rule whose filter covers the whole requested filter
+  (`filter_covers`) decides; rules that share only some topics with it are
+  passed over. A granted wildcard subscription then gets only the messages
+  whose topics the client may read: with `deny subscribe anyone secrets/#` and
+  `default allow`, `#` is granted and delivers everything but `secrets/...`,
+  while `secrets/#` or `secrets/a` is refused.
+- `strict`: granted only if every topic the filter can match is readable: the
+  first allow rule that covers the whole filter allows it, and a deny rule that
+  shares any topic with it (`filters_overlap`) refuses it first. The example
+  above refuses `#` and `+/+`.
+
+In both, a subscription that only several allow rules together would cover is
+refused: write one rule that covers it. Every message is checked against the
+read rule on its way out in both modes (live, replayed, retained, a shared
+group's), so a session resumed from before a change of the ACL file gets only
+what the new rules let it read. `ReadCheck` remembers each answer per topic
+name, so the check costs a dictionary look-up per message.
 
 Substitution is literal. A user name or client id that holds `/`, `+` or `#`
 would not name one topic level but several, or a wildcard, so no topic has the
@@ -68,14 +86,15 @@ import hmac
 import os
 import re
 import unicodedata
+import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 
 from riverbed.errors import InvalidConfig, InvalidInput, InvalidTopicFilter, NotFound
 from riverbed.mqtt.codec.reasons import CONNACK_REASONS_V311, ConnectReason
-from riverbed.mqtt.config import AuthConfig
+from riverbed.mqtt.config import ACL_WILDCARD_STRICT, AuthConfig
 from riverbed.secretfiles import read_text, remove_entry, write_atomically
 from riverbed.topics.filters import filters_overlap, matches, validate_filter
 
@@ -430,13 +449,21 @@ class AclRule:
 
 @dataclass(frozen=True, slots=True)
 class Authorizer:
-    """ACL rules tried in order, the first that applies deciding; `default` when none does."""
+    """ACL rules tried in order, the first that applies deciding; `default` when
+    none does. `strict`: how a SUBSCRIBE is checked (`auth.acl_wildcard =
+    "strict"`; the module docstring)."""
 
     rules: tuple[AclRule, ...] = ()
     default: Decision = Decision.ALLOW
+    strict: bool = False
+    _checks: weakref.WeakValueDictionary[tuple[tuple[str, bool], ...], ReadCheck] = field(
+        default_factory=weakref.WeakValueDictionary, init=False, compare=False, repr=False
+    )
+    """The `read_check`s in use, by the rules they apply: clients under the same
+    rules share one (and its answers)."""
 
     @classmethod
-    def parse(cls, text: str, source: str = "<acl>") -> Authorizer:
+    def parse(cls, text: str, source: str = "<acl>", *, strict: bool = False) -> Authorizer:
         """Read the ACL format of the module docstring; `InvalidConfig` names the line."""
         rules: list[AclRule] = []
         default: tuple[Decision, int] | None = None
@@ -454,10 +481,10 @@ class Authorizer:
                     rules.append(_parse_rule(line, number))
             except InvalidInput as exc:
                 raise InvalidConfig(f"{where}: {exc}") from None
-        return cls(tuple(rules), Decision.DENY if default is None else default[0])
+        return cls(tuple(rules), Decision.DENY if default is None else default[0], strict)
 
     @classmethod
-    def load(cls, path: str | Path) -> Authorizer:
+    def load(cls, path: str | Path, *, strict: bool = False) -> Authorizer:
         """Read an ACL file (`InvalidConfig` if it is missing or bad)."""
         shown = str(path)
         try:
@@ -466,12 +493,23 @@ class Authorizer:
             raise InvalidConfig(f"ACL file {shown!r} cannot be read: {exc.strerror}") from None
         except UnicodeDecodeError as exc:
             raise InvalidConfig(f"ACL file {shown!r} is not UTF-8 (byte {exc.start})") from None
-        return cls.parse(text, shown)
+        return cls.parse(text, shown, strict=strict)
 
     def can_publish(self, username: str | None, client_id: str, topic_name: str) -> bool:
         """Whether this client may publish to `topic_name` (a valid topic name)."""
+        return self._first_match(Access.PUBLISH, username, client_id, topic_name)
+
+    def can_read(self, username: str | None, client_id: str, topic_name: str) -> bool:
+        """Whether this client may receive a message of `topic_name` (a valid
+        topic name): the `subscribe` rules applied to it. Uncached: deliveries
+        ask a `read_check`."""
+        return self._first_match(Access.SUBSCRIBE, username, client_id, topic_name)
+
+    def _first_match(
+        self, access: Access, username: str | None, client_id: str, topic_name: str
+    ) -> bool:
         for rule in self.rules:
-            if rule.applies(Access.PUBLISH, username, client_id):
+            if rule.applies(access, username, client_id):
                 topic_filter = rule.filter_for(username, client_id)
                 if topic_filter is not None and matches(topic_filter, topic_name):
                     return rule.decision is Decision.ALLOW
@@ -479,21 +517,77 @@ class Authorizer:
 
     def can_subscribe(self, username: str | None, client_id: str, topic_filter: str) -> bool:
         """Whether this client may subscribe to `topic_filter` (a valid filter):
-        only if it may receive every topic the filter can match."""
+        the first rule covering the whole filter decides; `strict`: only if it
+        may also read every topic the filter can match."""
         requested = _unshared(topic_filter)
         if requested is None:
             return False
+        refuses = filters_overlap if self.strict else filter_covers
         for rule in self.rules:
             if rule.applies(Access.SUBSCRIBE, username, client_id):
                 rule_filter = rule.filter_for(username, client_id)
                 if rule_filter is None:
                     continue
                 if rule.decision is Decision.DENY:
-                    if filters_overlap(rule_filter, requested):
+                    if refuses(rule_filter, requested):
                         return False
                 elif filter_covers(rule_filter, requested):
                     return True
         return self.default is Decision.ALLOW
+
+    def read_check(self, username: str | None, client_id: str) -> ReadCheck | None:
+        """What a session asks before it sends a message: `can_read` for this
+        client, remembered per topic name. None when the rules let this client
+        read every topic (no ACL file, or no deny that applies to it), so that
+        delivery costs nothing then."""
+        resolved: list[tuple[str, bool]] = []
+        for rule in self.rules:
+            if rule.applies(Access.SUBSCRIBE, username, client_id):
+                rule_filter = rule.filter_for(username, client_id)
+                if rule_filter is not None:
+                    resolved.append((rule_filter, rule.decision is Decision.ALLOW))
+        allow = self.default is Decision.ALLOW
+        if allow and all(allowed for _, allowed in resolved):
+            return None
+        key = (*resolved, ("", allow))  # "" is no filter: the default's place
+        check = self._checks.get(key)
+        if check is None:
+            check = self._checks[key] = ReadCheck(tuple(resolved), allow)
+        return check
+
+
+class ReadCheck:
+    """Whether a message of a topic name may go to a client: its `subscribe`
+    rules (filters with `%u` and `%c` filled in, allow or not) tried in order,
+    `default` when none matches, each answer remembered. Called with every
+    message a session sends, so the common case is one dictionary look-up; at
+    most `max_topics` answers are kept (then they start over), so a client
+    reading many topic names holds bounded memory.
+    """
+
+    __slots__ = ("__weakref__", "_known", "default", "max_topics", "rules")
+
+    def __init__(
+        self, rules: tuple[tuple[str, bool], ...], default: bool, max_topics: int = 10_000
+    ) -> None:
+        self.rules = rules
+        self.default = default
+        self.max_topics = max_topics
+        self._known: dict[str, bool] = {}
+
+    def __call__(self, topic_name: str) -> bool:
+        known = self._known
+        allowed = known.get(topic_name)
+        if allowed is None:
+            allowed = self.default
+            for rule_filter, allows in self.rules:
+                if matches(rule_filter, topic_name):
+                    allowed = allows
+                    break
+            if len(known) >= self.max_topics:
+                known.clear()
+            known[topic_name] = allowed
+        return allowed
 
 
 def _unshared(topic_filter: str) -> str | None:
@@ -566,4 +660,5 @@ def load_auth(config: AuthConfig) -> tuple[Authenticator, Authorizer]:
     """The authenticator and authorizer a broker configuration asks for."""
     users = None if config.password_file is None else load_password_file(config.password_file)
     authorizer = Authorizer() if config.acl_file is None else Authorizer.load(config.acl_file)
+    authorizer = replace(authorizer, strict=config.acl_wildcard == ACL_WILDCARD_STRICT)
     return Authenticator(users, allow_anonymous=config.allow_anonymous), authorizer
