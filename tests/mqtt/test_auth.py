@@ -27,8 +27,8 @@ from riverbed.mqtt.auth import (
     Authorizer,
     Decision,
     PasswordHash,
-    ReadCheck,
     Subject,
+    TopicCheck,
     delete_user,
     filter_covers,
     hash_password,
@@ -694,6 +694,7 @@ def test_no_read_check_when_nothing_can_be_withheld() -> None:
 def test_clients_under_the_same_rules_share_a_read_check() -> None:
     acl = Authorizer.parse("deny subscribe anyone secrets/#\nallow all anyone users/%u/#\n")
     first, second = acl.read_check("alice", "c1"), acl.read_check("alice", "c2")
+    assert acl.can_publish("alice", "c1", "users/alice/x")  # publishing resolves its own
     assert first is not None and first is second
     other = acl.read_check("bob", "c1")
     assert other is not None and other is not first
@@ -701,7 +702,7 @@ def test_clients_under_the_same_rules_share_a_read_check() -> None:
 
 
 def test_a_read_check_keeps_a_bounded_number_of_answers() -> None:
-    check = ReadCheck((("secrets/#", False),), True, max_topics=3)
+    check = TopicCheck((("secrets/#", False),), True, max_topics=3)
     for n in range(10):
         assert check(f"t/{n}") and not check(f"secrets/{n}")
         assert len(check._known) <= 3
@@ -735,7 +736,7 @@ TOPIC_NAMES = st.sampled_from(
     st.lists(TOPIC_NAMES, min_size=1, max_size=30),
     st.integers(min_value=1, max_value=5),
 )
-def test_the_cached_read_check_agrees_with_the_rules(
+def test_the_cached_checks_agree_with_the_rules(
     rules: list[tuple[str, str, str, str]],
     default: str,
     username: str | None,
@@ -743,17 +744,22 @@ def test_the_cached_read_check_agrees_with_the_rules(
     topics: list[str],
     max_topics: int,
 ) -> None:
-    """Every answer of the cached check, asked in any order and again (with a
-    small cache that starts over), is `can_read`'s: the rules evaluated afresh."""
+    """Every answer of the cached checks (reading: the session's `read_check`;
+    publishing: `can_publish`), asked in any order and again (with a small cache
+    that starts over), is `decide`'s: the rules evaluated afresh."""
     text = "".join(f"{' '.join(rule)}\n" for rule in rules) + f"default {default}\n"
     acl = Authorizer.parse(text)
     check = acl.read_check(username, client_id)
     if check is None:
-        assert all(acl.can_read(username, client_id, t) for t in all_names(3))
-        return
-    check.max_topics = max_topics
+        assert all(acl.decide(Access.SUBSCRIBE, username, client_id, t) for t in all_names(3))
+    else:
+        check.max_topics = max_topics
     for topic in [*topics, *reversed(topics)]:
-        assert check(topic) is acl.can_read(username, client_id, topic), topic
+        expected = acl.decide(Access.SUBSCRIBE, username, client_id, topic)
+        assert (check is None or check(topic)) is expected, topic
+        assert acl.can_read(username, client_id, topic) is expected
+        published = acl.decide(Access.PUBLISH, username, client_id, topic)
+        assert acl.can_publish(username, client_id, topic) is published, topic
 
 
 @settings(max_examples=300)

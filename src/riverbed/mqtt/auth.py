@@ -64,8 +64,9 @@ In both, a subscription that only several allow rules together would cover is
 refused: write one rule that covers it. Every message is checked against the
 read rule on its way out in both modes (live, replayed, retained, a shared
 group's), so a session resumed from before a change of the ACL file gets only
-what the new rules let it read. `ReadCheck` remembers each answer per topic
-name, so the check costs a dictionary look-up per message.
+what the new rules let it read. A `TopicCheck` remembers each answer per
+client and topic name, for reading and publishing alike, so a check costs a
+dictionary look-up per message.
 
 Substitution is literal. A user name or client id that holds `/`, `+` or `#`
 would not name one topic level but several, or a wildcard, so no topic has the
@@ -447,20 +448,33 @@ class AclRule:
         return "".join(pieces)
 
 
+MAX_CLIENTS = 10_000
+"""Clients whose publish rules `Authorizer.can_publish` keeps resolved (then it starts over)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Authorizer:
     """ACL rules tried in order, the first that applies deciding; `default` when
     none does. `strict`: how a SUBSCRIBE is checked (`auth.acl_wildcard =
-    "strict"`; the module docstring)."""
+    "strict"`; the module docstring).
+
+    `decide` evaluates the rules afresh; what a broker asks per message goes
+    through a `TopicCheck` that remembers the answers: `can_publish` keeps one
+    per client, a session asks its `read_check` before each delivery.
+    """
 
     rules: tuple[AclRule, ...] = ()
     default: Decision = Decision.ALLOW
     strict: bool = False
-    _checks: weakref.WeakValueDictionary[tuple[tuple[str, bool], ...], ReadCheck] = field(
+    _checks: weakref.WeakValueDictionary[tuple[tuple[str, bool], ...], TopicCheck] = field(
         default_factory=weakref.WeakValueDictionary, init=False, compare=False, repr=False
     )
-    """The `read_check`s in use, by the rules they apply: clients under the same
+    """The `TopicCheck`s in use, by the rules they apply: clients under the same
     rules share one (and its answers)."""
+    _publishers: dict[tuple[str | None, str], TopicCheck] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
+    """Per client (user name, client id), its publish rules' check."""
 
     @classmethod
     def parse(cls, text: str, source: str = "<acl>", *, strict: bool = False) -> Authorizer:
@@ -495,25 +509,35 @@ class Authorizer:
             raise InvalidConfig(f"ACL file {shown!r} is not UTF-8 (byte {exc.start})") from None
         return cls.parse(text, shown, strict=strict)
 
-    def can_publish(self, username: str | None, client_id: str, topic_name: str) -> bool:
-        """Whether this client may publish to `topic_name` (a valid topic name)."""
-        return self._first_match(Access.PUBLISH, username, client_id, topic_name)
-
-    def can_read(self, username: str | None, client_id: str, topic_name: str) -> bool:
-        """Whether this client may receive a message of `topic_name` (a valid
-        topic name): the `subscribe` rules applied to it. Uncached: deliveries
-        ask a `read_check`."""
-        return self._first_match(Access.SUBSCRIBE, username, client_id, topic_name)
-
-    def _first_match(
-        self, access: Access, username: str | None, client_id: str, topic_name: str
-    ) -> bool:
+    def decide(self, access: Access, username: str | None, client_id: str, topic_name: str) -> bool:
+        """Whether this client may publish (`Access.PUBLISH`) or read
+        (`Access.SUBSCRIBE`) a message of `topic_name` (a valid topic name): the
+        rules evaluated afresh, the first that applies and matches deciding."""
         for rule in self.rules:
             if rule.applies(access, username, client_id):
                 topic_filter = rule.filter_for(username, client_id)
                 if topic_filter is not None and matches(topic_filter, topic_name):
                     return rule.decision is Decision.ALLOW
         return self.default is Decision.ALLOW
+
+    def can_publish(self, username: str | None, client_id: str, topic_name: str) -> bool:
+        """Whether this client may publish to `topic_name` (a valid topic name);
+        `decide`, remembered per client and topic name."""
+        if not self.rules:
+            return self.default is Decision.ALLOW
+        key = (username, client_id)
+        check = self._publishers.get(key)
+        if check is None:
+            check = self._resolve(Access.PUBLISH, username, client_id)
+            if len(self._publishers) >= MAX_CLIENTS:
+                self._publishers.clear()
+            self._publishers[key] = check
+        return check(topic_name)
+
+    def can_read(self, username: str | None, client_id: str, topic_name: str) -> bool:
+        """Whether this client may receive a message of `topic_name`: the
+        `subscribe` rules applied to it (uncached: sessions ask a `read_check`)."""
+        return self.decide(Access.SUBSCRIBE, username, client_id, topic_name)
 
     def can_subscribe(self, username: str | None, client_id: str, topic_filter: str) -> bool:
         """Whether this client may subscribe to `topic_filter` (a valid filter):
@@ -535,37 +559,41 @@ class Authorizer:
                     return True
         return self.default is Decision.ALLOW
 
-    def read_check(self, username: str | None, client_id: str) -> ReadCheck | None:
+    def read_check(self, username: str | None, client_id: str) -> TopicCheck | None:
         """What a session asks before it sends a message: `can_read` for this
         client, remembered per topic name. None when the rules let this client
         read every topic (no ACL file, or no deny that applies to it), so that
         delivery costs nothing then."""
+        check = self._resolve(Access.SUBSCRIBE, username, client_id)
+        return None if check.allows_all else check
+
+    def _resolve(self, access: Access, username: str | None, client_id: str) -> TopicCheck:
+        """The rules on `access` that apply to this client, `%u` and `%c` filled
+        in, as a check (one shared by every client they resolve alike for)."""
         resolved: list[tuple[str, bool]] = []
         for rule in self.rules:
-            if rule.applies(Access.SUBSCRIBE, username, client_id):
+            if rule.applies(access, username, client_id):
                 rule_filter = rule.filter_for(username, client_id)
                 if rule_filter is not None:
                     resolved.append((rule_filter, rule.decision is Decision.ALLOW))
         allow = self.default is Decision.ALLOW
-        if allow and all(allowed for _, allowed in resolved):
-            return None
         key = (*resolved, ("", allow))  # "" is no filter: the default's place
         check = self._checks.get(key)
         if check is None:
-            check = self._checks[key] = ReadCheck(tuple(resolved), allow)
+            check = self._checks[key] = TopicCheck(tuple(resolved), allow)
         return check
 
 
-class ReadCheck:
-    """Whether a message of a topic name may go to a client: its `subscribe`
-    rules (filters with `%u` and `%c` filled in, allow or not) tried in order,
-    `default` when none matches, each answer remembered. Called with every
-    message a session sends, so the common case is one dictionary look-up; at
-    most `max_topics` answers are kept (then they start over), so a client
-    reading many topic names holds bounded memory.
+class TopicCheck:
+    """Whether a client may publish or read a topic name: its rules on that
+    access (filters with `%u` and `%c` filled in, allowing or not) tried in
+    order, `default` when none matches, each answer remembered. Asked once per
+    message, so the common case is one dictionary look-up; at most
+    `max_topics` answers are kept (then they start over), so a client using
+    many topic names holds bounded memory.
     """
 
-    __slots__ = ("__weakref__", "_known", "default", "max_topics", "rules")
+    __slots__ = ("__weakref__", "_known", "allows_all", "default", "max_topics", "rules")
 
     def __init__(
         self, rules: tuple[tuple[str, bool], ...], default: bool, max_topics: int = 10_000
@@ -573,6 +601,8 @@ class ReadCheck:
         self.rules = rules
         self.default = default
         self.max_topics = max_topics
+        self.allows_all = default and all(allows for _, allows in rules)
+        """No topic is refused: nothing to ask."""
         self._known: dict[str, bool] = {}
 
     def __call__(self, topic_name: str) -> bool:
