@@ -30,11 +30,16 @@ sessions are kept, SessionDBPlugin for persistence). Every broker listens on
 
     .venv/bin/python bench/mqtt.py [--messages 100000] [--paced 20000]
         [--brokers riverbed,mosquitto,amqtt] [--riverbed-db sqlite|postgres]
-        [--metrics on|off|both] [--rounds 1]
+        [--metrics on|off|both] [--acl FILE] [--rounds 1]
 
 `--metrics`: Riverbed with its Prometheus metrics (`[metrics] enabled`, the
 default) or without; `both` runs it with them, then without, and prints the
 broker CPU per message of the two side by side (the target: on within 5% of off).
+`--acl FILE`: Riverbed is also run with FILE as its ACL file (`[auth] acl_file`;
+the clients are anonymous, so rules on `%u` do not apply to them, `%c` ones do)
+beside the run without one, and the two broker CPUs per message are printed side
+by side (the target: with the ACL within 5% of without). `bench/acl.txt` holds
+rules of the kind a deployment has.
 `--rounds N` repeats the runs in turn (on, off, then off, on, ...) and pools
 them: on a busy machine one pair differs by more than 5% either way.
 """
@@ -317,13 +322,18 @@ class Riverbed(Broker):
     """`--riverbed-db postgres`: a database on a throwaway PostgreSQL server."""
     metrics = True
     """`[metrics] enabled` (`--metrics`)."""
+    acl: Path | None = None
+    """`[auth] acl_file` (`--acl`, for `RiverbedAcl` only)."""
 
     def command(self) -> list[str]:
         db = self.workdir / "data" / "riverbed.db"
         db.parent.mkdir(exist_ok=True)
         url = self.db_url or f"sqlite:///{db}"
         conf = self.workdir / "riverbed.toml"
-        conf.write_text(f"[metrics]\nenabled = {'true' if self.metrics else 'false'}\n")
+        text = f"[metrics]\nenabled = {'true' if self.metrics else 'false'}\n"
+        if self.acl is not None:
+            text += f"[auth]\nacl_file = {json.dumps(str(self.acl))}\n"
+        conf.write_text(text)
         return [
             sys.executable,  # the venv running this script (.venv/bin/python)
             "-m",
@@ -344,6 +354,12 @@ class RiverbedMetricsOff(Riverbed):
 
     name = "riverbed-metrics-off"
     metrics = False
+
+
+class RiverbedAcl(Riverbed):
+    """Riverbed with `--acl FILE` as its ACL file."""
+
+    name = "riverbed-acl"
 
 
 class Mosquitto(Broker):
@@ -599,6 +615,12 @@ def main() -> None:
         help="Riverbed's Prometheus metrics; both: a run with them, then one without",
     )
     p.add_argument(
+        "--acl",
+        metavar="FILE",
+        type=Path,
+        help="also run Riverbed with this ACL file, beside the run without (bench/acl.txt)",
+    )
+    p.add_argument(
         "--rounds",
         type=int,
         default=1,
@@ -625,9 +647,16 @@ def main() -> None:
 
     Amqtt.python = args.amqtt_python
     Riverbed.metrics = args.metrics != "off"
+    if args.acl is not None:
+        if not args.acl.is_file():
+            p.error(f"--acl {str(args.acl)!r}: no such file")
+        if args.metrics == "both":
+            p.error("--acl and --metrics both: one comparison per run")
+        RiverbedAcl.acl = args.acl.resolve()
     kinds = {
         "riverbed": Riverbed,
         "riverbed-metrics-off": RiverbedMetricsOff,
+        "riverbed-acl": RiverbedAcl,
         "mosquitto": Mosquitto,
         "amqtt": Amqtt,
     }
@@ -646,21 +675,27 @@ def compare(args: argparse.Namespace, kinds: dict[str, type[Broker]]) -> None:
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
         f"load {os.getloadavg()[0]:.2f}; {args.messages} messages of {PAYLOAD} bytes, QoS 1, "
         f"paced run {args.paced} at {args.rate:,.0f}/s, in flight {RECEIVE_MAXIMUM};"
-        f" Riverbed on {args.riverbed_db}, metrics {args.metrics}",
+        f" Riverbed on {args.riverbed_db}, metrics {args.metrics}"
+        + ("" if args.acl is None else f", ACL {args.acl} and none"),
         flush=True,
     )
     names = args.brokers.split(",")
+    variant = None
     if args.metrics == "both" and "riverbed" in names:
-        names.insert(names.index("riverbed") + 1, "riverbed-metrics-off")
+        variant = "riverbed-metrics-off"
+    if args.acl is not None and "riverbed" in names:
+        variant = "riverbed-acl"
+    if variant is not None:
+        names.insert(names.index("riverbed") + 1, variant)
     runs: dict[str, Run] = {}
     rounds: dict[str, list[Run]] = {}
     order: list[str] = []
     for i in range(args.rounds):
-        # --metrics both: on, off, then off, on, ... so neither always goes first.
+        # Riverbed and its variant: A, B, then B, A, ... so neither always goes first.
         this = list(names)
-        if i % 2 and "riverbed-metrics-off" in this:
-            on, off = this.index("riverbed"), this.index("riverbed-metrics-off")
-            this[on], this[off] = this[off], this[on]
+        if i % 2 and variant is not None:
+            a, b = this.index("riverbed"), this.index(variant)
+            this[a], this[b] = this[b], this[a]
         order += this
     for name in order:
         workdir = Path(tempfile.mkdtemp(prefix=f"bench-mqtt-{name}-"))
@@ -713,13 +748,15 @@ def compare(args: argparse.Namespace, kinds: dict[str, type[Broker]]) -> None:
             ok = "met" if crash["lost"] == 0 and crash["stale"] == 0 else "NOT met"
             print(f"  SIGKILL: lost {crash['lost']}, stale {crash['stale']} (target 0, 0) {ok}")
         if "riverbed-metrics-off" in runs:
-            metrics_ratio(rounds["riverbed"], rounds["riverbed-metrics-off"])
+            variant_ratio("metrics", rounds["riverbed"], rounds["riverbed-metrics-off"])
+        if "riverbed-acl" in runs:
+            variant_ratio("ACL file", rounds["riverbed-acl"], rounds["riverbed"])
 
 
-def metrics_ratio(on: list[Run], off: list[Run]) -> None:
-    """Riverbed's broker CPU per message with its metrics over without, per
-    phase: each round's, then all rounds pooled (CPU seconds over messages)."""
-    print("\n== Riverbed broker CPU per message, metrics on / off (target <= 1.05)")
+def variant_ratio(what: str, on: list[Run], off: list[Run]) -> None:
+    """Riverbed's broker CPU per message with `what` over without, per phase:
+    each round's, then all rounds pooled (CPU seconds over messages)."""
+    print(f"\n== Riverbed broker CPU per message, {what} on / off (target <= 1.05)")
     phases = [label for label in on[0].cpu if label != "after restart"]
     print(f"  {'phase':<22} {'on µs/msg':>10} {'off µs/msg':>11} {'on/off':>7}   by round")
 

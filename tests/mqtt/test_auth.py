@@ -28,6 +28,7 @@ from riverbed.mqtt.auth import (
     Decision,
     PasswordHash,
     Subject,
+    TopicCheck,
     delete_user,
     filter_covers,
     hash_password,
@@ -473,31 +474,81 @@ def test_rules_with_unusable_values_do_not_apply_allow_or_deny() -> None:
     assert acl.can_publish("a/b", "c", "users/a/b/secret")  # "a/b" names no one level
 
 
-def test_subscribe_needs_one_rule_covering_the_whole_filter() -> None:
+def test_a_deny_that_covers_the_filter_refuses_it_one_that_overlaps_does_not() -> None:
+    """Filter mode (the default, as mosquitto): the filter itself is checked;
+    the messages of topics it may not read are withheld on delivery."""
+    acl = Authorizer.parse("deny subscribe anyone secrets/#\ndefault allow\n")
+    assert not acl.strict
+    for granted in ("#", "+/+", "+/#", "public/#", "secretsx/#"):
+        assert acl.can_subscribe(None, "c", granted), granted
+    for refused in ("secrets/#", "secrets", "secrets/a", "secrets/+/b", "secrets/+"):
+        assert not acl.can_subscribe(None, "c", refused), refused
+    assert acl.can_read(None, "c", "public/a") and not acl.can_read(None, "c", "secrets/a")
+
+
+def test_filter_mode_first_rule_covering_the_filter_decides() -> None:
     acl = Authorizer.parse(
         "deny subscribe anyone secret/#\nallow subscribe anyone a/+\nallow subscribe anyone #\n"
         "default deny\n"
+    )
+    assert acl.can_subscribe(None, "c", "a/b")
+    assert acl.can_subscribe(None, "c", "#")  # reads everything but secret/...
+    assert acl.can_subscribe(None, "c", "+/x")
+    assert not acl.can_subscribe(None, "c", "secret/x")
+    assert not acl.can_subscribe(None, "c", "$SYS/#")  # "#" does not cover $-topics
+    split = Authorizer.parse("allow subscribe anyone a\nallow subscribe anyone a/+/#\n")
+    assert not split.can_subscribe(None, "c", "a/#")  # covered only by both together
+    narrow = Authorizer.parse("allow subscribe anyone a/#\n")
+    assert not narrow.can_subscribe(None, "c", "#")  # no rule covers it: the default
+
+
+def test_strict_mode_refuses_a_filter_that_reaches_a_denied_topic() -> None:
+    acl = Authorizer.parse(
+        "deny subscribe anyone secret/#\nallow subscribe anyone a/+\nallow subscribe anyone #\n"
+        "default deny\n",
+        strict=True,
     )
     assert acl.can_subscribe(None, "c", "a/b")
     assert acl.can_subscribe(None, "c", "public/#")
     assert not acl.can_subscribe(None, "c", "#")  # would include secret/...
     assert not acl.can_subscribe(None, "c", "+/x")  # would include secret/x
     assert not acl.can_subscribe(None, "c", "secret/x")
-    assert not acl.can_subscribe(None, "c", "$SYS/#")  # "#" does not cover $-topics
-    split = Authorizer.parse("allow subscribe anyone a\nallow subscribe anyone a/+/#\n")
-    assert not split.can_subscribe(None, "c", "a/#")  # covered only by both together
+    assert not acl.can_subscribe(None, "c", "$SYS/#")
+    split = Authorizer.parse(
+        "allow subscribe anyone a\nallow subscribe anyone a/+/#\n", strict=True
+    )
+    assert not split.can_subscribe(None, "c", "a/#")
 
 
-def test_shared_subscriptions_are_checked_by_their_filter() -> None:
-    acl = Authorizer.parse("deny subscribe anyone secret/#\nallow subscribe anyone #\n")
+@pytest.mark.parametrize("strict", [False, True], ids=["filter", "strict"])
+def test_shared_subscriptions_are_checked_by_their_filter(strict: bool) -> None:
+    acl = Authorizer.parse(
+        "deny subscribe anyone secret/#\nallow subscribe anyone #\n", strict=strict
+    )
     assert acl.can_subscribe(None, "c", "$share/g/public/x")
     assert acl.can_subscribe(None, "c", "$queue/public/x")
     assert not acl.can_subscribe(None, "c", "$share/g/secret/x")
-    assert not acl.can_subscribe(None, "c", "$share/g/#")
+    assert acl.can_subscribe(None, "c", "$share/g/#") is not strict
     assert not acl.can_subscribe(None, "c", "$queue/secret/#")
     assert not acl.can_subscribe(None, "c", "$share/g")
     assert not acl.can_subscribe(None, "c", "$share/g/")
     assert not acl.can_subscribe(None, "c", "$queue/")
+
+
+def test_load_auth_reads_the_wildcard_mode(tmp_path: Path) -> None:
+    acl = write(tmp_path / "acl", "deny subscribe anyone secrets/#\ndefault allow\n")
+    _, default = load_auth(AuthConfig(allow_anonymous=True, acl_file=acl))
+    _, strict = load_auth(AuthConfig(allow_anonymous=True, acl_file=acl, acl_wildcard="strict"))
+    assert default.can_subscribe(None, "c", "#") and not strict.can_subscribe(None, "c", "#")
+    _, no_file = load_auth(AuthConfig(allow_anonymous=True, acl_wildcard="strict"))
+    assert no_file.can_subscribe(None, "c", "#")
+
+
+@pytest.mark.parametrize("value", ["loose", "", 1, "filter strict"])
+def test_a_bad_wildcard_mode_names_the_value_and_the_choices(value: object) -> None:
+    with pytest.raises(InvalidConfig) as caught:
+        AuthConfig(acl_wildcard=value)  # type: ignore[arg-type]
+    assert str(caught.value) == f"auth.acl_wildcard = {value!r}: must be one of filter, strict"
 
 
 # --------------------------------------------------------------------- containment
@@ -589,15 +640,138 @@ ACL_FILTERS = st.one_of(filters(max_levels=3), st.sampled_from(["#", "+/#", "a/#
     st.sampled_from(["allow", "deny"]),
     filters(max_levels=3),
 )
-def test_a_subscription_is_allowed_only_if_every_topic_it_matches_is(
+def test_strict_mode_allows_a_subscription_only_if_every_topic_it_matches_is(
     rules: list[tuple[str, str]], default: str, requested: str
 ) -> None:
     """Soundness against brute force: decide every name the requested filter
     matches by first match; a granted subscription must have all of them allowed."""
     text = "".join(f"{d} all anyone {f}\n" for d, f in rules) + f"default {default}\n"
-    acl = Authorizer.parse(text)
+    acl = Authorizer.parse(text, strict=True)
     if acl.can_subscribe(None, "c", requested):
-        assert all(acl.can_publish(None, "c", name) for name in matched(requested))
+        assert all(acl.can_read(None, "c", name) for name in matched(requested))
     elif all(d == "allow" for d, _ in rules) and default == "deny":
         # Only allows: refused exactly when no single rule covers it.
         assert not any(filter_covers(f, requested) for _, f in rules)
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(st.tuples(st.sampled_from(["allow", "deny"]), ACL_FILTERS), max_size=5),
+    st.sampled_from(["allow", "deny"]),
+    filters(max_levels=3),
+)
+def test_filter_mode_decides_by_the_first_rule_covering_the_filter(
+    rules: list[tuple[str, str]], default: str, requested: str
+) -> None:
+    """Against brute force: the first rule whose topics include all of the
+    requested filter's decides, else the default; and the strict answer is
+    never more generous."""
+    text = "".join(f"{d} all anyone {f}\n" for d, f in rules) + f"default {default}\n"
+    acl = Authorizer.parse(text)
+    covering = [d for d, f in rules if matched(requested) <= matched(f)]
+    expected = (covering[0] if covering else default) == "allow"
+    assert acl.can_subscribe(None, "c", requested) is expected
+    if Authorizer.parse(text, strict=True).can_subscribe(None, "c", requested):
+        assert expected
+
+
+# --------------------------------------------------------------------- reading
+
+
+def test_no_read_check_when_nothing_can_be_withheld() -> None:
+    assert Authorizer().read_check(None, "c") is None  # no ACL file
+    allows = Authorizer.parse("allow all anyone a/#\ndeny publish anyone b\ndefault allow\n")
+    assert allows.read_check("alice", "c") is None
+    someone = Authorizer.parse("deny subscribe user bob #\ndefault allow\n")
+    assert someone.read_check("alice", "c") is None
+    check = someone.read_check("bob", "c")
+    assert check is not None and not check("a")
+    denies = Authorizer.parse("allow all anyone #\n")  # default deny: $-topics
+    check = denies.read_check(None, "c")
+    assert check is not None and check("a/b") and not check("$SYS/x")
+
+
+def test_clients_under_the_same_rules_share_a_read_check() -> None:
+    acl = Authorizer.parse("deny subscribe anyone secrets/#\nallow all anyone users/%u/#\n")
+    first, second = acl.read_check("alice", "c1"), acl.read_check("alice", "c2")
+    assert acl.can_publish("alice", "c1", "users/alice/x")  # publishing resolves its own
+    assert first is not None and first is second
+    other = acl.read_check("bob", "c1")
+    assert other is not None and other is not first
+    assert first("users/alice/x") and not other("users/alice/x")
+
+
+def test_a_read_check_keeps_a_bounded_number_of_answers() -> None:
+    check = TopicCheck((("secrets/#", False),), True, max_topics=3)
+    for n in range(10):
+        assert check(f"t/{n}") and not check(f"secrets/{n}")
+        assert len(check._known) <= 3
+
+
+SUBJECTS = ["anyone", "anonymous", "user alice", "user bob", "client c1", "client +"]
+READ_FILTERS = st.one_of(
+    filters(max_levels=3), st.sampled_from(["#", "u/%u/#", "c/%c/+", "%u", "a/%c", "$s/#"])
+)
+USERS_OR_NONE = st.sampled_from([None, "alice", "bob", "a/b", "+", ""])
+CLIENT_IDS = st.sampled_from(["c1", "c2", "+", "a/b", "#"])
+TOPIC_NAMES = st.sampled_from(
+    [*all_names(3), "u/alice/x", "u/bob/y", "c/c1/x", "c/c2/x", "alice", "a/c1", "u/a/b/x"]
+)
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["allow", "deny"]),
+            st.sampled_from(["publish", "subscribe", "all"]),
+            st.sampled_from(SUBJECTS),
+            READ_FILTERS,
+        ),
+        max_size=6,
+    ),
+    st.sampled_from(["allow", "deny"]),
+    USERS_OR_NONE,
+    CLIENT_IDS,
+    st.lists(TOPIC_NAMES, min_size=1, max_size=30),
+    st.integers(min_value=1, max_value=5),
+)
+def test_the_cached_checks_agree_with_the_rules(
+    rules: list[tuple[str, str, str, str]],
+    default: str,
+    username: str | None,
+    client_id: str,
+    topics: list[str],
+    max_topics: int,
+) -> None:
+    """Every answer of the cached checks (reading: the session's `read_check`;
+    publishing: `can_publish`), asked in any order and again (with a small cache
+    that starts over), is `decide`'s: the rules evaluated afresh."""
+    text = "".join(f"{' '.join(rule)}\n" for rule in rules) + f"default {default}\n"
+    acl = Authorizer.parse(text)
+    check = acl.read_check(username, client_id)
+    if check is None:
+        assert all(acl.decide(Access.SUBSCRIBE, username, client_id, t) for t in all_names(3))
+    else:
+        check.max_topics = max_topics
+    for topic in [*topics, *reversed(topics)]:
+        expected = acl.decide(Access.SUBSCRIBE, username, client_id, topic)
+        assert (check is None or check(topic)) is expected, topic
+        assert acl.can_read(username, client_id, topic) is expected
+        published = acl.decide(Access.PUBLISH, username, client_id, topic)
+        assert acl.can_publish(username, client_id, topic) is published, topic
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(st.tuples(st.sampled_from(["allow", "deny"]), ACL_FILTERS), max_size=5),
+    st.sampled_from(["allow", "deny"]),
+    st.sampled_from(all_names(3)),
+    st.booleans(),
+)
+def test_a_topic_name_may_be_subscribed_exactly_when_it_may_be_read(
+    rules: list[tuple[str, str]], default: str, name: str, strict: bool
+) -> None:
+    text = "".join(f"{d} all anyone {f}\n" for d, f in rules) + f"default {default}\n"
+    acl = Authorizer.parse(text, strict=strict)
+    assert acl.can_subscribe(None, "c", name) is acl.can_read(None, "c", name)

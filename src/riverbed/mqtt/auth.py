@@ -42,12 +42,31 @@ One rule per line; blank lines and lines starting with `#` are ignored:
   Without it an ACL file denies; without an ACL file everything is allowed.
 
 Rules are tried in order and the first that applies decides. A PUBLISH applies
-its topic name. A SUBSCRIBE is allowed only if every topic its filter can match
-is allowed: the first allow rule whose filter covers the whole requested filter
-(`filter_covers`) allows it, and a deny rule that shares any topic with it
-(`filters_overlap`) refuses it first. A subscription that only several allow
-rules together would cover is refused: write one rule that covers it.
-`$share/GROUP/FILTER` and `$queue/FILTER` are checked as FILTER.
+its topic name. There is no separate read access: `subscribe` rules also decide
+which messages a client receives, applied to each message's topic name
+(`can_read`). `$share/GROUP/FILTER` and `$queue/FILTER` are checked as FILTER.
+
+A SUBSCRIBE is checked in one of two ways (`auth.acl_wildcard`):
+
+- `filter` (the default, what mosquitto does): the filter itself is checked.
+  The first rule whose filter covers the whole requested filter
+  (`filter_covers`) decides; rules that share only some topics with it are
+  passed over. A granted wildcard subscription then gets only the messages
+  whose topics the client may read: with `deny subscribe anyone secrets/#` and
+  `default allow`, `#` is granted and delivers everything but `secrets/...`,
+  while `secrets/#` or `secrets/a` is refused.
+- `strict`: granted only if every topic the filter can match is readable: the
+  first allow rule that covers the whole filter allows it, and a deny rule that
+  shares any topic with it (`filters_overlap`) refuses it first. The example
+  above refuses `#` and `+/+`.
+
+In both, a subscription that only several allow rules together would cover is
+refused: write one rule that covers it. Every message is checked against the
+read rule on its way out in both modes (live, replayed, retained, a shared
+group's), so a session resumed from before a change of the ACL file gets only
+what the new rules let it read. A `TopicCheck` remembers each answer per
+client and topic name, for reading and publishing alike, so a check costs a
+dictionary look-up per message.
 
 Substitution is literal. A user name or client id that holds `/`, `+` or `#`
 would not name one topic level but several, or a wildcard, so no topic has the
@@ -68,14 +87,15 @@ import hmac
 import os
 import re
 import unicodedata
+import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 
 from riverbed.errors import InvalidConfig, InvalidInput, InvalidTopicFilter, NotFound
 from riverbed.mqtt.codec.reasons import CONNACK_REASONS_V311, ConnectReason
-from riverbed.mqtt.config import AuthConfig
+from riverbed.mqtt.config import ACL_WILDCARD_STRICT, AuthConfig
 from riverbed.secretfiles import read_text, remove_entry, write_atomically
 from riverbed.topics.filters import filters_overlap, matches, validate_filter
 
@@ -428,15 +448,36 @@ class AclRule:
         return "".join(pieces)
 
 
+MAX_CLIENTS = 10_000
+"""Clients whose publish rules `Authorizer.can_publish` keeps resolved (then it starts over)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Authorizer:
-    """ACL rules tried in order, the first that applies deciding; `default` when none does."""
+    """ACL rules tried in order, the first that applies deciding; `default` when
+    none does. `strict`: how a SUBSCRIBE is checked (`auth.acl_wildcard =
+    "strict"`; the module docstring).
+
+    `decide` evaluates the rules afresh; what a broker asks per message goes
+    through a `TopicCheck` that remembers the answers: `can_publish` keeps one
+    per client, a session asks its `read_check` before each delivery.
+    """
 
     rules: tuple[AclRule, ...] = ()
     default: Decision = Decision.ALLOW
+    strict: bool = False
+    _checks: weakref.WeakValueDictionary[tuple[tuple[str, bool], ...], TopicCheck] = field(
+        default_factory=weakref.WeakValueDictionary, init=False, compare=False, repr=False
+    )
+    """The `TopicCheck`s in use, by the rules they apply: clients under the same
+    rules share one (and its answers)."""
+    _publishers: dict[tuple[str | None, str], TopicCheck] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
+    """Per client (user name, client id), its publish rules' check."""
 
     @classmethod
-    def parse(cls, text: str, source: str = "<acl>") -> Authorizer:
+    def parse(cls, text: str, source: str = "<acl>", *, strict: bool = False) -> Authorizer:
         """Read the ACL format of the module docstring; `InvalidConfig` names the line."""
         rules: list[AclRule] = []
         default: tuple[Decision, int] | None = None
@@ -454,10 +495,10 @@ class Authorizer:
                     rules.append(_parse_rule(line, number))
             except InvalidInput as exc:
                 raise InvalidConfig(f"{where}: {exc}") from None
-        return cls(tuple(rules), Decision.DENY if default is None else default[0])
+        return cls(tuple(rules), Decision.DENY if default is None else default[0], strict)
 
     @classmethod
-    def load(cls, path: str | Path) -> Authorizer:
+    def load(cls, path: str | Path, *, strict: bool = False) -> Authorizer:
         """Read an ACL file (`InvalidConfig` if it is missing or bad)."""
         shown = str(path)
         try:
@@ -466,34 +507,117 @@ class Authorizer:
             raise InvalidConfig(f"ACL file {shown!r} cannot be read: {exc.strerror}") from None
         except UnicodeDecodeError as exc:
             raise InvalidConfig(f"ACL file {shown!r} is not UTF-8 (byte {exc.start})") from None
-        return cls.parse(text, shown)
+        return cls.parse(text, shown, strict=strict)
 
-    def can_publish(self, username: str | None, client_id: str, topic_name: str) -> bool:
-        """Whether this client may publish to `topic_name` (a valid topic name)."""
+    def decide(self, access: Access, username: str | None, client_id: str, topic_name: str) -> bool:
+        """Whether this client may publish (`Access.PUBLISH`) or read
+        (`Access.SUBSCRIBE`) a message of `topic_name` (a valid topic name): the
+        rules evaluated afresh, the first that applies and matches deciding."""
         for rule in self.rules:
-            if rule.applies(Access.PUBLISH, username, client_id):
+            if rule.applies(access, username, client_id):
                 topic_filter = rule.filter_for(username, client_id)
                 if topic_filter is not None and matches(topic_filter, topic_name):
                     return rule.decision is Decision.ALLOW
         return self.default is Decision.ALLOW
 
+    def can_publish(self, username: str | None, client_id: str, topic_name: str) -> bool:
+        """Whether this client may publish to `topic_name` (a valid topic name);
+        `decide`, remembered per client and topic name."""
+        if not self.rules:
+            return self.default is Decision.ALLOW
+        key = (username, client_id)
+        check = self._publishers.get(key)
+        if check is None:
+            check = self._resolve(Access.PUBLISH, username, client_id)
+            if len(self._publishers) >= MAX_CLIENTS:
+                self._publishers.clear()
+            self._publishers[key] = check
+        return check(topic_name)
+
+    def can_read(self, username: str | None, client_id: str, topic_name: str) -> bool:
+        """Whether this client may receive a message of `topic_name`: the
+        `subscribe` rules applied to it (uncached: sessions ask a `read_check`)."""
+        return self.decide(Access.SUBSCRIBE, username, client_id, topic_name)
+
     def can_subscribe(self, username: str | None, client_id: str, topic_filter: str) -> bool:
         """Whether this client may subscribe to `topic_filter` (a valid filter):
-        only if it may receive every topic the filter can match."""
+        the first rule covering the whole filter decides; `strict`: only if it
+        may also read every topic the filter can match."""
         requested = _unshared(topic_filter)
         if requested is None:
             return False
+        refuses = filters_overlap if self.strict else filter_covers
         for rule in self.rules:
             if rule.applies(Access.SUBSCRIBE, username, client_id):
                 rule_filter = rule.filter_for(username, client_id)
                 if rule_filter is None:
                     continue
                 if rule.decision is Decision.DENY:
-                    if filters_overlap(rule_filter, requested):
+                    if refuses(rule_filter, requested):
                         return False
                 elif filter_covers(rule_filter, requested):
                     return True
         return self.default is Decision.ALLOW
+
+    def read_check(self, username: str | None, client_id: str) -> TopicCheck | None:
+        """What a session asks before it sends a message: `can_read` for this
+        client, remembered per topic name. None when the rules let this client
+        read every topic (no ACL file, or no deny that applies to it), so that
+        delivery costs nothing then."""
+        check = self._resolve(Access.SUBSCRIBE, username, client_id)
+        return None if check.allows_all else check
+
+    def _resolve(self, access: Access, username: str | None, client_id: str) -> TopicCheck:
+        """The rules on `access` that apply to this client, `%u` and `%c` filled
+        in, as a check (one shared by every client they resolve alike for)."""
+        resolved: list[tuple[str, bool]] = []
+        for rule in self.rules:
+            if rule.applies(access, username, client_id):
+                rule_filter = rule.filter_for(username, client_id)
+                if rule_filter is not None:
+                    resolved.append((rule_filter, rule.decision is Decision.ALLOW))
+        allow = self.default is Decision.ALLOW
+        key = (*resolved, ("", allow))  # "" is no filter: the default's place
+        check = self._checks.get(key)
+        if check is None:
+            check = self._checks[key] = TopicCheck(tuple(resolved), allow)
+        return check
+
+
+class TopicCheck:
+    """Whether a client may publish or read a topic name: its rules on that
+    access (filters with `%u` and `%c` filled in, allowing or not) tried in
+    order, `default` when none matches, each answer remembered. Asked once per
+    message, so the common case is one dictionary look-up; at most
+    `max_topics` answers are kept (then they start over), so a client using
+    many topic names holds bounded memory.
+    """
+
+    __slots__ = ("__weakref__", "_known", "allows_all", "default", "max_topics", "rules")
+
+    def __init__(
+        self, rules: tuple[tuple[str, bool], ...], default: bool, max_topics: int = 10_000
+    ) -> None:
+        self.rules = rules
+        self.default = default
+        self.max_topics = max_topics
+        self.allows_all = default and all(allows for _, allows in rules)
+        """No topic is refused: nothing to ask."""
+        self._known: dict[str, bool] = {}
+
+    def __call__(self, topic_name: str) -> bool:
+        known = self._known
+        allowed = known.get(topic_name)
+        if allowed is None:
+            allowed = self.default
+            for rule_filter, allows in self.rules:
+                if matches(rule_filter, topic_name):
+                    allowed = allows
+                    break
+            if len(known) >= self.max_topics:
+                known.clear()
+            known[topic_name] = allowed
+        return allowed
 
 
 def _unshared(topic_filter: str) -> str | None:
@@ -566,4 +690,5 @@ def load_auth(config: AuthConfig) -> tuple[Authenticator, Authorizer]:
     """The authenticator and authorizer a broker configuration asks for."""
     users = None if config.password_file is None else load_password_file(config.password_file)
     authorizer = Authorizer() if config.acl_file is None else Authorizer.load(config.acl_file)
+    authorizer = replace(authorizer, strict=config.acl_wildcard == ACL_WILDCARD_STRICT)
     return Authenticator(users, allow_anonymous=config.allow_anonymous), authorizer

@@ -74,6 +74,7 @@ A complete file, with the defaults:
     allow_anonymous = false          # clients without a user name
     # password_file = "passwd"       # `riverbed passwd FILE USER` manages it
     # acl_file = "acl"               # rules: riverbed.mqtt.auth
+    acl_wildcard = "filter"          # or "strict": refuse a filter that reaches a denied topic
 
     [http]                           # the admin HTTP API (riverbed.http); off unless set
     # address = "127.0.0.1:8080"     # HOST:PORT; without token_file only a loopback address
@@ -397,6 +398,11 @@ class Limits:
         return self.default_session_expiry
 
 
+ACL_WILDCARD_STRICT = "strict"
+ACL_WILDCARD_MODES = ("filter", ACL_WILDCARD_STRICT)
+"""`auth.acl_wildcard` (riverbed.mqtt.auth: how a SUBSCRIBE is checked)."""
+
+
 @dataclass(frozen=True, slots=True)
 class AuthConfig:
     """Who may connect (`riverbed.mqtt.auth.Authenticator`) and what they may do
@@ -405,6 +411,10 @@ class AuthConfig:
     allow_anonymous: bool = False
     password_file: Path | None = None
     acl_file: Path | None = None
+    acl_wildcard: str = "filter"
+    """How a wildcard SUBSCRIBE is checked: `filter` grants it when the filter
+    itself is allowed and withholds each message the client may not read;
+    `strict` refuses it if it can reach any topic the client may not read."""
 
     def __post_init__(self) -> None:
         _check_fields("auth", self)
@@ -872,6 +882,10 @@ KEYS: dict[str, Key] = {
         _optional(_readable_file), "user names and scrypt hashes", is_path=True
     ),
     "auth.acl_file": Key(_optional(_readable_file), "publish/subscribe rules", is_path=True),
+    "auth.acl_wildcard": Key(
+        _choice(ACL_WILDCARD_MODES),
+        "filter: grant an allowed filter, withhold unreadable messages; strict: refuse it",
+    ),
     # --- [http]: the admin HTTP API
     "http.address": Key(_optional(_address), "HOST:PORT of the admin HTTP API; unset: off"),
     "http.token_file": Key(

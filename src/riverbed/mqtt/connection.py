@@ -553,6 +553,7 @@ class Connection(asyncio.Protocol):
             publisher=publisher,
             qos2_window=self.stored.record.qos2,
             now=self._loop.time(),
+            readable=broker.authorizer.read_check(self.username, client_id),
         )
         for sub in self.session.subscriptions:
             broker.trie.add(sub.topic_filter, self)

@@ -22,6 +22,13 @@ fetch per stream is outstanding at a time, so a stream's messages arrive in
 offset order and per-key order holds. Memory is bounded: a stream asks for at
 most its share of `queue_limit`.
 
+Read access: `readable(topic_name)`, when given, says whether the client may
+receive a message of that topic (the ACL's read rule, `mqtt.auth.TopicCheck`).
+A message it may not read is passed over like one that matches no subscription,
+on every path: the session's own streams (live or replayed), a lease's, and
+retained messages. So a withheld QoS 1/2 message takes no place in the window
+and does not hold the cursor back.
+
 Overlapping subscriptions: one copy per message, with the highest QoS granted
 by any matching subscription and the identifiers of all of them
 ([MQTT-3.3.4-2], [MQTT-3.3.4-3]); the message's own QoS caps it. No Local
@@ -273,7 +280,8 @@ class Session:
     a write, a read and two wake-ups per message. Cursors are checkpointed
     every `checkpoint_every` acknowledgements or `checkpoint_interval` seconds
     after they changed, whichever comes first. `publisher(message)` names the
-    client that published a message, for No Local.
+    client that published a message, for No Local. `readable(topic_name)`:
+    whether the client may receive a message of that topic (None: every topic).
     """
 
     __slots__ = (
@@ -291,6 +299,7 @@ class Session:
         "_persist_seq",
         "_persisting",
         "_publisher",
+        "_readable",
         "_ready",
         "_refill_at",
         "_resend",
@@ -319,6 +328,7 @@ class Session:
         qos2_window: Sequence[WindowEntry] = (),
         now: float = 0.0,
         refill: int | None = None,
+        readable: Callable[[str], bool] | None = None,
     ) -> None:
         if window < 1 or queue_limit < 1 or checkpoint_every < 1 or checkpoint_interval <= 0:
             raise ValueError("window, queue_limit, checkpoint_every and the interval must be > 0")
@@ -333,6 +343,7 @@ class Session:
         self.checkpoint_every = checkpoint_every
         self.checkpoint_interval = checkpoint_interval
         self._publisher = publisher
+        self._readable = readable
         self._subscriptions: dict[str, Subscription] = {s.topic_filter: s for s in subscriptions}
         self._streams: dict[int, _Stream] = {}
         self._ready: deque[int] = deque()
@@ -590,7 +601,10 @@ class Session:
             self._check_all = True
         was_empty = not state.pending
         identifiers = () if subscription.identifier is None else (subscription.identifier,)
+        readable = self._readable
         for message in messages:
+            if readable is not None and not readable(message.mqtt_topic):
+                continue  # the same read rule as live messages
             if (
                 subscription.no_local
                 and self._publisher is not None
@@ -678,6 +692,7 @@ class Session:
         was_empty = not state.pending
         window = self._window if state.lease is None else None
         lease = state.lease
+        readable = self._readable
         for message in messages:
             offset = message.offset
             if offset < state.fetched or offset >= upto:
@@ -687,7 +702,7 @@ class Session:
                 if entry is not None and entry.phase is not Phase.SENT:
                     continue  # its PUBLISH went through before the restart
             queued = self._match(message) if lease is None else _match_lease(lease, message)
-            if queued is not None:
+            if queued is not None and (readable is None or readable(message.mqtt_topic)):
                 state.pending.append(queued)
         state.fetched = upto
         self._moved = True
