@@ -1,6 +1,6 @@
 """The TLS listener: paho-mqtt 2.x clients over TLS against `riverbed serve`.
 
-Certificates are made for each test module with the `openssl` command: a CA,
+Certificates are made for each test module (`harness/certificates.py`): a CA,
 a server certificate for 127.0.0.1 and a client certificate it signed, and a
 second CA that signed nothing the broker knows.
 """
@@ -8,7 +8,6 @@ second CA that signed nothing the broker knows.
 from __future__ import annotations
 
 import gc
-import shutil
 import ssl
 import subprocess
 import sys
@@ -24,80 +23,20 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from harness.broker import BrokerProcess, Client
+from harness.certificates import Certificates, encrypt_key, have_openssl, make_certificates
 from harness.net import free_port, wait_listening
 from riverbed.mqtt.config import Address, TlsListener
 from riverbed.mqtt.tls import server_context
 
-pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
+pytestmark = pytest.mark.skipif(not have_openssl(), reason="needs openssl")
 
 
 # --------------------------------------------------------------------- certificates
 
 
-def _openssl(*args: str | Path) -> None:
-    subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True)
-
-
-def _ca(directory: Path, name: str) -> tuple[Path, Path]:
-    key, cert = directory / f"{name}.key", directory / f"{name}.pem"
-    _openssl(
-        "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-        "-keyout", key, "-out", cert, "-days", "2", "-subj", f"/CN={name}",
-    )  # fmt: skip
-    return cert, key
-
-
-def _signed(directory: Path, name: str, ca: tuple[Path, Path], extensions: str) -> Path:
-    key, csr, cert = (directory / f"{name}.{ext}" for ext in ("key", "csr", "pem"))
-    ext = directory / f"{name}.ext"
-    ext.write_text(extensions + "\n")
-    _openssl(
-        "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-        "-keyout", key, "-out", csr, "-subj", f"/CN={name}",
-    )  # fmt: skip
-    _openssl(
-        "x509", "-req", "-in", csr, "-CA", ca[0], "-CAkey", ca[1], "-CAcreateserial",
-        "-out", cert, "-days", "2", "-extfile", ext,
-    )  # fmt: skip
-    return cert
-
-
-@dataclass(frozen=True, slots=True)
-class Certificates:
-    directory: Path
-    ca: Path
-    server: Path
-    server_key: Path
-    client: Path
-    client_key: Path
-    other_ca: Path
-
-    def client_context(self, *, trust: Path | None = None, own: bool = False) -> ssl.SSLContext:
-        """A client context trusting `trust` (default: our CA), with the client
-        certificate if `own`."""
-        context = ssl.create_default_context(cafile=trust or self.ca)
-        if own:
-            context.load_cert_chain(self.client, self.client_key)
-        return context
-
-
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
-    directory = tmp_path_factory.mktemp("tls")
-    ca = _ca(directory, "ca")
-    other_ca, _ = _ca(directory, "other-ca")
-    server = _signed(directory, "server", ca, "subjectAltName=IP:127.0.0.1,DNS:localhost")
-    client = _signed(directory, "client", ca, "extendedKeyUsage=clientAuth")
-    return Certificates(
-        directory, ca[0], server, directory / "server.key", client, directory / "client.key",
-        other_ca,
-    )  # fmt: skip
-
-
-def _tls_args(certs: Certificates, port: int, cafile: bool) -> tuple[str, ...]:
-    args = ("--tls", f"127.0.0.1:{port}", "--certfile", str(certs.server))
-    args += ("--keyfile", str(certs.server_key))
-    return args + (("--cafile", str(certs.ca)) if cafile else ())
+    return make_certificates(tmp_path_factory.mktemp("tls"))
 
 
 @dataclass
@@ -108,7 +47,9 @@ class TlsBroker:
 
 def _broker(sqlite_url: str, certs: Certificates, cafile: bool) -> Iterator[TlsBroker]:
     tls_port = free_port()
-    with BrokerProcess(sqlite_url, extra_args=_tls_args(certs, tls_port, cafile)) as running:
+    with BrokerProcess(
+        sqlite_url, extra_args=certs.listener_args(tls_port, cafile=cafile)
+    ) as running:
         assert running.process is not None
         # The plain listener is up; the TLS one starts right after it.
         wait_listening(running.process, tls_port, 10, "broker", running.tail, running.kill)
@@ -229,7 +170,7 @@ def _bad_files(certs: Certificates) -> dict[str, tuple[Path, Path, str, str]]:
     garbage = d / "garbage.pem"
     garbage.write_text("not a PEM file\n")
     encrypted = d / "encrypted.key"
-    _openssl("pkey", "-in", certs.server_key, "-aes256", "-passout", "pass:x", "-out", encrypted)
+    encrypt_key(certs.server_key, encrypted, "x")
     return {
         "missing certfile": (d / "nope.pem", certs.server_key, "nope.pem", "no such file"),
         "missing keyfile": (certs.server, d / "nope.key", "nope.key", "no such file"),
