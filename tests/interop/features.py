@@ -69,9 +69,10 @@ def wait_holding(endpoint: Endpoint, text: str, members: int) -> None:
     eventually(lambda: holding() >= members, what=f"{members} members of {text} holding streams")
 
 
-def persistent(version: int) -> dict[str, object]:
-    """connect() arguments for a session that outlives its connection."""
-    return {"clean": False, "expiry": SESSION_EXPIRY if version == 5 else None}
+def expiry(version: int) -> int | None:
+    """The Session Expiry Interval of a session that outlives its connection
+    (MQTT 5; with MQTT 3.1.1 Clean Session 0 alone does that)."""
+    return SESSION_EXPIRY if version == 5 else None
 
 
 class Features:
@@ -110,7 +111,7 @@ class Features:
         self, make_client: MakeClient, names: str, endpoint: Endpoint, version: int
     ) -> None:
         sub = make_client(f"{names}-sub")
-        assert sub.connect(**persistent(version)) in (False, None)  # type: ignore[arg-type]
+        assert sub.connect(clean=False, expiry=expiry(version)) in (False, None)
         assert sub.subscribe(f"{names}/#", 1) == [1]
         sub.disconnect()
         wait_disconnected(endpoint, sub.client_id)
@@ -118,7 +119,7 @@ class Features:
         pub.connect()
         pub.publish(f"{names}/a", "while away", 1)
         pub.disconnect()
-        assert sub.connect(**persistent(version)) in (True, None)  # type: ignore[arg-type]
+        assert sub.connect(clean=False, expiry=expiry(version)) in (True, None)
         wait_payloads(sub, "while away")
         sub.disconnect()
 
@@ -126,7 +127,7 @@ class Features:
         self, make_client: MakeClient, names: str, endpoint: Endpoint, version: int
     ) -> None:
         sub = make_client(f"{names}-sub")
-        sub.connect(**persistent(version))  # type: ignore[arg-type]
+        sub.connect(clean=False, expiry=expiry(version))
         assert sub.subscribe(f"{names}/#", 1) == [1]
         sub.disconnect()
         wait_disconnected(endpoint, sub.client_id)
@@ -139,7 +140,7 @@ class Features:
         pub.connect()
         pub.publish(f"{names}/a", "after the restart", 1)
         pub.disconnect()
-        assert sub.connect(**persistent(version)) in (True, None)  # type: ignore[arg-type]
+        assert sub.connect(clean=False, expiry=expiry(version)) in (True, None)
         wait_payloads(sub, "before the restart", "after the restart")
         sub.disconnect()
 
