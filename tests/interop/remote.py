@@ -60,11 +60,14 @@ class RemoteClient:
             stderr=self._stderr,
             text=True,
         )
+        # Each process its own queue: a killed one's last words stay out of the next's.
         self._answers = queue.Queue()
-        threading.Thread(target=self._read, args=(self.process,), daemon=True).start()
+        reader = threading.Thread(target=self._read, args=(self.process, self._answers))
+        reader.daemon = True
+        reader.start()
         return self.process
 
-    def _read(self, process: subprocess.Popen[str]) -> None:
+    def _read(self, process: subprocess.Popen[str], answers: queue.Queue[dict[str, Any]]) -> None:
         assert process.stdout is not None
         for line in process.stdout:
             event = json.loads(line)
@@ -73,8 +76,8 @@ class RemoteClient:
                 with self._lock:
                     self._messages.append(message)
             else:
-                self._answers.put(event)
-        self._answers.put({"event": "exited"})
+                answers.put(event)
+        answers.put({"event": "exited"})
 
     def _ask(self, command: dict[str, Any], *expected: str) -> dict[str, Any]:
         process = self._start()

@@ -85,6 +85,10 @@ class Subscriber:
         with self._lock:
             return list(self.lines)
 
+    def received(self) -> list[Message]:
+        with self._lock:
+            return list(self.messages)
+
     def wait_line(self, pattern: re.Pattern[str], what: str) -> re.Match[str] | None:
         """The first output line matching `pattern`, once printed; None if the
         process exited without printing one."""
@@ -204,7 +208,7 @@ class MosquittoClient:
         assert result.returncode == 0, result.stdout + result.stderr
 
     def messages(self) -> list[Message]:
-        return [m for run in self.runs for m in list(run.messages)]
+        return [m for run in self.runs for m in run.received()]
 
     def disconnect(self) -> None:
         running = self._running()
