@@ -271,6 +271,8 @@ class Client:
         timeout: float = DEFAULT_TIMEOUT,
         will: tuple[str, bytes, int, bool] | None = None,
         will_delay: int | None = None,
+        username: str | None = None,
+        password: str | None = None,
     ) -> bool:
         """Connect (clean start / clean session `clean`); return Session Present."""
         v5 = self.protocol == paho.MQTTv5
@@ -306,6 +308,8 @@ class Client:
             mqtt.will_set(*will, properties=will_properties)
         if self.tls is not None:
             mqtt.tls_set_context(self.tls)
+        if username is not None:
+            mqtt.username_pw_set(username, password)
         self.paho = mqtt
         self._connected.clear()
         self._disconnected.clear()

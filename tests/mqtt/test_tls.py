@@ -1,6 +1,6 @@
 """The TLS listener: paho-mqtt 2.x clients over TLS against `riverbed serve`.
 
-Certificates are made for each test module with the `openssl` command: a CA,
+Certificates are made for each test module (`harness/certificates.py`): a CA,
 a server certificate for 127.0.0.1 and a client certificate it signed, and a
 second CA that signed nothing the broker knows.
 """
@@ -8,7 +8,6 @@ second CA that signed nothing the broker knows.
 from __future__ import annotations
 
 import gc
-import shutil
 import ssl
 import subprocess
 import sys
@@ -24,23 +23,20 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from harness.broker import BrokerProcess, Client
-from harness.certificates import Certificates, make_certificates, openssl
+from harness.certificates import Certificates, encrypt_key, have_openssl, make_certificates
 from harness.net import free_port, wait_listening
 from riverbed.mqtt.config import Address, TlsListener
 from riverbed.mqtt.tls import server_context
 
-pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
+pytestmark = pytest.mark.skipif(not have_openssl(), reason="needs openssl")
+
+
+# --------------------------------------------------------------------- certificates
 
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
     return make_certificates(tmp_path_factory.mktemp("tls"))
-
-
-def _tls_args(certs: Certificates, port: int, cafile: bool) -> tuple[str, ...]:
-    args = ("--tls", f"127.0.0.1:{port}", "--certfile", str(certs.server))
-    args += ("--keyfile", str(certs.server_key))
-    return args + (("--cafile", str(certs.ca)) if cafile else ())
 
 
 @dataclass
@@ -51,7 +47,9 @@ class TlsBroker:
 
 def _broker(sqlite_url: str, certs: Certificates, cafile: bool) -> Iterator[TlsBroker]:
     tls_port = free_port()
-    with BrokerProcess(sqlite_url, extra_args=_tls_args(certs, tls_port, cafile)) as running:
+    with BrokerProcess(
+        sqlite_url, extra_args=certs.listener_args(tls_port, cafile=cafile)
+    ) as running:
         assert running.process is not None
         # The plain listener is up; the TLS one starts right after it.
         wait_listening(running.process, tls_port, 10, "broker", running.tail, running.kill)
@@ -172,7 +170,7 @@ def _bad_files(certs: Certificates) -> dict[str, tuple[Path, Path, str, str]]:
     garbage = d / "garbage.pem"
     garbage.write_text("not a PEM file\n")
     encrypted = d / "encrypted.key"
-    openssl("pkey", "-in", certs.server_key, "-aes256", "-passout", "pass:x", "-out", encrypted)
+    encrypt_key(certs.server_key, encrypted, "x")
     return {
         "missing certfile": (d / "nope.pem", certs.server_key, "nope.pem", "no such file"),
         "missing keyfile": (certs.server, d / "nope.key", "nope.key", "no such file"),

@@ -7,7 +7,6 @@ on the same broker carries on."""
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import ssl
 import subprocess
@@ -30,7 +29,7 @@ from wsproto.events import (
 )
 
 from harness.broker import BrokerProcess, Client
-from harness.certificates import Certificates, make_certificates
+from harness.certificates import Certificates, have_openssl, make_certificates
 from harness.net import free_port
 from riverbed.mqtt.codec import (
     MQTT_3_1_1,
@@ -184,7 +183,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
-    if shutil.which("openssl") is None:
+    if not have_openssl():
         pytest.fail("the WSS tests need the openssl command")
     return make_certificates(tmp_path_factory.mktemp("wss-certs"))
 

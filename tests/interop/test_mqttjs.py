@@ -1,0 +1,45 @@
+"""MQTT.js (Node, npm `mqtt`) over TCP against `riverbed serve`: the interop
+feature list (`features.py`), MQTT 5 and 3.1.1, each client a Node process
+(`js/client.js`, driven by `remote.py`). `make test` installs its node_modules
+(`make interop-deps`, npm ci from `js/package-lock.json`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from interop.clients import Endpoint, MakeClient
+from interop.features import Features
+from interop.installed import missing, require_command
+from interop.remote import JS_DRIVER, RemoteClient
+
+
+@pytest.fixture(scope="module")
+def driver() -> list[str]:
+    node = require_command("node", "Debian: apt-get install nodejs npm")
+    if not (JS_DRIVER.parent / "node_modules" / "mqtt" / "package.json").exists():
+        missing("MQTT.js", "make interop-deps installs tests/interop/js/node_modules")
+    return [node, str(JS_DRIVER)]
+
+
+@pytest.fixture(params=[5, 4], ids=["mqtt5", "mqtt311"])
+def version(request: pytest.FixtureRequest) -> int:
+    return int(request.param)
+
+
+@pytest.fixture
+def make_client(driver: list[str], endpoint: Endpoint, version: int) -> Iterator[MakeClient]:
+    made: list[RemoteClient] = []
+
+    def make(client_id: str) -> RemoteClient:
+        made.append(RemoteClient(driver, endpoint, client_id, version))
+        return made[-1]
+
+    yield make
+    for client in made:
+        client.close()
+
+
+class TestMqttjs(Features):
+    pass
