@@ -45,11 +45,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent / "tests"))
 
-from riverbed.log.log import Log  # noqa: E402
-from riverbed.model import Message  # noqa: E402
-from riverbed.storage import open_storage  # noqa: E402
-from riverbed.subscriptions import Subscriptions  # noqa: E402
-from riverbed.subscriptions.workers import Batch, Worker  # noqa: E402
+from riverbed import Batch, Log, Message, Subscriptions, Worker, open_storage  # noqa: E402
 from riverbed.tuning import tune_process  # noqa: E402
 
 KEYS = 1000

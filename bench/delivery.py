@@ -64,8 +64,7 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
 from _endpoint import Endpoint  # noqa: E402
-from riverbed.log.log import Log  # noqa: E402
-from riverbed.model import Message  # noqa: E402
+from riverbed import Log, Message  # noqa: E402
 from riverbed.tuning import tune_process  # noqa: E402
 
 MESSAGES = 100_000

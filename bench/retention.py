@@ -43,11 +43,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from riverbed.log.log import Log  # noqa: E402
+from riverbed import Log, Message, RetentionPolicy, open_storage  # noqa: E402
 from riverbed.log.retention import apply_retention  # noqa: E402
-from riverbed.model import Message  # noqa: E402
-from riverbed.storage import open_storage  # noqa: E402
-from riverbed.storage.base import RetentionPolicy  # noqa: E402
 from riverbed.tuning import tune_process  # noqa: E402
 
 PAYLOAD = b"x" * 100

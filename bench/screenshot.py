@@ -40,8 +40,7 @@ from harness.browser import chromium, missing  # noqa: E402
 from harness.delivery import driver  # noqa: E402
 from harness.endpoint import Endpoint  # noqa: E402
 from harness.waiting import eventually  # noqa: E402
-from riverbed.storage import open_storage  # noqa: E402
-from riverbed.subscriptions.cursors import Subscriptions  # noqa: E402
+from riverbed import Subscriptions, open_storage  # noqa: E402
 from riverbed.subscriptions.definition import (  # noqa: E402
     ConsumptionPolicy,
     DeliveryDefinition,

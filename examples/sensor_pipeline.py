@@ -35,11 +35,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from riverbed.errors import InvalidInput
-from riverbed.log.log import Log
+from riverbed import InvalidInput, Log, Subscriptions
 from riverbed.spark import session
 from riverbed.spark.options import check_shared_storage
-from riverbed.subscriptions import Subscriptions
 
 DEVICES = ("boiler", "fridge", "porch")
 START = 1_767_225_600  # 2026-01-01T00:00:00Z, in seconds

@@ -7,6 +7,9 @@ nothing that raises one of those has changed any stored state.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 
 class RiverbedError(Exception):
     """Root of every error Riverbed raises on purpose."""
@@ -108,3 +111,36 @@ class DatabaseNotFound(NotFound):
 class CannotListen(RiverbedError):
     """The broker could not listen on a configured address (in use, not an
     address of this machine, a port it may not open)."""
+
+
+class StreamSealed(RiverbedError):
+    """An append targeted a stream that is sealed or gone; nothing was written.
+
+    The appender refreshes its view of the topic and routes again.
+    """
+
+    def __init__(self, stream_keys: Sequence[int]) -> None:
+        super().__init__(f"streams {sorted(stream_keys)} are sealed or deleted")
+        self.stream_keys = tuple(stream_keys)
+
+
+class ShardsChanged(PreconditionFailed):
+    """A subscription's definition (its shard count) changed under an
+    operation on its shards."""
+
+
+class Superseded(StorageError):
+    """Another run of the same shard committed first; this one wrote nothing."""
+
+
+class HandlerFailed(RiverbedError):
+    """A worker's handler raised and the error policy said STOP; `failure` (a
+    `riverbed.subscriptions.workers.Failure`, None if the worker stopped
+    before it had one) says which batch and why. The position was not moved
+    past the batch."""
+
+    failure: Any
+
+    def __init__(self, failure: Any, message: str) -> None:
+        super().__init__(message)
+        self.failure = failure

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from harness.storage import create_topic, head, make_rows
-from riverbed.errors import InvalidInput
+from riverbed.errors import InvalidInput, StreamSealed
 from riverbed.storage import Storage, bulk, open_storage
-from riverbed.storage.base import Row, StreamSealed
+from riverbed.storage.base import Row
 
 pa = pytest.importorskip("pyarrow")
 

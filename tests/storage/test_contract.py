@@ -29,6 +29,7 @@ from riverbed.errors import (
     InvalidInput,
     InvalidOffset,
     PreconditionFailed,
+    StreamSealed,
     SubscriptionNotFound,
     TopicNotFound,
 )
@@ -39,7 +40,6 @@ from riverbed.storage.base import (
     StartKind,
     StorageTopicRecord,
     StreamHead,
-    StreamSealed,
     SubscriptionRecord,
     TopicRecord,
 )

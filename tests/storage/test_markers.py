@@ -11,8 +11,8 @@ import threading
 import pytest
 
 from harness.storage import create_topic, head, numbered_rows
+from riverbed.errors import StreamSealed
 from riverbed.storage import Storage
-from riverbed.storage.base import StreamSealed
 
 
 def payloads(storage: Storage, stream_key: int) -> list[bytes]:

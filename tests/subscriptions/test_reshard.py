@@ -121,7 +121,8 @@ def test_a_batch_of_the_old_shards_commits_nothing_after_the_change(
     the definition check tells the batch it is stale. It writes nothing (no
     state for a shard that no longer exists, no cursor moved); the new shard
     delivers everything, in order."""
-    from riverbed.subscriptions.batch import Superseded, batch_marker
+    from riverbed.errors import Superseded
+    from riverbed.subscriptions.batch import batch_marker
     from riverbed.subscriptions.cursors import Subscriptions
 
     setup(storage, endpoint, shards=2)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from harness.waiting import eventually
-from riverbed.errors import InvalidInput, RiverbedError, SubscriptionNotFound
+from riverbed.errors import HandlerFailed, InvalidInput, RiverbedError, SubscriptionNotFound
 from riverbed.log.log import Log
 from riverbed.log.router import key_hash, route
 from riverbed.model import Message
@@ -33,7 +33,6 @@ from riverbed.subscriptions.workers import (
     ErrorPolicy,
     Failure,
     Guarantee,
-    HandlerFailed,
     OnError,
     Worker,
     load_handler,

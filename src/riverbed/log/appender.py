@@ -41,6 +41,7 @@ from riverbed.errors import (
     StorageError,
     StorageFull,
     StorageUnavailable,
+    StreamSealed,
 )
 from riverbed.log.router import key_hash, route
 from riverbed.metrics import Metrics
@@ -52,7 +53,7 @@ from riverbed.model import (
     encode_properties,
 )
 from riverbed.storage import bulk
-from riverbed.storage.base import Row, Storage, StreamSealed
+from riverbed.storage.base import Row, Storage
 
 log = logging.getLogger(__name__)
 

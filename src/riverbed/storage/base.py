@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Protocol
 
-from riverbed.errors import RiverbedError
 from riverbed.model import StoredMessage, StreamId
 
 if TYPE_CHECKING:
@@ -121,17 +120,6 @@ class KVEntry:
     key: str
     value: bytes
     version: int
-
-
-class StreamSealed(RiverbedError):
-    """An append targeted a stream that is sealed or gone; nothing was written.
-
-    The appender refreshes its view of the topic and routes again.
-    """
-
-    def __init__(self, stream_keys: Sequence[int]) -> None:
-        super().__init__(f"streams {sorted(stream_keys)} are sealed or deleted")
-        self.stream_keys = tuple(stream_keys)
 
 
 class Storage(Protocol):

@@ -19,9 +19,15 @@ from typing import Any
 
 import psycopg
 
-from riverbed.errors import DatabaseNotFound, InvalidConfig, StorageError, StorageUnavailable
+from riverbed.errors import (
+    DatabaseNotFound,
+    InvalidConfig,
+    StorageError,
+    StorageUnavailable,
+    StreamSealed,
+)
 from riverbed.storage import bulk
-from riverbed.storage.base import Row, StreamSealed
+from riverbed.storage.base import Row
 from riverbed.storage.connections import Cursor
 from riverbed.storage.sql import RECORD_MARKER, SqlStorage, now_us
 from riverbed.storage.urls import redact_password, redact_url

@@ -19,6 +19,7 @@ from riverbed.errors import (
     InvalidInput,
     InvalidOffset,
     PreconditionFailed,
+    StreamSealed,
     SubscriptionNotFound,
     TopicNotFound,
 )
@@ -31,7 +32,6 @@ from riverbed.storage.base import (
     StartKind,
     StorageTopicRecord,
     StreamHead,
-    StreamSealed,
     SubscriptionRecord,
     TopicRecord,
     Wakeups,

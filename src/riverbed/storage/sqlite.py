@@ -28,9 +28,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from riverbed.errors import DatabaseNotFound, StorageUnavailable
+from riverbed.errors import DatabaseNotFound, StorageUnavailable, StreamSealed
 from riverbed.storage import bulk
-from riverbed.storage.base import Row, StreamSealed
+from riverbed.storage.base import Row
 from riverbed.storage.connections import Cursor, operation
 from riverbed.storage.sql import RECORD_MARKER, SqlStorage, now_us
 from riverbed.storage.urls import redact_url

@@ -29,12 +29,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from riverbed.errors import StorageError
+from riverbed.errors import StreamSealed, Superseded
 from riverbed.log.reader import readable_streams
 from riverbed.log.router import key_hash
 from riverbed.model import MessageIdGenerator
 from riverbed.sessions.store import now_us
-from riverbed.storage.base import Storage, StreamHead, StreamSealed, SubscriptionRecord
+from riverbed.storage.base import Storage, StreamHead, SubscriptionRecord
 from riverbed.storage.outage import ride_out
 from riverbed.storage.transactions import (
     append_once_in,
@@ -75,10 +75,6 @@ RQ_BATCH = 10_000
 MAIN_BATCH = 50_000
 """At most this many main-topic rows per shard and batch (a rewind's backlog
 is taken in steps)."""
-
-
-class Superseded(StorageError):
-    """Another run of the same shard committed first; this one wrote nothing."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from riverbed.errors import AlreadyExists, InvalidInput, NotFound, PreconditionFailed
+from riverbed.errors import AlreadyExists, InvalidInput, NotFound, PreconditionFailed, ShardsChanged
 from riverbed.log.jsonlines import format_time
 from riverbed.storage.base import Storage, SubscriptionRecord
 from riverbed.storage.transactions import Transaction, kv_hold_in
@@ -402,11 +402,6 @@ class Definitions:
         if entry is None:
             raise NotFound(f"subscription {name!r} has no delivery definition")
         self.storage.kv_delete_if_version(NAMESPACE, name, entry.version)
-
-
-class ShardsChanged(PreconditionFailed):
-    """A subscription's definition (its shard count) changed under an
-    operation on its shards."""
 
 
 def hold_definition(tx: Transaction, name: str, version: int, shard: int, doing: str) -> None:

@@ -25,12 +25,12 @@ import uuid
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 
-from riverbed.errors import InvalidInput, NotFound
+from riverbed.errors import InvalidInput, NotFound, Superseded
 from riverbed.model import MessageId, MessageIdGenerator, StreamId
 from riverbed.sessions.store import now_us as current_us
 from riverbed.storage.base import Storage, StreamHead
 from riverbed.storage.transactions import append_once_in, kv_put_in, transaction
-from riverbed.subscriptions.batch import QueueLayout, Superseded, open_rows
+from riverbed.subscriptions.batch import QueueLayout, open_rows
 from riverbed.subscriptions.definition import Definitions, hold_definition
 from riverbed.subscriptions.delivering import queue_topics
 from riverbed.subscriptions.groups import MessageState, Queue

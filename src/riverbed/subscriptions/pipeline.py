@@ -15,16 +15,11 @@ import asyncio
 import json
 import logging
 
+from riverbed.errors import Superseded
 from riverbed.sessions.store import now_us
 from riverbed.storage.base import Storage
 from riverbed.storage.outage import ride_out
-from riverbed.subscriptions.batch import (
-    MainRange,
-    QueueLayout,
-    ShardRunner,
-    Superseded,
-    batch_marker,
-)
+from riverbed.subscriptions.batch import MainRange, QueueLayout, ShardRunner, batch_marker
 from riverbed.subscriptions.cursors import Subscriptions
 from riverbed.subscriptions.definition import Definitions, DeliveryDefinition
 from riverbed.subscriptions.delivering import queue_topics

@@ -20,11 +20,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from riverbed.errors import InvalidInput
+from riverbed.errors import InvalidInput, Superseded
 from riverbed.model import StreamId
 from riverbed.storage.base import StartKind, Storage
 from riverbed.storage.transactions import kv_put_in, transaction
-from riverbed.subscriptions.batch import QueueLayout, Superseded, queue_rows
+from riverbed.subscriptions.batch import QueueLayout, queue_rows
 from riverbed.subscriptions.cursors import Start, Subscriptions
 from riverbed.subscriptions.definition import Definitions, DeliveryDefinition, hold_definition
 from riverbed.subscriptions.delivering import queue_topics

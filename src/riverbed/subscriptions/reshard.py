@@ -33,7 +33,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from riverbed.errors import StorageError
+from riverbed.errors import StorageError, Superseded
 from riverbed.log.router import key_hash, route
 from riverbed.log.topics import Topics
 from riverbed.model import MessageIdGenerator
@@ -44,7 +44,7 @@ from riverbed.storage.transactions import (
     kv_put_in,
     transaction,
 )
-from riverbed.subscriptions.batch import QueueLayout, Superseded, open_rows
+from riverbed.subscriptions.batch import QueueLayout, open_rows
 from riverbed.subscriptions.definition import NAMESPACE as DEFINITIONS
 from riverbed.subscriptions.definition import Definitions, DeliveryDefinition, not_delivering
 from riverbed.subscriptions.delivering import queue_topics

@@ -30,12 +30,11 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from riverbed.errors import InvalidInput, SubscriptionNotFound
+from riverbed.errors import HandlerFailed, InvalidInput, SubscriptionNotFound
 from riverbed.storage import open_storage
 from riverbed.subscriptions.workers import (
     ErrorPolicy,
     Guarantee,
-    HandlerFailed,
     OnError,
     Worker,
     WorkerStats,

@@ -93,7 +93,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Protocol, cast
 
-from riverbed.errors import InvalidInput, RiverbedError, StorageError
+from riverbed.errors import HandlerFailed, InvalidInput, RiverbedError, StorageError
 from riverbed.log.reader import readable_streams
 from riverbed.model import StoredMessage, StreamId
 from riverbed.storage.base import Storage, StorageTopicRecord, StreamHead, SubscriptionRecord
@@ -216,15 +216,6 @@ class ErrorPolicy:
 
     def final_action(self) -> OnError:
         return self.give_up if self.action is OnError.RETRY else self.action
-
-
-class HandlerFailed(RiverbedError):
-    """The handler raised and the error policy said STOP; `failure` says which
-    batch and why (the position was not moved past it)."""
-
-    def __init__(self, failure: Failure | None, message: str) -> None:
-        super().__init__(message)
-        self.failure = failure
 
 
 class SubscriptionState(Protocol):
