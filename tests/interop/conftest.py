@@ -4,8 +4,10 @@ One `riverbed serve` per test module (SQLite), with everything the feature list
 touches switched on: a TLS listener (certificates from `harness/certificates.py`),
 a password file with one user (anonymous clients are let in too, as in every
 broker the harness starts), and the shared subscriptions' timers shortened
-(`harness/sharedsub.py`). Tests keep apart by their topics and client ids
-(`names`), so they can share it; the one that restarts it leaves it running.
+(`harness/sharedsub.py`); a module whose clients speak MQTT over WebSockets
+adds a WebSocket listener by overriding `websocket_listener`. Tests keep apart
+by their topics and client ids (`names`), so they can share it; the one that
+restarts it leaves it running.
 
 A client that is not installed skips its tests locally and fails them in CI
 (`CI=true`), as a backend does (`harness/ci.py`): a skip there would hide that a
@@ -30,7 +32,17 @@ from riverbed.mqtt.auth import set_password
 
 
 @pytest.fixture(scope="module")
-def endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
+def websocket_listener() -> str | None:
+    """The `[listeners.ws]` keys of the broker's config (TOML lines), for a
+    module whose clients speak MQTT over WebSockets: the broker then also listens
+    with `--ws` (`endpoint.broker.ws_port`). None: no WebSocket listener."""
+    return None
+
+
+@pytest.fixture(scope="module")
+def endpoint(
+    tmp_path_factory: pytest.TempPathFactory, websocket_listener: str | None
+) -> Iterator[Endpoint]:
     if not have_openssl():
         missing("openssl", "the TLS listener's certificates are made with it")
     directory = tmp_path_factory.mktemp("interop")
@@ -39,9 +51,12 @@ def endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
     set_password(passwords, USERNAME, PASSWORD.encode())
     config = short_timers_config(directory)
     config.write_text(config.read_text() + f'\n[auth]\npassword_file = "{passwords}"\n')
+    if websocket_listener is not None:
+        config.write_text(config.read_text() + f"\n[listeners.ws]\n{websocket_listener}")
     tls_port = free_port()
     args = ("--config", str(config), *certs.listener_args(tls_port))
-    with BrokerProcess(f"sqlite:///{directory}/riverbed.db", extra_args=args) as broker:
+    ws = websocket_listener is not None
+    with BrokerProcess(f"sqlite:///{directory}/riverbed.db", extra_args=args, ws=ws) as broker:
         assert broker.process is not None
         # The plain listener is up; the TLS one starts right after it.
         wait_listening(broker.process, tls_port, 10, "broker", broker.tail, broker.kill)
