@@ -251,7 +251,7 @@ class _JsonLines(logging.Formatter):
 def _raise_open_files_limit() -> None:
     """Raise the soft limit on open files to the hard one: every connection is a
     file descriptor, and the usual soft limit (1024) would refuse clients long
-    before memory runs short (issue 3: 10,000 idle connections)."""
+    before memory runs short (10,000 idle connections)."""
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

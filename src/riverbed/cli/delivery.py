@@ -1,4 +1,4 @@
-"""`riverbed subscription run NAME`: the delivery pipeline on Spark (issue 7).
+"""`riverbed subscription run NAME`: the delivery pipeline on Spark.
 
 Checks the subscription before Spark starts (a name that does not deliver to
 an endpoint fails at once), prints one line per micro-batch that did

@@ -1,4 +1,4 @@
-"""`riverbed dlq ...`: a delivering subscription's dead-letter queue (issue 7)."""
+"""`riverbed dlq ...`: a delivering subscription's dead-letter queue."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`riverbed group ...`: durable shared subscription groups (issue 5).
+"""`riverbed group ...`: durable shared subscription groups.
 
 A group is a share name and the topic filter it shares (`$share/GROUP/FILTER`;
 `$queue/FILTER` is the group `$queue`). A session's first subscription creates

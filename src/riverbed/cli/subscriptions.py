@@ -60,7 +60,7 @@ def subscription() -> None:
 @click.option(
     "--endpoint",
     metavar="URL|MODULE:FUNCTION",
-    help="Deliver every message to this HTTP(S) URL or Python callable (issue 7): the"
+    help="Deliver every message to this HTTP(S) URL or Python callable: the"
     " subscription gets a retry and a dead-letter queue (NAME.rq, NAME.dlq).",
 )
 @click.option("--shards", type=int, help="Shards that deliver it (divides the topic's partitions).")

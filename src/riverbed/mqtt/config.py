@@ -154,7 +154,7 @@ Why the defaults are what they are:
   expired, refusals, warnings), not one line per client connecting or leaving:
   a broker with thousands of clients reconnecting would log little else. Those
   lines are at debug.
-- `allow_anonymous` false: anonymous access only where configured (issue 3).
+- `allow_anonymous` false: anonymous access only where configured.
   A configuration with neither anonymous access nor a password file is refused,
   since no client could connect.
 """

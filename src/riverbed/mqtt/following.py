@@ -1,5 +1,5 @@
 """What a session follows: its subscriptions, the topics they reach, the streams
-it reads and the cursors it holds (issue 3).
+it reads and the cursors it holds.
 
 Each subscription of a session reads the log through the session's cursors
 (named subscriptions `$session.<id>.<topic>`, `sessions/store.py`) on every

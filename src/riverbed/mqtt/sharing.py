@@ -1,4 +1,4 @@
-"""A connection's durable shared subscriptions (issue 5, seed 001; docs/shared-subscriptions.md).
+"""A connection's durable shared subscriptions (seed 001; docs/shared-subscriptions.md).
 
 `$share/GROUP/FILTER` and `$queue/FILTER` subscriptions do not follow topics
 through the session's cursors: the group's Leader lends the filter's streams to

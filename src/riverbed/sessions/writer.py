@@ -1,4 +1,4 @@
-"""Group commit for session writes (issue 17): many connections' saves in one
+"""Group commit for session writes: many connections' saves in one
 transaction, like the commit pacer does for messages.
 
 A broker whose clients all come back at once (a network blip, a restart) has

@@ -1,4 +1,4 @@
-"""Durable shared subscriptions (seed 001, issue 5), sans-I/O.
+"""Durable shared subscriptions (seed 001), sans-I/O.
 
 `$share/GROUP/FILTER` and `$queue/FILTER`: a cluster-unique Leader lends the
 streams of the filter to the Borrowers of the group's sessions and keeps their
@@ -17,5 +17,7 @@ progress. The pieces, from the session down:
 - `config.SharedSubConfig`: the timers.
 
 The runtime that owns the clock, the bus and storage, and executes the
-effects, is not here yet (docs/shared-subscriptions.md).
+effects: `runtime.SharedRuntime` on the broker's event loop, `host.LeaderHost`
+(a node's Leaders over storage) and `pgbus` (the bus between nodes on
+PostgreSQL); docs/shared-subscriptions.md tells the whole story.
 """

@@ -1,4 +1,4 @@
-"""Timers of the shared subscription protocol, in seconds (issue 5 defaults).
+"""Timers of the shared subscription protocol, in seconds (the defaults).
 
 One object for both sides: the Borrower needs the Leader's borrower timeout to
 fence itself off in time (see `Borrower`), and the rules below relate the two.

@@ -1,4 +1,4 @@
-"""A node's Leaders over a real storage (issue 5): the Leader side of the runtime.
+"""A node's Leaders over a real storage: the Leader side of the runtime.
 
 `LeaderHost` is what the node-local `Registry` asks when a `leader_wanted`
 comes for a group it knows no Leader of (`find_leader`): if this node runs the

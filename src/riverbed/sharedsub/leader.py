@@ -23,7 +23,7 @@ Revoking: `revoking` until the Borrower's final progress arrives, which is saved
 assignment and the stream is free. `grant`, `revoke` and `revoked` are resent
 every `leader_resend` seconds until answered.
 
-Allocation (issue 5): with N lendable streams and B Borrowers in join order,
+Allocation: with N lendable streams and B Borrowers in join order,
 Borrower i wants N div B, plus one if i < N rem B. Borrowers above their share
 have streams revoked, Borrowers below it are granted free streams; only
 Borrowers with no stream in a transient state (granting, revoking, revoked)

@@ -1,4 +1,4 @@
-"""Borrower <-> Leader messages between broker nodes over PostgreSQL (issue 5).
+"""Borrower <-> Leader messages between broker nodes over PostgreSQL.
 
 The bus of `bus.py` between processes: each node LISTENs on its own channel
 (`riverbed_ss_` and 16 hex digits of a hash of the node name) and an address is

@@ -1,4 +1,4 @@
-"""A node's shared-subscription runtime on an event loop (issue 5).
+"""A node's shared-subscription runtime on an event loop.
 
 Two sides, each with its own in-process bus:
 

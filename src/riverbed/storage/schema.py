@@ -91,7 +91,7 @@ MIGRATIONS: list[list[str]] = [
             fence {int} NOT NULL,
             PRIMARY KEY (subscription, stream))""",
     ],
-    # 4: limits retention applies whoever has not consumed (issue 14): a maximum
+    # 4: limits retention applies whoever has not consumed: a maximum
     # age (Pulsar's message TTL) and a maximum of messages per stream (its
     # backlog quota). NULL: no limit, what every existing topic keeps.
     [

@@ -1,4 +1,4 @@
-"""Running one batch of one shard against the log (issue 7): read, deliver,
+"""Running one batch of one shard against the log: read, deliver,
 commit.
 
 `ShardRunner.run_batch(shard_id, ranges, marker)`:

@@ -1,4 +1,4 @@
-"""What a named subscription that delivers to an endpoint is (issue 7, seed 003).
+"""What a named subscription that delivers to an endpoint is (seed 003).
 
 A `DeliveryDefinition` is stored beside the subscription's cursors, in the KV
 namespace `delivery` under the subscription's name, and says

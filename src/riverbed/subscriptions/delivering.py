@@ -1,4 +1,4 @@
-"""Creating and deleting a subscription that delivers to an endpoint (issue 7).
+"""Creating and deleting a subscription that delivers to an endpoint.
 
 Such a subscription is four things, made together or not at all:
 

@@ -1,4 +1,4 @@
-"""Browsing a delivering subscription's dead-letter queue (issue 7).
+"""Browsing a delivering subscription's dead-letter queue.
 
 `parked(storage, name, ...)` reads every stream of `NAME.dlq` (all its
 generations) and returns the parked messages that match the selectors — failed

@@ -1,4 +1,4 @@
-"""One delivery attempt of one message to a subscription's endpoint (issue 7).
+"""One delivery attempt of one message to a subscription's endpoint.
 
 `deliverer(definition)` gives an object whose `deliver(message, attempt)`
 makes the attempt and says what came of it (`Attempt`):

@@ -1,4 +1,4 @@
-"""GroupState and the grouped-order rules of one subscription shard (issue 7, seed 003).
+"""GroupState and the grouped-order rules of one subscription shard (seed 003).
 
 Seed 003's state, per group id and per queue (retry queue RQ, dead-letter
 queue DLQ): `p`, the position of the group's last message written to the

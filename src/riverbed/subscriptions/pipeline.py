@@ -1,5 +1,5 @@
 """The pieces of a delivering subscription's pipeline that Spark's driver and
-tasks call (issue 7; the Spark side is `riverbed.spark.delivery`).
+tasks call (the Spark side is `riverbed.spark.delivery`).
 
 - `run_shard` (in a task): one batch of one shard (`batch.ShardRunner`). A
   Python worker process keeps its storage connection, its event loop and

@@ -1,4 +1,4 @@
-"""What a retry or dead-letter queue holds (issue 7): the failed message as it
+"""What a retry or dead-letter queue holds: the failed message as it
 was, plus where it came from and how it failed.
 
 A queued message is a log message of the queue topic with the original

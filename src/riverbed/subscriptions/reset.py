@@ -1,4 +1,4 @@
-"""Offset reset of a delivering subscription (issue 7, seed 003 "Subscription's
+"""Offset reset of a delivering subscription (seed 003 "Subscription's
 Offset Reset").
 
 - The main topic can be rewound or fast-forwarded (`reset_main`: to the

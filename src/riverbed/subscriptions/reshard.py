@@ -1,4 +1,4 @@
-"""ChangeShardCount of a delivering subscription (issue 7, seed 003).
+"""ChangeShardCount of a delivering subscription (seed 003).
 
 `change_shard_count(storage, name, new_count)`:
 

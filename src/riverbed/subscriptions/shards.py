@@ -1,4 +1,4 @@
-"""Shards of a named subscription that delivers to an endpoint (issue 7, seed 003).
+"""Shards of a named subscription that delivers to an endpoint (seed 003).
 
 A subscription runs as `shard_count` shards. Shard `sid` owns, in every storage
 topic (generation) of its main topic with P partitions, the contiguous range

@@ -1,4 +1,4 @@
-"""What a shard of a delivering subscription keeps between batches (issue 7).
+"""What a shard of a delivering subscription keeps between batches.
 
 One KV record per shard (namespace `delivery.shard`, key `NAME/SHARD_ID`):
 seed 003's GroupState of the shard's groups in the retry and dead-letter

@@ -1,4 +1,4 @@
-"""One micro-batch of one shard of a delivering subscription (issue 7, seed 003).
+"""One micro-batch of one shard of a delivering subscription (seed 003).
 
 A step takes the shard's main-topic messages of the batch (in offset order per
 partition) and the due prefix of its retry queue range (read by the caller),
