@@ -150,14 +150,6 @@ def append_once_in(
     return firsts
 
 
-def kv_get_in(tx: Transaction, namespace: str, key: str) -> tuple[bytes, int] | None:
-    """A KV value and its version, read inside `tx` (None: no such key)."""
-    row = tx.execute(
-        "SELECT value, version FROM kv WHERE namespace = ? AND key = ?", (namespace, key)
-    ).fetchone()
-    return None if row is None else (bytes(row[0]), int(row[1]))
-
-
 def kv_hold_in(tx: Transaction, namespace: str, key: str, version: int) -> bool:
     """Whether a KV key is still at `version`, and keep it there until `tx`
     ends: a writer of it waits for `tx` (PostgreSQL: a share lock on the row;
@@ -230,15 +222,6 @@ def commit_cursors_in(tx: Transaction, subscription: str, offsets: Mapping[int, 
 
 
 # --------------------------------------------------------------------- cursors in a transaction
-
-
-def read_cursor(tx: Transaction, subscription: str, stream_key: int) -> int | None:
-    """The committed offset of one stream, read inside `tx` (None: never committed)."""
-    row = tx.execute(
-        "SELECT committed FROM cursors WHERE subscription = ? AND stream = ?",
-        (subscription, stream_key),
-    ).fetchone()
-    return None if row is None else int(row[0])
 
 
 def advance_cursor(
