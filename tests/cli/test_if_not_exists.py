@@ -6,7 +6,6 @@ was."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -17,11 +16,6 @@ from riverbed.storage.base import RetentionPolicy
 from riverbed.subscriptions.cursors import Subscriptions
 from riverbed.subscriptions.definition import Definitions, DeliveryDefinition, parse_endpoint
 from riverbed.subscriptions.delivering import create_delivering
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path}/x.db"
 
 
 def _state(db: str) -> list[object]:

@@ -3,17 +3,11 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from click.testing import Result
 
 from harness.cli import rb
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path}/x.db"
 
 
 def ok(db: str, *args: str) -> Result:
