@@ -806,10 +806,11 @@ def compare(args: argparse.Namespace, kinds: dict[str, type[Broker]]) -> None:
 
 
 def pooled(runs: list[Run], labels: list[str]) -> float:
-    """Broker CPU seconds per message over these runs and phases together."""
-    cpu = sum(r.cpu.get(label, (float("nan"), 0))[0] for r in runs for label in labels)
-    msgs = sum(r.cpu.get(label, (0.0, 0))[1] for r in runs for label in labels)
-    return cpu / msgs if msgs else float("nan")
+    """Broker CPU seconds per message over these runs and phases together
+    (those a failed run did not reach left out)."""
+    measured = [r.cpu[label] for r in runs for label in labels if label in r.cpu]
+    msgs = sum(m for _, m in measured)
+    return sum(c for c, _ in measured) / msgs if msgs else float("nan")
 
 
 def websocket_ratios(rounds: dict[str, list[Run]]) -> None:
