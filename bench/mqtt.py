@@ -24,13 +24,14 @@ fresh store, in this order:
 Brokers: Riverbed (`riverbed serve`, SQLite in a temp dir), mosquitto (Debian
 package, generated config: persistence on, max_queued_messages 0,
 max_inflight_messages = Riverbed's receive maximum, autosave_interval default),
-amqtt (separate venv `--amqtt-python`, MQTT 3.1.1 only, a user name so its
-sessions are kept, SessionDBPlugin for persistence). Every broker listens on
+amqtt (separate venv `--amqtt-python`, made with pip if missing, MQTT 3.1.1
+only, a user name so its sessions are kept, SessionDBPlugin for persistence).
+Every broker listens on
 127.0.0.1 only; everything started is stopped (SIGTERM, then SIGKILL by pid).
 
     .venv/bin/python bench/mqtt.py [--messages 100000] [--paced 20000]
         [--brokers riverbed,mosquitto,amqtt] [--riverbed-db sqlite|postgres]
-        [--metrics on|off|both] [--acl FILE] [--rounds 1]
+        [--metrics on|off|both] [--acl FILE] [--rounds 1] [--transport tcp|ws|tcp,ws]
 
 `--metrics`: Riverbed with its Prometheus metrics (`[metrics] enabled`, the
 default) or without; `both` runs it with them, then without, and prints the
@@ -42,6 +43,13 @@ by side (the target: with the ACL within 5% of without). `bench/acl.txt` holds
 rules of the kind a deployment has.
 `--rounds N` repeats the runs in turn (on, off, then off, on, ...) and pools
 them: on a busy machine one pair differs by more than 5% either way.
+
+`--transport ws`: MQTT over WebSockets (path /mqtt, subprotocol mqtt; paho's
+`transport="websockets"`) to Riverbed's `--ws` listener and amqtt's `ws` one
+(Debian's mosquitto has none). `tcp,ws` runs each broker over both, every
+other round in the reverse order, and prints Riverbed's CPU per message over
+WebSockets against its own over TCP (target <= 1.3) and amqtt's over
+WebSockets (target <= 0.25), pooled over the rounds.
 """
 
 from __future__ import annotations
@@ -85,6 +93,7 @@ def unpack(payload: bytes) -> tuple[int, int]:
     return int(payload[:20]), int(payload[20:40])
 
 
+WS_PATH = "/mqtt"
 RECEIVE_MAXIMUM = 100  # Riverbed's limits.receive_maximum and limits.max_inflight defaults
 TICKS = os.sysconf("SC_CLK_TCK")
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,6 +106,8 @@ def _client(args: argparse.Namespace, client_id: str, clean: bool, manual_ack: b
     import paho.mqtt.client as paho
     from paho.mqtt.enums import CallbackAPIVersion
 
+    # paho offers the WebSocket subprotocol "mqtt" for 3.1.1 and 5
+    transport = "websockets" if args.transport == "ws" else "tcp"
     if args.v311:
         c = paho.Client(
             CallbackAPIVersion.VERSION2,
@@ -104,12 +115,19 @@ def _client(args: argparse.Namespace, client_id: str, clean: bool, manual_ack: b
             protocol=paho.MQTTv311,
             clean_session=clean,
             manual_ack=manual_ack,
+            transport=transport,
         )
     else:
         c = paho.Client(
-            CallbackAPIVersion.VERSION2, client_id, protocol=paho.MQTTv5, manual_ack=manual_ack
+            CallbackAPIVersion.VERSION2,
+            client_id,
+            protocol=paho.MQTTv5,
+            manual_ack=manual_ack,
+            transport=transport,
         )
     c.username_pw_set("bench", "bench")
+    if args.transport == "ws":
+        c.ws_set_options(path=WS_PATH)
     c.max_inflight_messages_set(RECEIVE_MAXIMUM)
     c.max_queued_messages_set(0)
     return c
@@ -255,12 +273,21 @@ def run_sub(args: argparse.Namespace) -> None:
 class Broker:
     name = "?"
     v311 = False
+    transports = ("tcp",)
+    """What `--transport` this broker can be run with."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, transport: str = "tcp") -> None:
         self.workdir = workdir
+        self.transport = transport
         self.port = free_port()
+        """The port the clients connect to (`transport`'s listener)."""
         self.process: subprocess.Popen[bytes] | None = None
         self.log_path = workdir / f"{self.name}.log"
+
+    @property
+    def label(self) -> str:
+        """The name in the report: `riverbed`, `riverbed/ws`, `amqtt/ws`, ..."""
+        return self.name if self.transport == "tcp" else f"{self.name}/{self.transport}"
 
     def command(self) -> list[str]:
         raise NotImplementedError
@@ -318,6 +345,7 @@ class Broker:
 class Riverbed(Broker):
     name = "riverbed"
     v311 = False
+    transports = ("tcp", "ws")
     db_url: str | None = None
     """`--riverbed-db postgres`: a database on a throwaway PostgreSQL server."""
     metrics = True
@@ -334,13 +362,16 @@ class Riverbed(Broker):
         if self.acl is not None:
             text += f"[auth]\nacl_file = {json.dumps(str(self.acl))}\n"
         conf.write_text(text)
+        if self.transport == "ws":  # the TCP listener on a port nobody uses
+            listeners = ["--mqtt", f"127.0.0.1:{free_port()}", "--ws", f"127.0.0.1:{self.port}"]
+        else:
+            listeners = ["--mqtt", f"127.0.0.1:{self.port}"]
         return [
             sys.executable,  # the venv running this script (.venv/bin/python)
             "-m",
             "riverbed.cli",
             "serve",
-            "--mqtt",
-            f"127.0.0.1:{self.port}",
+            *listeners,
             "--db",
             url,
             "--allow-anonymous",
@@ -391,16 +422,29 @@ class Mosquitto(Broker):
         return ["/usr/sbin/mosquitto", "-c", str(conf)]
 
 
+AMQTT_WITHOUT_PINGS = """
+import functools, sys, websockets
+from amqtt.scripts.broker_script import main
+websockets.serve = functools.partial(websockets.serve, ping_interval=None)
+sys.exit(main())
+"""
+"""amqtt's broker with its WebSocket listener's keepalive pings off (Riverbed sends
+none either). paho-mqtt writes its Pong straight to the socket, into the middle
+of a frame it has only partly sent when the socket's buffer is full, and amqtt
+then closes the connection (1002 "incorrect masking"), within 20 s under load."""
+
+
 class Amqtt(Broker):
     name = "amqtt"
     v311 = True
+    transports = ("tcp", "ws")
     python = "/tmp/amqtt-venv/bin/python"
 
     def settings(self) -> str:
         return (
             "listeners:\n"
             "  default:\n"
-            "    type: tcp\n"
+            f"    type: {self.transport}\n"
             f"    bind: 127.0.0.1:{self.port}\n"
             "plugins:\n"
             "  amqtt.plugins.authentication.AnonymousAuthPlugin:\n"
@@ -413,8 +457,23 @@ class Amqtt(Broker):
     def command(self) -> list[str]:
         conf = self.workdir / "amqtt.yaml"
         conf.write_text(self.settings())
+        if self.transport == "ws":
+            return [self.python, "-c", AMQTT_WITHOUT_PINGS, "-c", str(conf)]
         amqtt = Path(self.python).parent / "amqtt"
         return [str(amqtt), "-c", str(conf)]
+
+    @classmethod
+    def install(cls) -> None:
+        """Make amqtt's venv (`--amqtt-python`) if it is missing: its own, so its
+        pins never meet Riverbed's."""
+        python = Path(cls.python)
+        if (python.parent / "amqtt").exists():
+            return
+        venv = python.parent.parent
+        print(f"-- amqtt: installing it into {venv}", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        packages = ["amqtt", "aiosqlite", "sqlalchemy", "greenlet"]  # SessionDBPlugin's
+        subprocess.run([str(python), "-m", "pip", "install", "-q", *packages], check=True)
 
 
 # --- orchestration -------------------------------------------------------------------
@@ -428,6 +487,8 @@ class Run:
         self.next_seq = 0
         self.rows: list[tuple[str, str]] = []
         self.cpu: dict[str, tuple[float, int]] = {}
+        self.rates: dict[str, float] = {}
+        """End-to-end msg/s by phase (live, offline drain)."""
 
     def _role(self, role: str, **kw: Any) -> tuple[subprocess.Popen[str], Path]:
         self.n += 1
@@ -441,6 +502,8 @@ class Run:
             str(self.b.port),
             "--out",
             str(out),
+            "--transport",
+            self.b.transport,
         ]
         if self.b.v311:
             cmd.append("--v311")
@@ -494,6 +557,7 @@ class Run:
         p99 = lat[int(len(lat) * 0.99)] / 1e6 if lat else float("nan")
         missing = count - len(set(got))
         redelivered = len(got) - len(set(got))
+        self.rates[label] = len(got) / span
         self.rows.append(
             (
                 label,
@@ -515,6 +579,8 @@ class Run:
         got = [g for g in s["got"] if first <= g < first + count]
         self.measure("offline drain", len(got), c1)
         span = (s["last_ns"] - s["connect_ns"]) / 1e9 if s["last_ns"] else float("nan")
+        self.rates["offline publish"] = pub_rate
+        self.rates["offline drain"] = len(got) / span
         self.rows.append(("offline publish", f"{pub_rate:,.0f} msg/s acknowledged"))
         self.rows.append(
             (
@@ -565,6 +631,7 @@ class Run:
             self.live("warm-up", min(1000, a.messages), 0)
             self.rows.clear()
             self.cpu.clear()
+            self.rates.clear()
             self.live("live, full speed", a.messages, 0)
             self.live(f"live, paced {a.rate:,.0f}/s", a.paced, a.rate)
             # the subscriber is offline now (its session kept)
@@ -576,7 +643,7 @@ class Run:
             self.b.kill()
 
     def report(self) -> None:
-        print(f"\n== {self.b.name} (port {self.b.port})")
+        print(f"\n== {self.b.label} (port {self.b.port})")
         for label, text in self.rows:
             print(f"  {label:<22} {text}")
         print(f"  {'phase':<22} {'broker CPU s':>12} {'messages':>9} {'µs CPU/msg':>11}")
@@ -626,6 +693,12 @@ def main() -> None:
         default=1,
         help="run the brokers this many times in turn (--metrics both: on, off, off, on, ...)",
     )
+    p.add_argument(
+        "--transport",
+        default="tcp",
+        help="tcp, ws (MQTT over WebSockets, path /mqtt) or both, tcp,ws: each broker over"
+        " each (mosquitto: tcp only); with --rounds, each round in the other order",
+    )
     p.add_argument("--keep", action="store_true", help="keep the temp dirs (logs, stores)")
     # client roles
     p.add_argument("--role", choices=["pub", "sub"])
@@ -645,7 +718,13 @@ def main() -> None:
     if args.role == "sub":
         return run_sub(args)
 
+    transports = args.transport.split(",")
+    for transport in transports:
+        if transport not in ("tcp", "ws"):
+            p.error(f"--transport {args.transport}: each must be tcp or ws, not {transport!r}")
     Amqtt.python = args.amqtt_python
+    if "amqtt" in args.brokers.split(","):
+        Amqtt.install()
     Riverbed.metrics = args.metrics != "off"
     if args.acl is not None:
         if not args.acl.is_file():
@@ -687,27 +766,35 @@ def compare(args: argparse.Namespace, kinds: dict[str, type[Broker]]) -> None:
         variant = "riverbed-acl"
     if variant is not None:
         names.insert(names.index("riverbed") + 1, variant)
+    transports = args.transport.split(",")
+    for name in names:
+        for transport in transports:
+            if transport not in kinds[name].transports:
+                print(f"-- {name}: no {transport} listener, not run over {transport}")
     runs: dict[str, Run] = {}
     rounds: dict[str, list[Run]] = {}
-    order: list[str] = []
+    order: list[tuple[str, str]] = []
     for i in range(args.rounds):
-        # Riverbed and its variant: A, B, then B, A, ... so neither always goes first.
-        this = list(names)
-        if i % 2 and variant is not None:
-            a, b = this.index("riverbed"), this.index(variant)
+        this = [(n, t) for n in names for t in transports if t in kinds[n].transports]
+        if i % 2 and len(transports) > 1:
+            this.reverse()  # tcp,ws: each round in the other order
+        elif i % 2 and variant is not None and (variant, "tcp") in this:
+            # Riverbed and its variant: A, B, then B, A, ... so neither always goes first.
+            a, b = this.index(("riverbed", "tcp")), this.index((variant, "tcp"))
             this[a], this[b] = this[b], this[a]
         order += this
-    for name in order:
-        workdir = Path(tempfile.mkdtemp(prefix=f"bench-mqtt-{name}-"))
-        broker = kinds[name](workdir)
+    for name, transport in order:
+        workdir = Path(tempfile.mkdtemp(prefix=f"bench-mqtt-{name}-{transport}-"))
+        broker = kinds[name](workdir, transport)
+        name = broker.label
         run = Run(broker, args)
-        print(f"-- {name}: {workdir}", flush=True)
+        print(f"-- {name}: {workdir}, load {os.getloadavg()[0]:.2f}", flush=True)
         t = time.monotonic()
         try:
             run.go()
         except Exception as exc:  # report what we have, go on with the next broker
             print(f"  ! {name} failed: {exc}", flush=True)
-        print(f"   ({time.monotonic() - t:.0f} s)", flush=True)
+        print(f"   ({time.monotonic() - t:.0f} s, load {os.getloadavg()[0]:.2f})", flush=True)
         runs[name] = run
         rounds.setdefault(name, []).append(run)
         run.report()
@@ -721,7 +808,7 @@ def compare(args: argparse.Namespace, kinds: dict[str, type[Broker]]) -> None:
     if "riverbed" in runs:
         r = runs["riverbed"]
         print("\n== broker CPU per message, Riverbed / peer")
-        peers = [n for n in runs if not n.startswith("riverbed")]
+        peers = [n for n in runs if not n.startswith("riverbed") and "/" not in n]
         print(f"  {'phase':<22}" + "".join(f" {'/' + n:>12}" for n in peers))
         for label in r.cpu:
             line = f"  {label:<22}"
@@ -751,6 +838,60 @@ def compare(args: argparse.Namespace, kinds: dict[str, type[Broker]]) -> None:
             variant_ratio("metrics", rounds["riverbed"], rounds["riverbed-metrics-off"])
         if "riverbed-acl" in runs:
             variant_ratio("ACL file", rounds["riverbed-acl"], rounds["riverbed"])
+    if "riverbed/ws" in rounds:
+        websocket_ratios(rounds)
+
+
+def pooled(runs: list[Run], labels: list[str]) -> float:
+    """Broker CPU seconds per message over these runs and phases together
+    (those a failed run did not reach left out)."""
+    measured = [r.cpu[label] for r in runs for label in labels if label in r.cpu]
+    msgs = sum(m for _, m in measured)
+    return sum(c for c, _ in measured) / msgs if msgs else float("nan")
+
+
+def websocket_ratios(rounds: dict[str, list[Run]]) -> None:
+    """Riverbed's broker CPU per message over WebSockets against its own over
+    TCP and amqtt's over WebSockets, per phase: all rounds pooled, then each
+    round's; and the end-to-end rates."""
+    ws = rounds["riverbed/ws"]
+    targets = (("riverbed", "tcp", 1.3), ("amqtt/ws", "amqtt", 0.25))
+    peers = [(n, short, limit) for n, short, limit in targets if n in rounds]
+    print("\n== MQTT over WebSockets: broker CPU per message (pooled over rounds)")
+    print(
+        f"  {'phase':<22} {'ws µs/msg':>10}"
+        + "".join(f" {short + ' µs/msg':>14} {'ws/' + short:>9}" for _, short, _ in peers)
+        + "   by round"
+    )
+    phases = [label for label in ws[0].cpu if label != "after restart"]
+    for label in [*phases, "all four"]:
+        labels = phases if label == "all four" else [label]
+        ours = pooled(ws, labels)
+        line = f"  {label:<22} {ours * 1e6:>10.1f}"
+        each = []
+        for n, _, _ in peers:
+            theirs = pooled(rounds[n], labels)
+            line += f" {theirs * 1e6:>14.1f} {ours / theirs if theirs else float('nan'):>9.2f}"
+            pairs = zip(ws, rounds[n], strict=False)
+            each.append(
+                " ".join(f"{pooled([x], labels) / pooled([y], labels):.2f}" for x, y in pairs)
+            )
+        print(line + "   " + "; ".join(each))
+    print("\n== targets: Riverbed over WebSockets, broker CPU per message, all four phases")
+    for n, short, limit in peers:
+        ratio = pooled(ws, phases) / pooled(rounds[n], phases)
+        ok = "met" if ratio <= limit else "NOT met"
+        print(f"  ws / {short:<6}: {ratio:5.2f} (target <= {limit}) {ok}")
+    print("\n== end-to-end msg/s (mean over rounds)")
+    names = ["riverbed", "riverbed/ws", "amqtt/ws"]
+    print(f"  {'phase':<22}" + "".join(f" {n:>12}" for n in names if n in rounds))
+    for label in ws[0].rates:
+        line = f"  {label:<22}"
+        for n in names:
+            if n in rounds:
+                rates = [r.rates[label] for r in rounds[n] if label in r.rates]
+                line += f" {sum(rates) / len(rates) if rates else float('nan'):>12,.0f}"
+        print(line)
 
 
 def variant_ratio(what: str, on: list[Run], off: list[Run]) -> None:
@@ -759,11 +900,6 @@ def variant_ratio(what: str, on: list[Run], off: list[Run]) -> None:
     print(f"\n== Riverbed broker CPU per message, {what} on / off (target <= 1.05)")
     phases = [label for label in on[0].cpu if label != "after restart"]
     print(f"  {'phase':<22} {'on µs/msg':>10} {'off µs/msg':>11} {'on/off':>7}   by round")
-
-    def pooled(runs: list[Run], labels: list[str]) -> float:
-        cpu = sum(r.cpu.get(label, (float("nan"), 0))[0] for r in runs for label in labels)
-        msgs = sum(r.cpu.get(label, (0.0, 0))[1] for r in runs for label in labels)
-        return cpu / msgs if msgs else float("nan")
 
     for label in [*phases, "all four"]:
         labels = phases if label == "all four" else [label]

@@ -35,6 +35,15 @@ What MQTT 5.0 §6 (and 3.1.1 §6) ask of the server, and what it does:
   goes out unless it sent DISCONNECT). When the MQTT connection closes, a
   Close frame (1000) goes out before the socket is closed.
 
+The per-message path stays off wsproto's event objects: a complete, masked,
+unfragmented binary frame of at most 65,535 bytes (every frame MQTT clients
+send, one packet each) is unmasked here (`_read_frames`), and each write of
+the MQTT connection is framed here (`frame()`: server frames are unmasked, so a
+header is all it takes). Every other frame (control frames, text, fragments,
+anything malformed) goes to wsproto, from that frame on until wsproto has no
+frame half read, so what the listener accepts, answers and refuses is
+wsproto's.
+
 Flow control passes straight through: the MQTT connection pausing its reads
 pauses the socket's, and the socket's write buffer (its limits, its size, its
 pause and resume) is the connection's (`limits.write_buffer_limit`).
@@ -75,6 +84,30 @@ HANDSHAKE_TIMEOUT = 10.0
 `connection.CONNECT_TIMEOUT` for its CONNECT, which comes after)."""
 SUBPROTOCOL = "mqtt"
 """The WebSocket subprotocol of MQTT 3.1.1 and 5 [MQTT-6.0.0-4]."""
+BINARY_FIN = 0x82
+"""The first byte of an unfragmented binary frame (FIN, no RSV bits, opcode 2)."""
+MASKED = 0x80
+"""The mask bit of a frame's second byte: set on every client frame."""
+
+
+def frame(data: bytes | bytearray | memoryview) -> bytes:
+    """`data` as one unmasked binary frame, as a server sends it."""
+    n = len(data)
+    if n < 126:
+        head = bytes((BINARY_FIN, n))
+    elif n < 0x10000:
+        head = bytes((BINARY_FIN, 126, n >> 8, n & 0xFF))
+    else:
+        head = bytes((BINARY_FIN, 127)) + n.to_bytes(8, "big")
+    return head + data
+
+
+def unmask(data: bytes, start: int, end: int, key: bytes) -> bytes:
+    """`data[start:end]` XORed with the 4-byte masking `key`, repeated."""
+    n = end - start
+    keys = key * ((n >> 2) + 1)
+    value = int.from_bytes(data[start:end], "little") ^ int.from_bytes(keys[:n], "little")
+    return value.to_bytes(n, "little")
 
 
 class WebSocket(asyncio.Protocol):
@@ -93,8 +126,10 @@ class WebSocket(asyncio.Protocol):
         "_loop",
         "_make",
         "_message",
+        "_partial",
         "_transport",
         "_ws",
+        "_wsproto",
         "peer",
     )
 
@@ -113,6 +148,10 @@ class WebSocket(asyncio.Protocol):
         self._frames: _Frames | None = None
         self._message = 0
         """Bytes of the WebSocket message being received, so far."""
+        self._wsproto = True
+        """wsproto reads the frames (it may hold part of one); else `_read_frames`."""
+        self._partial = b""
+        """The start of a frame `_read_frames` has not all of yet."""
         self._closing = False
         self._loop = asyncio.get_running_loop()
         self._deadline: asyncio.TimerHandle | None = None
@@ -127,6 +166,15 @@ class WebSocket(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._closing:
             return
+        payload: list[bytes] = []
+        if self._wsproto and self._frames is not None and _wsproto_idle(self._ws):
+            self._wsproto = False
+        if not self._wsproto:
+            data = self._read_frames(data, payload)
+            if not data:
+                self._feed(payload)
+                return
+            self._wsproto = True  # a frame for wsproto: it takes over from there
         try:
             self._ws.receive_data(data)
         except RemoteProtocolError as exc:
@@ -135,7 +183,6 @@ class WebSocket(asyncio.Protocol):
             status = hint.status_code if isinstance(hint, RejectConnection) else 400
             self._refuse(status, f"not a WebSocket handshake ({exc})")
             return
-        payload: list[bytes] = []
         for event in self._ws.events():
             if not self._event(event, payload):
                 break
@@ -206,6 +253,46 @@ class WebSocket(asyncio.Protocol):
                 return False
             case _:  # Pong, and nothing else comes to a server after its handshake
                 return True
+
+    def _read_frames(self, data: bytes, payload: list[bytes]) -> bytes:
+        """Unmask the complete binary frames at the start of `data` into
+        `payload` and keep a last one begun; return the rest from the first
+        frame that wsproto must read (b"" when there is none)."""
+        if self._partial:
+            data = self._partial + data
+            self._partial = b""
+        limit = self._limit
+        end = len(data)
+        i = 0
+        while i < end:
+            if data[i] != BINARY_FIN:
+                return data[i:]
+            if end - i < 2:
+                break
+            second = data[i + 1]
+            n = second & 0x7F
+            if not second & MASKED or n == 127:
+                return data[i:]
+            if n == 126:
+                if end - i < 4:
+                    break
+                n = data[i + 2] << 8 | data[i + 3]
+                if n < 126:  # wsproto refuses a length longer than it need be
+                    return data[i:]
+                start = i + 8
+            else:
+                start = i + 6
+            if n > limit:  # wsproto counts it and closes (1009)
+                return data[i:]
+            stop = start + n
+            if stop > end:
+                break
+            if n:
+                payload.append(unmask(data, start, stop, data[start - 4 : start]))
+            i = stop
+        if i < end:
+            self._partial = data[i:]
+        return b""
 
     def _feed(self, payload: list[bytes]) -> None:
         """Hand the MQTT connection the payloads collected (all a read's, or
@@ -294,6 +381,22 @@ class WebSocket(asyncio.Protocol):
             self._transport.close()
 
 
+def _wsproto_idle(ws: WSConnection) -> bool:
+    """Whether wsproto is between frames and messages, holding no bytes: the
+    next frame may be read without it. False if its internals are not the
+    ones known (tests/mqtt/test_websocket.py checks that they are)."""
+    try:
+        proto: Any = getattr(ws.connection, "_proto")  # noqa: B009 - not typed: private
+        frames = proto._frame_decoder
+        return bool(
+            frames.header is None
+            and not len(frames.buffer)
+            and proto._message_decoder.opcode is None
+        )
+    except AttributeError:
+        return False
+
+
 def _header(request: Request, name: bytes) -> str | None:
     for key, value in request.extra_headers:
         if key.lower() == name:
@@ -320,11 +423,9 @@ class _Frames(asyncio.Transport):
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if self.closing or self._transport.is_closing():
             return
-        try:
-            frame = self._ws.send(BytesMessage(data=bytes(data)))
-        except LocalProtocolError:
+        if self._ws.state is not ConnectionState.OPEN:
             return  # the WebSocket is closing (a Close frame went one way or the other)
-        self._transport.write(frame)
+        self._transport.write(frame(data))
 
     def writelines(self, list_of_data: Any) -> None:
         self.write(b"".join(list_of_data))
