@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from harness.waiting import eventually_async
 from riverbed.log.log import Log
 from riverbed.model import Message, StreamId
 from riverbed.mqtt.pacer import Batch, CommitPacer
@@ -100,8 +101,7 @@ def test_a_commit_soon_after_another_waits_for_the_interval(log: Log) -> None:
         waits.append(pacer.want(c))  # too soon: waits
         c.add("t", Message(b"3", key="k"))
         waits.append(pacer.want(c))  # joins the waiting batch
-        while len(c.done) < 2:
-            await asyncio.sleep(0.01)
+        await eventually_async(lambda: len(c.done) >= 2, what="the second commit")
         return [first, *c.committed_at], waits, c
 
     (first, t1, t2), waits, c = _run(go())
