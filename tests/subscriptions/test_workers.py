@@ -68,7 +68,7 @@ class Observer:
         def handle(batch: Batch) -> None:
             enter = time.monotonic_ns()
             if pause:
-                time.sleep(pause)
+                time.sleep(pause)  # the scenario: a handler's work takes time
             offsets = [m.offset for m in batch.messages]
             payloads = [m.payload for m in batch.messages]
             with self.lock:
