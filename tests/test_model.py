@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from harness.clock import FakeClock
 from riverbed.errors import InvalidInput
 from riverbed.model import (
     Message,
@@ -91,17 +92,7 @@ def test_message_id_refuses_values_beyond_128_bits(value: int) -> None:
 # --------------------------------------------------------------------- MessageIdGenerator
 
 
-class FakeClock:
-    """A clock (ns) that follows a script of steps: stand still, step back, jump."""
-
-    def __init__(self, start_ns: int) -> None:
-        self.now = start_ns
-
-    def __call__(self) -> int:
-        return self.now
-
-
-# A step changes the clock by this many ns before the next id; 0 stands still.
+# A step moves the clock (read in ns) this many ns before the next id; 0 stands still.
 clock_steps = st.lists(
     st.one_of(
         st.just(0),
@@ -118,11 +109,11 @@ clock_steps = st.lists(
 def test_generator_ids_strictly_increase_whatever_the_clock_does(
     start: int, steps: list[int], node: int
 ) -> None:
-    clock = FakeClock(start)
-    gen = MessageIdGenerator(node=node, clock=clock)
+    clock = FakeClock(ns=start)
+    gen = MessageIdGenerator(node=node, clock=clock.ns)
     previous = gen.next_id()
     for step in steps:
-        clock.now = max(0, clock.now + step)
+        clock.advance(ns=step)  # never below 0
         current = gen.next_id()
         assert current > previous
         assert current.node == node
@@ -145,11 +136,11 @@ def test_reserved_and_single_ids_strictly_increase_together(
 ) -> None:
     """`reserve(n)` (a batch) and `next_raw` (one) share the sequence: whatever the
     clock does, all ids of one generator strictly increase; n may pass 65,536."""
-    clock = FakeClock(start)
-    gen = MessageIdGenerator(node=9, clock=clock)
+    clock = FakeClock(ns=start)
+    gen = MessageIdGenerator(node=9, clock=clock.ns)
     previous = -1
     for step, count in script:
-        clock.now = max(0, clock.now + step)
+        clock.advance(ns=step)  # never below 0
         reserved = gen.reserve(count)
         values = [previous] + [int.from_bytes(b, "big") for b, _ in reserved]
         assert all(a < b for a, b in itertools.pairwise(values))
@@ -162,7 +153,7 @@ def test_reserved_and_single_ids_strictly_increase_together(
 
 
 def test_reserve_more_than_a_microsecond_of_sequence() -> None:
-    gen = MessageIdGenerator(node=1, clock=FakeClock(7_000))  # 7 µs, standing still
+    gen = MessageIdGenerator(node=1, clock=FakeClock(ns=7_000).ns)  # 7 µs, standing still
     ids = [MessageId.from_bytes(b) for b, _ in gen.reserve(65_536 * 2 + 1)]
     assert all(a < b for a, b in itertools.pairwise(ids))
     assert [(i.timestamp_us, i.sequence) for i in (ids[0], ids[65_535], ids[65_536], ids[-1])] == [
@@ -175,8 +166,8 @@ def test_reserve_more_than_a_microsecond_of_sequence() -> None:
 
 
 def test_generator_sequence_overflow_borrows_the_next_microsecond() -> None:
-    clock = FakeClock(5_000_000_000)  # 5_000_000 µs, standing still
-    gen = MessageIdGenerator(node=7, clock=clock)
+    clock = FakeClock(ns=5_000_000_000)  # 5_000_000 µs, standing still
+    gen = MessageIdGenerator(node=7, clock=clock.ns)
     ids = [gen.next_id() for _ in range(65_536 * 2 + 10)]
     assert all(a < b for a, b in itertools.pairwise(ids))
     assert ids[0].timestamp_us == 5_000_000 and ids[0].sequence == 0
@@ -184,21 +175,21 @@ def test_generator_sequence_overflow_borrows_the_next_microsecond() -> None:
     assert ids[65_536].timestamp_us == 5_000_001 and ids[65_536].sequence == 0
     assert ids[2 * 65_536].timestamp_us == 5_000_002
     # When the clock passes the borrowed time, ids follow the clock again.
-    clock.now = 9_000_000_000
+    clock.advance(ns=4_000_000_000)  # to 9_000_000 µs
     caught_up = gen.next_id()
     assert caught_up.timestamp_us == 9_000_000 and caught_up.sequence == 0
     # When it sits on the borrowed µs, the sequence keeps counting there.
-    gen2 = MessageIdGenerator(node=7, clock=FakeClock(1_000))
+    gen2 = MessageIdGenerator(node=7, clock=FakeClock(ns=1_000).ns)
     for _ in range(65_537):
         last = gen2.next_id()
     assert (last.timestamp_us, last.sequence) == (2, 0)
-    clock2 = FakeClock(2_000)
-    gen2._clock = clock2  # the clock reaches the borrowed µs
+    clock2 = FakeClock(ns=2_000)
+    gen2._clock = clock2.ns  # the clock reaches the borrowed µs
     assert gen2.next_id() == MessageId.compose(2, 7, 1)
 
 
 def test_generator_next_raw_agrees_with_next_id() -> None:
-    gen = MessageIdGenerator(node=3, clock=FakeClock(123_456_789))
+    gen = MessageIdGenerator(node=3, clock=FakeClock(ns=123_456_789).ns)
     raw, ts = gen.next_raw()
     mid = MessageId(raw)
     assert mid.timestamp_us == ts == 123_456
@@ -211,12 +202,12 @@ def test_generator_next_raw_agrees_with_next_id() -> None:
     st.integers(0, (1 << 48) - 2),
 )
 def test_two_generators_with_different_nodes_never_collide(steps: list[int], node: int) -> None:
-    clock = FakeClock(10**15)
-    a = MessageIdGenerator(node=node, clock=clock)
-    b = MessageIdGenerator(node=node + 1, clock=clock)
+    clock = FakeClock(ns=10**15)
+    a = MessageIdGenerator(node=node, clock=clock.ns)
+    b = MessageIdGenerator(node=node + 1, clock=clock.ns)
     seen: set[MessageId] = set()
     for step in steps:
-        clock.now += step
+        clock.advance(ns=step)
         for gen in (a, b):
             mid = gen.next_id()
             assert mid not in seen
@@ -224,8 +215,8 @@ def test_two_generators_with_different_nodes_never_collide(steps: list[int], nod
 
 
 def test_generator_is_thread_safe() -> None:
-    clock = FakeClock(10**15)  # standing still: every id shares the sequence
-    gen = MessageIdGenerator(node=1, clock=clock)
+    clock = FakeClock(ns=10**15)  # standing still: every id shares the sequence
+    gen = MessageIdGenerator(node=1, clock=clock.ns)
     results: list[list[MessageId]] = [[] for _ in range(4)]
 
     def mint(out: list[MessageId]) -> None:

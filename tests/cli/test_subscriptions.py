@@ -3,7 +3,6 @@ reset; bad input changes nothing."""
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime
 
 import pytest
@@ -18,6 +17,7 @@ from harness.cli import (
     produce_n,
     rb,
 )
+from harness.clock import moment_between
 
 # --------------------------------------------------------------------- subscriptions
 
@@ -63,9 +63,7 @@ def test_bad_subscription_create_changes_nothing(
 def test_start_latest_and_time(db: str) -> None:
     make_topic(db)
     produce_n(db, 10)
-    time.sleep(0.01)  # the scenario: a moment strictly between two writes
-    middle = datetime.now(UTC)
-    time.sleep(0.01)
+    middle = datetime.fromtimestamp(moment_between() / 1e6, UTC)  # between two writes
     ok(db, "subscription", "create", "latest", "--topic", "orders", "--start", "latest")
     ok(db, "subscription", "create", "aware", "--topic", "orders", "--start", middle.isoformat())
     naive = middle.replace(tzinfo=None).isoformat()
@@ -112,9 +110,7 @@ def test_lag_shows_streams_waiting_for_an_earlier_generation(db: str) -> None:
 def test_reset_to_earliest_latest_time_and_offsets(db: str) -> None:
     make_topic(db, "orders", "2")
     produce_n(db, 10, keys=0)
-    time.sleep(0.01)  # the scenario: a moment strictly between two writes
-    middle = datetime.now(UTC).isoformat()
-    time.sleep(0.01)
+    middle = datetime.fromtimestamp(moment_between() / 1e6, UTC).isoformat()  # between writes
     produce_n(db, 6, keys=0)
     ok(db, "subscription", "create", "s", "--topic", "orders")
     ok(db, "consume", "s")

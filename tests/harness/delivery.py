@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
+from harness.clock import FakeClock
 from harness.endpoint import Request
 from riverbed.log.log import Log
 from riverbed.log.topics import Topics
@@ -40,13 +41,18 @@ class Driver:
         self.t0 = time.time_ns() // 1_000_000_000 * 1_000_000
         """The driver's clock starts at the wall clock (whole seconds): what the
         command line writes (a replay, due now) is due for it too."""
-        self.now = self.t0
+        self.clock = FakeClock(us=self.t0)
         self.loop = asyncio.new_event_loop()
         self.batch_id = 0
         self._target = target
         self._attempts: Attempts | None = None
         self.totals = StepStats()
         self.main_batch = 50_000
+
+    @property
+    def now(self) -> int:
+        """The driver's time, µs."""
+        return self.clock.us()
 
     @property
     def definition(self) -> DeliveryDefinition:
@@ -68,7 +74,7 @@ class Driver:
             version,
             Subscriptions(self.storage).get(self.name),
             self._attempts,
-            clock=lambda: self.now,
+            clock=self.clock.us,
             main_batch=self.main_batch,
         )
 
@@ -120,7 +126,7 @@ class Driver:
             if self.idle():
                 return n
             self.batch(limit)
-            self.now += step_us
+            self.clock.advance(us=step_us)
         raise AssertionError(f"not idle after {rounds} batches")
 
     def close(self) -> None:

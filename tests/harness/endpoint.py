@@ -67,7 +67,7 @@ class Endpoint:
                     endpoint.running += 1
                     endpoint.most = max(endpoint.most, endpoint.running)
                 if endpoint.delay:
-                    time.sleep(endpoint.delay)
+                    time.sleep(endpoint.delay)  # the scenario: a slow endpoint's work
                 status = endpoint._answer(body, self.headers.get("X-Riverbed-Message-Id", ""))
                 with endpoint.lock:
                     endpoint.running -= 1

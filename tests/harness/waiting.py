@@ -8,11 +8,13 @@ or fails the test with `what` and the last value seen once `timeout` has
 passed. Timeouts are for a machine with both cores busy (`make test` beside
 other work): they bound how long a broken test hangs, not how fast a working
 one must be, so give them room. `SLOW` scales every default for machines slower
-still (`RIVERBED_TEST_SLOW=3`).
+still (`RIVERBED_TEST_SLOW=3`). A test running on an event loop awaits
+`eventually_async` instead, which lets the loop run while it waits.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import Callable
@@ -48,6 +50,28 @@ def eventually(
                 f"timed out after {timeout:g} s waiting for {what} (last: {value!r})"
             )
         time.sleep(pause)
+        pause = min(pause * 2, interval)
+
+
+async def eventually_async(
+    check: Callable[[], T],
+    timeout: float = DEFAULT_TIMEOUT,
+    what: str = "the condition",
+    interval: float = 0.02,
+) -> T:
+    """`eventually` for a test on an event loop: the same, but the pauses are
+    the loop's (`asyncio.sleep`), so the tasks that make `check` true run."""
+    deadline = time.monotonic() + timeout
+    pause = min(interval, 0.005)
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(
+                f"timed out after {timeout:g} s waiting for {what} (last: {value!r})"
+            )
+        await asyncio.sleep(pause)
         pause = min(pause * 2, interval)
 
 

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from harness.clock import FakeClock
 from riverbed.log import columns
 from riverbed.log.log import Log
 from riverbed.log.router import key_hash, route
@@ -53,7 +54,7 @@ def test_grouping_keeps_row_order_within_a_partition(targets: list[int]) -> None
 
 @pytest.mark.parametrize("count", [0, 1, 1000, 65_536 * 2 + 3])
 def test_stamped_ids_are_the_ones_reserve_mints(count: int) -> None:
-    clock = itertools.repeat(1_700_000_000_000_000_000).__next__
+    clock = FakeClock(ns=1_700_000_000_000_000_000).ns  # standing still
     expected = MessageIdGenerator(node=0xABCDEF012345, clock=clock).reserve(count)
     ids, stamps = columns.stamp(MessageIdGenerator(node=0xABCDEF012345, clock=clock), count)
 

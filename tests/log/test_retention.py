@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
+from harness.clock import moment_between
 from riverbed.errors import TopicNotFound
 from riverbed.log.log import Log
 from riverbed.log.retention import RetentionResult, run_retention
@@ -26,7 +25,7 @@ def produce_spaced(log: Log, count: int, topic: str = "t") -> list[StoredMessage
     """`count` messages with distinct, increasing timestamps; returns them as stored."""
     for i in range(count):
         log.produce(topic, [Message(b"m%d" % i, key="k")])
-        time.sleep(0.002)
+        moment_between()  # the next one later
     head = log.storage.list_streams(topic)[0]
     return log.storage.read(head.key, 0, count)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli import rb
+from harness.clock import FakeClock
 from harness.waiting import eventually
 from riverbed.errors import InvalidInput, TopicNotFound
 from riverbed.log.log import Log
@@ -178,8 +179,8 @@ def test_a_subscription_holding_messages_past_retention_is_reported_once(
     consumer = subs.consumer("reader")
     assert len(consumer.poll(5)) == 5
     consumer.commit()
-    now = [last + 30 * HOUR]
-    retainer = Retainer(log.storage, 60, pin_warning_hours=24, clock=lambda: now[0])
+    clock = FakeClock(us=last + 30 * HOUR)
+    retainer = Retainer(log.storage, 60, pin_warning_hours=24, clock=clock.us)
     with caplog.at_level(logging.INFO, logger="riverbed.log.retention"):
         retainer.run_once()
         retainer.run_once()

@@ -78,7 +78,10 @@ def test_create_refuses_bad_names(storage: Storage, topics: Topics, name: str) -
 
 
 def test_longest_name_is_allowed(topics: Topics) -> None:
-    topics.create("a" * 200, 1)
+    name = "a" * 200
+    topics.create(name, 1)
+    assert topics.get(name).name == name
+    assert name in {t.name for t in topics.list()}
 
 
 @pytest.mark.parametrize("partitions", [0, -4, 5, 7, 10, True, 4.0])

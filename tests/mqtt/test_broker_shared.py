@@ -73,7 +73,7 @@ def publish(
         infos.append(client.publish(topic, payload, qos=1, key=key))
         sent.append(payload)
         if pace:
-            time.sleep(pace)
+            time.sleep(pace)  # pacing: publishing spread over time, while members come and go
     for info in infos:
         info.wait_for_publish(15)
     return sent

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from harness.waiting import eventually_async
 from riverbed.log.log import Log
 from riverbed.model import Message, StreamId
 from riverbed.mqtt.pacer import Batch, CommitPacer
@@ -72,7 +73,7 @@ def test_connections_of_one_loop_turn_share_one_commit(log: Log) -> None:
         assert pacer.want(a) is False  # nothing committed lately: this turn
         assert pacer.want(b) is False
         assert not a.done and not b.done  # not before the end of the turn
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # the scenario: the loop turn ends
         return a, b
 
     a, b = _run(go())
@@ -94,14 +95,13 @@ def test_a_commit_soon_after_another_waits_for_the_interval(log: Log) -> None:
         waits = []
         c.add("t", Message(b"1", key="k"))
         waits.append(pacer.want(c))  # quiet until now: at once
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # the scenario: the loop turn ends
         first = loop.time()
         c.add("t", Message(b"2", key="k"))
         waits.append(pacer.want(c))  # too soon: waits
         c.add("t", Message(b"3", key="k"))
         waits.append(pacer.want(c))  # joins the waiting batch
-        while len(c.done) < 2:
-            await asyncio.sleep(0.01)
+        await eventually_async(lambda: len(c.done) >= 2, what="the second commit")
         return [first, *c.committed_at], waits, c
 
     (first, t1, t2), waits, c = _run(go())
@@ -120,7 +120,7 @@ def test_commit_now_does_not_wait_for_the_interval(log: Log) -> None:
         c = FakeInbound("c")
         c.add("t", Message(b"1", key="k"))
         pacer.want(c)
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # the scenario: the loop turn ends
         c.add("t", Message(b"2", key="k"))
         assert pacer.want(c) is True
         pacer.commit_now()  # a QoS 2 PUBLISH behind it, or shutdown
@@ -142,7 +142,7 @@ def test_one_connections_bad_batch_does_not_refuse_the_others(log: Log) -> None:
         bad.add("bound", Message(b"no", key="k", mqtt_topic="other/1"))  # not its binding
         pacer.want(good)
         pacer.want(bad)
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # the scenario: the loop turn ends
         return good, bad
 
     good, bad = _run(go())

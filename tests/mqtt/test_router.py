@@ -7,6 +7,7 @@ import threading
 from collections.abc import Hashable, Sequence
 from typing import Any
 
+from harness.waiting import eventually_async
 from riverbed.log.log import Log
 from riverbed.model import Message, StoredMessage
 from riverbed.mqtt.router import READ_AHEAD, Router, Sink
@@ -149,11 +150,7 @@ def test_a_slow_catch_up_read_does_not_pass_over_what_was_committed_meanwhile(
                 await router.refresh()  # a newer head, while the read is out
                 storage.release.set()
                 routed = router._streams[head.key]
-                for _ in range(3000):  # until the catch-up is through (10 ms steps)
-                    if not routed.catching_up:
-                        break
-                    await asyncio.sleep(0.01)
-                assert not routed.catching_up
+                await eventually_async(lambda: not routed.catching_up, what="the catch-up through")
                 m2 = append(2)
                 router.committed(head.stream, m2.offset, [m2])
                 while upto < m2.offset + 1:

@@ -15,15 +15,14 @@ import asyncio
 import gc
 import re
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from harness.broker import BrokerProcess, Client
 from harness.raw_mqtt import RawClient
-from harness.waiting import DEFAULT_TIMEOUT, eventually
+from harness.waiting import eventually, eventually_async
 from riverbed.log.log import Log
 from riverbed.mqtt.broker import Broker
 from riverbed.mqtt.codec import (
@@ -290,11 +289,15 @@ def test_the_connection_of_a_stuck_client_is_freed_when_it_goes(sqlite_url: str)
             try:
                 stuck = await asyncio.to_thread(_stuck, broker.port, "stuck", ("t/#", 0))
                 await asyncio.to_thread(_fill, broker.port, "t/x")
-                await _until(lambda: broker.counts.qos0_dropped > 0, "QoS 0 messages dropped")
+                await eventually_async(
+                    lambda: broker.counts.qos0_dropped > 0, what="QoS 0 messages dropped"
+                )
                 assert "stuck" in broker.connections
                 await asyncio.to_thread(stuck.close)
-                await _until(lambda: not broker.connections, "the stuck client's teardown")
-                await _until(lambda: _connections() == 0, "no Connection left")
+                await eventually_async(
+                    lambda: not broker.connections, what="the stuck client's teardown"
+                )
+                await eventually_async(lambda: _connections() == 0, what="no Connection left")
                 assert broker.counts.slow_consumers_disconnected == 0
             finally:
                 await broker.stop()
@@ -305,11 +308,3 @@ def test_the_connection_of_a_stuck_client_is_freed_when_it_goes(sqlite_url: str)
 def _connections() -> int:
     gc.collect()
     return sum(1 for o in gc.get_objects() if type(o) is Connection)
-
-
-async def _until(check: Callable[[], object], what: str) -> None:
-    """`eventually` for a test running on the event loop: waits without blocking it."""
-    deadline = time.monotonic() + DEFAULT_TIMEOUT
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from harness.cli import rb
+from harness.clock import moment_between
 from riverbed.log.log import Log
 from riverbed.model import Message, StreamId
 from riverbed.sharedsub.claims import GroupStore
@@ -35,9 +36,7 @@ def before_and_after(storage_url: str) -> int:
     with Log.open(storage_url) as log:
         log.topics.create("sensors", 1, binding="sensors/#")
         log.produce("sensors", [Message(b"old", key="k", mqtt_topic="sensors/a")] * 3)
-        time.sleep(0.01)  # the scenario: a moment strictly between two writes
-        moment = time.time_ns() // 1000
-        time.sleep(0.01)
+        moment = moment_between()  # the scenario: a moment between two writes
         log.produce("sensors", [Message(b"new", key="k", mqtt_topic="sensors/a")] * 2)
     return moment
 

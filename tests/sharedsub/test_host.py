@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from harness.clock import FakeClock
 from riverbed.log.log import Log
 from riverbed.model import Message, StreamId
 from riverbed.sharedsub.borrower import Send
@@ -29,16 +30,6 @@ SHARE = "$share/g/t/#"
 
 
 @dataclass
-class Clock:
-    now: float = 0.0
-    wall_us: int = 1_000_000_000_000
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-        self.wall_us += int(seconds * 1_000_000)
-
-
-@dataclass
 class Node:
     """One broker node: its bus, registry and Leader host."""
 
@@ -51,7 +42,7 @@ class Client:
     """A session with a shared subscription: takes in every message of its
     leases and acknowledges it when told."""
 
-    def __init__(self, node: Node, name: str, clock: Clock, log: Log) -> None:
+    def __init__(self, node: Node, name: str, clock: FakeClock, log: Log) -> None:
         self.node, self.clock, self.log = node, clock, log
         self.handler = SharedSubscriptionHandler(name, node.host.config, nonce=name)
         self.got: dict[StreamId, list[int]] = {}
@@ -68,7 +59,7 @@ class Client:
                 self.node.bus.register(borrower, self.receive)
 
     def receive(self, message: BusMessage) -> None:
-        self.apply(self.handler.receive(message, self.clock.now))
+        self.apply(self.handler.receive(message, self.clock()))
 
     def pump(self) -> int:
         """Take in and acknowledge what the leases' streams hold."""
@@ -80,16 +71,20 @@ class Client:
                 continue
             offsets = [r.offset for r in rows]
             self.got.setdefault(lease.stream, []).extend(offsets)
-            self.apply(self.handler.fetched(lease, offsets[-1] + 1, offsets, self.clock.now))
+            self.apply(self.handler.fetched(lease, offsets[-1] + 1, offsets, self.clock()))
             for offset in offsets:
-                self.apply(self.handler.acked(lease, offset, self.clock.now))
+                self.apply(self.handler.acked(lease, offset, self.clock()))
             done += len(offsets)
         return done
 
 
 class World:
     def __init__(self, log: Log, config: SharedSubConfig) -> None:
-        self.log, self.config, self.clock = log, config, Clock()
+        self.log, self.config, self.clock = (
+            log,
+            config,
+            FakeClock(seconds=1_000_000),
+        )  # the wall clock (µs) at 10**12
         self.nodes: list[Node] = []
 
     def node(self, name: str) -> Node:
@@ -101,8 +96,8 @@ class World:
             registry,
             self.config,
             name,
-            clock=lambda: self.clock.now,
-            wall_us=lambda: self.clock.wall_us,
+            clock=self.clock,
+            wall_us=self.clock.us,
         )
         registry.find_leader = host.find_leader
         bus.register(REGISTRY, registry.deliver)
@@ -119,13 +114,13 @@ class World:
                 return
 
     def advance(self, seconds: float, step: float = 0.25) -> None:
-        end = self.clock.now + seconds
-        while self.clock.now < end:
-            self.clock.advance(min(step, end - self.clock.now))
+        end = self.clock.ns() + round(seconds * 1e9)
+        while self.clock.ns() < end:
+            self.clock.advance(ns=min(round(step * 1e9), end - self.clock.ns()))
             for n in self.nodes:
                 n.host.tick()
                 for c in n.clients:
-                    c.apply(c.handler.tick(self.clock.now))
+                    c.apply(c.handler.tick(self.clock()))
             self.settle()
 
 
@@ -160,7 +155,7 @@ def test_a_leader_starts_on_demand_and_its_progress_survives_it(log: Log) -> Non
     world = World(log, SharedSubConfig(leader_idle_stop=3.0))
     node = world.node("n1")
     first = Client(node, "s1", world.clock, log)
-    first.apply(first.handler.subscribe(SHARE, world.clock.now))
+    first.apply(first.handler.subscribe(SHARE, world.clock()))
     world.advance(2.0)
     assert delivered(first) == all_offsets(log)  # published before it subscribed
     (leader,) = node.host.leaders.values()
@@ -170,15 +165,15 @@ def test_a_leader_starts_on_demand_and_its_progress_survives_it(log: Log) -> Non
 
     # The sharer leaves; with no Borrower for leader_idle_stop the Leader saves,
     # releases its claim and goes.
-    first.apply(first.handler.unsubscribe(SHARE, world.clock.now))
+    first.apply(first.handler.unsubscribe(SHARE, world.clock()))
     world.advance(5.0)
     assert node.host.leaders == {}
-    assert GroupStore(log.storage).leader_of(GROUP, world.clock.wall_us) is None
+    assert GroupStore(log.storage).leader_of(GROUP, world.clock.us()) is None
 
     # More messages; a new sharer: a new Leader resumes from the saved progress.
     publish(log, 60, start=40)
     second = Client(node, "s2", world.clock, log)
-    second.apply(second.handler.subscribe(SHARE, world.clock.now))
+    second.apply(second.handler.subscribe(SHARE, world.clock()))
     world.advance(2.0)
     assert len(delivered(second)) == 20
     assert sorted(delivered(first) + delivered(second)) == all_offsets(log)
@@ -209,7 +204,7 @@ def one_sharer(log: Log, messages: int) -> tuple[World, Node, Client]:
     world = World(log, SharedSubConfig())
     node = world.node("n1")
     client = Client(node, "s1", world.clock, log)
-    client.apply(client.handler.subscribe(SHARE, world.clock.now))
+    client.apply(client.handler.subscribe(SHARE, world.clock()))
     world.advance(1.0)
     return world, node, client
 
@@ -230,7 +225,7 @@ def test_close_saves_and_releases(log: Log) -> None:
     node.host.close()
     store = GroupStore(log.storage)
     assert node.host.leaders == {}
-    assert store.leader_of(GROUP, world.clock.wall_us) is None
+    assert store.leader_of(GROUP, world.clock.us()) is None
     record = store.get(GROUP)
     assert record is not None and dict(record.progress) == progress
     assert sum(progress.values()) == 8

@@ -17,6 +17,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from harness.clock import FakeClock
 from harness.postgres import count_connections, terminate_connections
 from harness.waiting import eventually
 from riverbed.errors import InvalidInput
@@ -47,13 +48,13 @@ class LeaseMachine(RuleBasedStateMachine):
         super().__init__()
         self.dir = tempfile.TemporaryDirectory()
         self.storage = open_storage(f"sqlite:///{self.dir.name}/locks.db")
-        self.now = 1_000_000_000
+        self.clock = FakeClock(us=1_000_000_000)
         self.locks = {
             o: LeaseLocks(
                 self.storage,
                 owner=o,
                 ttl=TTL_US / 1e6,
-                clock=lambda: self.now,
+                clock=self.clock.us,
                 heartbeat=False,
                 reap_dead=False,
             )
@@ -71,7 +72,7 @@ class LeaseMachine(RuleBasedStateMachine):
     @rule(owner=st.sampled_from(OWNERS), stream=st.sampled_from(STREAMS))
     def try_lock(self, owner: str, stream: int) -> None:
         current = self.model.get(stream)
-        free = current is None or current[1] <= self.now
+        free = current is None or current[1] <= self.clock.us()
         lock = self.locks[owner].try_lock("s", stream)
         if not free:
             assert lock is None
@@ -79,7 +80,7 @@ class LeaseMachine(RuleBasedStateMachine):
         assert lock is not None
         fence = 1 if current is None else current[2] + 1
         assert lock.fence == fence and lock.owner == owner
-        self.model[stream] = (owner, self.now + TTL_US, fence)
+        self.model[stream] = (owner, self.clock.us() + TTL_US, fence)
         self.got[(owner, stream)] = lock
 
     @rule(owner=st.sampled_from(OWNERS), stream=st.sampled_from(STREAMS))
@@ -104,7 +105,7 @@ class LeaseMachine(RuleBasedStateMachine):
         expected = current[0] == owner and current[2] == lock.fence
         assert held == expected
         if held:
-            self.model[stream] = (owner, self.now + TTL_US, lock.fence)
+            self.model[stream] = (owner, self.clock.us() + TTL_US, lock.fence)
 
     @precondition(lambda self: bool(self.model))
     @rule(owner=st.sampled_from(OWNERS), stream=st.sampled_from(STREAMS))
@@ -116,11 +117,11 @@ class LeaseMachine(RuleBasedStateMachine):
         current = self.model[stream]
         assert renewed == (current[0] == owner and current[2] == lock.fence)
         if renewed:
-            self.model[stream] = (owner, self.now + TTL_US, lock.fence)
+            self.model[stream] = (owner, self.clock.us() + TTL_US, lock.fence)
 
     @rule(micros=st.integers(0, 2 * TTL_US))
     def advance_clock(self, micros: int) -> None:
-        self.now += micros
+        self.clock.advance(us=micros)
 
     @invariant()
     def table_matches_model(self) -> None:
@@ -141,7 +142,7 @@ class LeaseMachine(RuleBasedStateMachine):
                 and (current := self.model.get(stream)) is not None
                 and current[0] == o
                 and current[2] == lock.fence
-                and current[1] > self.now
+                and current[1] > self.clock.us()
             ]
             assert len(live) <= 1
 

@@ -26,7 +26,7 @@ class Flaky:
         self.started.append(time.monotonic())
         self.running += 1
         self.most = max(self.most, self.running)
-        await asyncio.sleep(0.001)
+        await asyncio.sleep(0.001)  # the scenario: a delivery takes time (overlaps show)
         self.running -= 1
         return Attempt(Outcome.RETRY if self.failing else Outcome.DELIVERED, "x")
 

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from harness.clock import moment_between
 from harness.waiting import eventually
 from riverbed.errors import (
     AlreadyExists,
@@ -97,7 +98,7 @@ def test_create_refuses_bad_input_writing_nothing(
 def test_start_earliest_latest_and_time(log: Log, subs: Subscriptions) -> None:
     for i in range(5):
         produce(log, b"old%d" % i)
-        time.sleep(0.002)  # the scenario: distinct timestamps
+        moment_between()  # the scenario: distinct timestamps
     stored = log.storage.read(log.storage.list_streams("t")[0].key, 0, 10)
     subs.create("earliest", "t", start=StartKind.EARLIEST)
     subs.create("latest", "t", start=StartKind.LATEST)
@@ -205,7 +206,7 @@ def test_reset_earliest_latest_time_explicit(
 ) -> None:
     for i in range(5):
         produce(log, b"m%d" % i)
-        time.sleep(0.002)  # the scenario: distinct timestamps
+        moment_between()  # the scenario: distinct timestamps
     stored = storage.read(storage.list_streams("t")[0].key, 0, 10)
     subs.create("s", "t")
     c = subs.consumer("s")

@@ -8,11 +8,11 @@ what may not move is refused with nothing changed."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
 from harness.cli import rb
+from harness.clock import moment_between
 from harness.delivery import by_group, driver, produce_groups, subscribe
 from harness.endpoint import Endpoint
 from riverbed.log.jsonlines import format_time
@@ -117,9 +117,7 @@ def test_the_dlq_fast_forwarded_to_a_time_drops_what_was_parked_before(
         d.until_idle()
         early = {p.message.payload for p in parked(storage, "billing")}
         assert early == {b"g2:0:", b"g2:1:", b"g3:1:"}
-        time.sleep(0.01)  # the scenario: a cut strictly between two writes
-        cut = format_time(time.time_ns() // 1000)  # the log's time: when rows were written
-        time.sleep(0.01)
+        cut = format_time(moment_between())  # the log's time: when rows were written
         endpoint.fail(b"g4:2:", 400)
         produce(storage, 2, 1)
         d.until_idle()

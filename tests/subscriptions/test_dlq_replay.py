@@ -112,7 +112,7 @@ def test_replay_since_a_time_selects_by_failure_time(
     endpoint.fail(b"g0:0:", 400)
     with driver(storage, "billing") as d:
         d.until_idle()
-        d.now += 3_600_000_000  # an hour later
+        d.clock.advance(us=3_600_000_000)  # an hour later
         endpoint.fail(b"g1:5:", 400)
         produce(storage, groups=2, first=5, count=1)
         d.until_idle()

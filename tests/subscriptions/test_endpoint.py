@@ -36,7 +36,7 @@ class Endpoint:
             def _answer(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 endpoint.requests.append((self.command, self.path, dict(self.headers), body))
-                time.sleep(endpoint.delay)
+                time.sleep(endpoint.delay)  # the scenario: a slow endpoint's work
                 status = endpoint.statuses.pop(0) if endpoint.statuses else 200
                 self.send_response(status)
                 self.send_header("Content-Length", "0")

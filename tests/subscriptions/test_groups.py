@@ -129,7 +129,7 @@ def test_grouped_order_holds_whatever_fails(
     ):
         for step in steps:  # batches of `limit` messages per stream, the clock moving
             d.batch(limit)
-            d.now += step
+            d.clock.advance(us=step)
         d.until_idle(limit=limit)
         parked = [
             int(m.payload)
@@ -197,7 +197,7 @@ def test_replays_and_purges_keep_group_order(
         for kind, value, step in actions:
             if kind == "batch":
                 d.batch(value)
-                d.now += step
+                d.clock.advance(us=step)
             elif kind == "replay":
                 replay(storage, "billing", Selection(groups=frozenset({f"g{value}"})), d.now)
             elif kind == "replay-all":

@@ -71,14 +71,14 @@ def test_transient_failures_are_retried_with_the_backoff_then_delivered(
         assert (first.payload, first.attempt, first.due_us) == (b"g1:3:", 2, d.t0 + 2 * SECOND)
         assert first.reason == "HTTP 503" and first.key == "g1"
         assert len(endpoint.delivered()) == 19  # ungrouped: the rest of g1 went on
-        d.now = d.t0 + 2 * SECOND - 1
+        d.clock.advance(us=2 * SECOND - 1)  # t0 + 2 s - 1 µs
         d.batch()  # not due yet
         assert [r.payload for r in endpoint.requests].count(b"g1:3:") == 1
-        d.now = d.t0 + 2 * SECOND
+        d.clock.advance(us=1)  # t0 + 2 s
         d.batch()  # attempt 2 fails: due 4 s later (multiplier 2)
         second = queued(storage, "billing.rq")[-1]
         assert (second.attempt, second.due_us) == (3, d.t0 + 6 * SECOND)
-        d.now = d.t0 + 6 * SECOND
+        d.clock.advance(us=4 * SECOND)  # t0 + 6 s
         d.batch()
         assert d.idle()
     attempts = [r.attempt for r in endpoint.requests if r.payload == b"g1:3:"]
@@ -208,7 +208,7 @@ def test_retry_due_and_idle_follow_the_queue(storage: Storage, endpoint: Endpoin
         assert not d.idle()
         assert not retry_due(storage, definition, now=d.t0 + 2 * SECOND - 1)
         assert retry_due(storage, definition, now=d.t0 + 2 * SECOND)
-        d.now = d.t0 + 2 * SECOND
+        d.clock.advance(us=2 * SECOND)  # t0 + 2 s
         d.batch()
         assert d.idle()
         assert not retry_due(storage, definition, now=d.t0 + 100 * SECOND)

@@ -59,7 +59,7 @@ def test_two_to_four_to_one_shards_with_failures_in_flight(
         produce(storage, 10, 5)
         endpoint.fail(b"g2:12:", 503, times=1)
         d.batch()
-        d.now += 1_500_000
+        d.clock.advance(us=1_500_000)
         d.batch()
         out = reshard(storage_url, 1)
         assert out["new_storage_topics"] == []  # 4 partitions: 1 divides them
@@ -108,7 +108,7 @@ def test_bad_shard_counts_are_refused_and_change_nothing(
         assert result.exit_code == 2, result.output
         assert (Definitions(storage).get("billing"), load_states(storage, "billing")) == before
         assert rb(storage_url, "subscription", "reshard", "nope", "--shards", "1").exit_code == 1
-        d.now += 2_000_000
+        d.clock.advance(us=2_000_000)
         d.until_idle()
     assert len(endpoint.delivered()) == 2 * GROUPS
 

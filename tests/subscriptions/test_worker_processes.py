@@ -55,7 +55,7 @@ def _line(kind, batch, enter):
 def record(batch):
     enter = time.monotonic_ns()
     _line("enter", batch, enter)
-    time.sleep(PAUSE)
+    time.sleep(PAUSE)  # the scenario: a handler's work takes time
     _line("exit", batch, enter)
 
 
@@ -66,7 +66,7 @@ def effect(batch):
         "INSERT INTO effects (stream, off, payload) VALUES (?, ?, ?)",
         [(str(batch.stream), m.offset, m.payload.decode()) for m in batch.messages],
     )
-    time.sleep(PAUSE)
+    time.sleep(PAUSE)  # the scenario: a handler's work takes time
     _line("exit", batch, enter)
 """
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from harness.clock import moment_between
 from harness.waiting import eventually
 from riverbed.errors import HandlerFailed, InvalidInput, RiverbedError, SubscriptionNotFound
 from riverbed.log.log import Log
@@ -67,7 +68,7 @@ class Observer:
         def handle(batch: Batch) -> None:
             enter = time.monotonic_ns()
             if pause:
-                time.sleep(pause)
+                time.sleep(pause)  # the scenario: a handler's work takes time
             offsets = [m.offset for m in batch.messages]
             payloads = [m.payload for m in batch.messages]
             with self.lock:
@@ -176,7 +177,7 @@ def test_partitions_ordered_by_oldest_unprocessed_message(storage: Storage, log:
     order = [3, 1, 0, 2]
     for partition in order:  # one message each, the oldest in partition 3
         log.produce("t", [Message(b"x", key=keys[partition])])
-        time.sleep(0.002)  # the scenario: distinct timestamps
+        moment_between()  # the scenario: distinct timestamps
     seen: list[int] = []
     worker = Worker(storage, "s", lambda b: seen.append(b.stream.partition), batch_size=1)
     assert worker.run_once() == 4
