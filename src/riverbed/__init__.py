@@ -61,14 +61,8 @@ if TYPE_CHECKING:
     from riverbed.storage.base import RetentionPolicy, Storage
     from riverbed.subscriptions.cursors import Consumer, Delivery, StreamLag, Subscriptions
     from riverbed.subscriptions.definition import RetryPolicy
-    from riverbed.subscriptions.workers import (
-        Batch,
-        ErrorPolicy,
-        Failure,
-        Guarantee,
-        OnError,
-        Worker,
-    )
+    from riverbed.subscriptions.handling import Batch, ErrorPolicy, Failure, Guarantee, OnError
+    from riverbed.subscriptions.workers import Worker
 
 __version__ = "0.1.0"
 
@@ -85,11 +79,11 @@ _LAZY = {
     "StreamLag": "riverbed.subscriptions.cursors",
     "Subscriptions": "riverbed.subscriptions.cursors",
     "RetryPolicy": "riverbed.subscriptions.definition",
-    "Batch": "riverbed.subscriptions.workers",
-    "ErrorPolicy": "riverbed.subscriptions.workers",
-    "Failure": "riverbed.subscriptions.workers",
-    "Guarantee": "riverbed.subscriptions.workers",
-    "OnError": "riverbed.subscriptions.workers",
+    "Batch": "riverbed.subscriptions.handling",
+    "ErrorPolicy": "riverbed.subscriptions.handling",
+    "Failure": "riverbed.subscriptions.handling",
+    "Guarantee": "riverbed.subscriptions.handling",
+    "OnError": "riverbed.subscriptions.handling",
     "Worker": "riverbed.subscriptions.workers",
 }
 """Public name -> the module that defines it, imported on first use."""

@@ -28,16 +28,16 @@ from riverbed.storage import Storage
 from riverbed.storage.locks import LeaseLocks, session_locks
 from riverbed.storage.transactions import transaction
 from riverbed.subscriptions import Subscriptions
-from riverbed.subscriptions.running import WorkerOptions
-from riverbed.subscriptions.workers import (
+from riverbed.subscriptions.handling import (
     Batch,
     ErrorPolicy,
     Failure,
     Guarantee,
     OnError,
-    Worker,
     load_handler,
 )
+from riverbed.subscriptions.running import WorkerOptions
+from riverbed.subscriptions.workers import Worker
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ from riverbed.cli._app import cli, command_url, db_option, open_storage_of_comma
 from riverbed.cli._metrics import METRICS_OPTION_HELP, metrics_address, serve_metrics
 from riverbed.errors import InvalidInput, SubscriptionNotFound
 from riverbed.metrics import outcomes_family
+from riverbed.subscriptions.handling import Guarantee, OnError, load_handler
 from riverbed.subscriptions.running import WorkerOptions, run_processes, tallies
-from riverbed.subscriptions.workers import Guarantee, OnError, load_handler
 
 
 @cli.command(short_help="Consume a subscription with a handler, in competing workers.")

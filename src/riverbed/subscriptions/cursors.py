@@ -30,10 +30,12 @@ from riverbed.storage.base import (
     StreamHead,
     SubscriptionRecord,
 )
+from riverbed.subscriptions.committed import committed_positions
 from riverbed.topics.filters import filters_overlap, matches, validate_filter
 
 if TYPE_CHECKING:
-    from riverbed.subscriptions.workers import Handler, Worker
+    from riverbed.subscriptions.handling import Handler
+    from riverbed.subscriptions.workers import Worker
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 
@@ -187,17 +189,7 @@ class Subscriptions:
 
     def positions(self, record: SubscriptionRecord, heads: Sequence[StreamHead]) -> dict[int, int]:
         """The committed offset of every stream, filling in streams never committed."""
-        stored = self.storage.get_cursors(record.name)
-        out: dict[int, int] = {}
-        for h in heads:
-            offset = stored.get(h.key)
-            if offset is None:
-                if record.start is StartKind.TIME and record.start_us is not None:
-                    offset = self.storage.first_offset_at(h.key, record.start_us)
-                else:
-                    offset = h.start_offset
-            out[h.key] = max(offset, h.start_offset)
-        return out
+        return committed_positions(self.storage, record, heads)
 
     def lag(self, name: str) -> builtins.list[StreamLag]:
         record = self.get(name)

@@ -39,7 +39,7 @@ from riverbed.subscriptions.definition import (
     HttpEndpoint,
     RetryPolicy,
 )
-from riverbed.subscriptions.workers import load_handler
+from riverbed.subscriptions.handling import load_handler
 
 
 class Outcome(enum.Enum):

@@ -32,14 +32,8 @@ from typing import Any
 
 from riverbed.errors import HandlerFailed, InvalidInput, SubscriptionNotFound
 from riverbed.storage import open_storage
-from riverbed.subscriptions.workers import (
-    ErrorPolicy,
-    Guarantee,
-    OnError,
-    Worker,
-    WorkerStats,
-    load_handler,
-)
+from riverbed.subscriptions.handling import ErrorPolicy, Guarantee, OnError, load_handler
+from riverbed.subscriptions.workers import Worker, WorkerStats
 
 logger = logging.getLogger(__name__)
 
