@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import os
 import random
 import socket
@@ -27,19 +26,22 @@ def _ephemeral_low() -> int:
 
 def _port_sequence() -> Iterator[int]:
     """This process's ports: a share of the range below the ephemeral ports,
-    one share per xdist worker, walked from a random point. A port asked of
-    the kernel (bind to 0) comes from the ephemeral range, where a client
-    socket or another worker can take it between the test's look and the
-    server's bind ("address already in use"); these cannot be taken that way,
-    and no two workers of a run hand out the same one."""
+    one share per xdist worker, in a random order that visits each port once
+    before any comes again. A port asked of the kernel (bind to 0) comes from
+    the ephemeral range, where a client socket or another worker can take it
+    between the test's look and the server's bind ("address already in use");
+    these cannot be taken that way, no two workers of a run hand out the same
+    one, and two runs on one machine (each walking its own random order)
+    rarely pick the same port at the same moment."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
     index = int(worker[2:]) if worker[2:].isdigit() else 0
     count = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1))
     span = (_ephemeral_low() - _PORTS_LOW) // count
     start = _PORTS_LOW + (index % count) * span
-    first = random.randrange(span)
-    for step in itertools.count():
-        yield start + (first + step) % span
+    ports = list(range(start, start + span))
+    while True:
+        random.shuffle(ports)
+        yield from ports
 
 
 _ports = _port_sequence()
