@@ -79,6 +79,16 @@ def others(effects: list[Effect]) -> list[Effect]:
     return [e for e in effects if not isinstance(e, Send)]
 
 
+def appended(effects: list[Effect]) -> list[tuple[str, bytes]]:
+    """(topic, payload) of each PUBLISH the effects append: an `Append`, or the
+    `Publish` itself under its own topic name (the hot path)."""
+    return [
+        (e.topic, e.publish.payload) if isinstance(e, Append) else (e.topic, e.payload)
+        for e in effects
+        if isinstance(e, Append | Publish)
+    ]
+
+
 def feed(core: ConnectionCore, *packets: Packet, now: float = 0.0) -> list[Effect]:
     return core.receive(b"".join(encode(p, core.level) for p in packets), now)
 
@@ -247,7 +257,7 @@ def test_packets_read_while_authenticating_wait_for_the_connack() -> None:
     core.handle(Authenticated(ConnectReason.SUCCESS, None), 0.0)
     effects = core.handle(SessionOpened(False), 0.0)
     assert [type(p) for p in sent(effects)] == [Connack, Pingresp]
-    assert [type(e) for e in effects] == [Send, Append]
+    assert [type(e) for e in effects] == [Send, Publish]  # appended as it is
 
 
 def test_an_answer_after_the_connection_closed_is_ignored() -> None:
@@ -317,10 +327,9 @@ def test_an_inbound_alias_is_set_then_used() -> None:
     set_it = Publish("a/b", b"1", properties=PublishProperties(topic_alias=3))
     use_it = Publish("", b"2", properties=PublishProperties(topic_alias=3))
     effects = feed(core, set_it, use_it)
-    assert [(e.topic, e.publish.payload) for e in effects if isinstance(e, Append)] == [
-        ("a/b", b"1"),
-        ("a/b", b"2"),
-    ]
+    # The first under its own name (the `Publish` itself), the second under the alias's.
+    assert [type(e) for e in effects] == [Publish, Append]
+    assert appended(effects) == [("a/b", b"1"), ("a/b", b"2")]
 
 
 def test_an_unknown_inbound_alias_is_a_protocol_error() -> None:
@@ -376,13 +385,11 @@ def test_inbound_receive_maximum_counts_unacknowledged_qos_1_and_2() -> None:
         Publish("t", b"", qos=2, packet_id=2),
         Publish("t", b"", qos=0),  # QoS 0 never counts
     )
-    appends = [e for e in effects if isinstance(e, Append)]
-    assert len(appends) == 2 and core.waiting  # the QoS 2 one first
-    core.committed(appends[0].seq)
-    core.committed(appends[1].seq)  # PUBREC sent, but QoS 2 counts until PUBCOMP
+    assert appended(effects) == [("t", b""), ("t", b"")] and core.waiting  # the QoS 2 one last
+    core.committed(2)  # PUBREC sent, but QoS 2 counts until PUBCOMP
     (qos0,) = core.resume(0.0)
-    assert isinstance(qos0, Append)
-    core.committed(qos0.seq)
+    assert isinstance(qos0, Publish)
+    core.committed()
     assert others(feed(core, Publish("t", b"", qos=1, packet_id=3))) != []
     effects = feed(core, Publish("t", b"", qos=1, packet_id=4))
     assert sent(effects) == [Disconnect(DisconnectReason.RECEIVE_MAXIMUM_EXCEEDED)]
@@ -392,12 +399,12 @@ def test_inbound_receive_maximum_frees_a_slot_on_pubcomp() -> None:
     core = connected(limits=ProtocolLimits(receive_maximum=1))
     (append,) = others(feed(core, Publish("t", b"", qos=2, packet_id=9)))
     assert isinstance(append, Append)
-    assert sent(core.committed(append.seq)) == [Pubrec(9)]
+    assert sent(core.committed()) == [Pubrec(9)]
     core.resume(0.0)
     assert others(feed(core, Pubrel(9))) == [ForgetPacketId(9)]
     assert sent(core.handle(Released(9, known=True), 0.0)) == [Pubcomp(9)]
     core.resume(0.0)
-    assert isinstance(others(feed(core, Publish("t", b"", qos=1, packet_id=10)))[0], Append)
+    assert appended(feed(core, Publish("t", b"", qos=1, packet_id=10))) == [("t", b"")]
 
 
 def test_what_follows_a_packet_that_waits_is_held_until_resume() -> None:
@@ -414,7 +421,7 @@ def test_what_follows_a_packet_that_waits_is_held_until_resume() -> None:
     assert feed(core, Pingreq()) == []  # still held
     effects = core.resume(0.0)
     assert sent(effects) == [Pingresp(), Pingresp()]
-    assert [e.seq for e in effects if isinstance(e, Append)] == [append.seq + 1]
+    assert [e.packet_id for e in effects if isinstance(e, Publish)] == [2]
     assert not core.waiting and core.held == 0
 
 
@@ -429,7 +436,7 @@ def test_outbound_window_is_the_smaller_of_the_clients_and_ours() -> None:
     assert deliver(core, "t", 1, 2) is not None  # a resend is not a new one
     with pytest.raises(LocalProtocolError, match="beyond the in-flight window of 2"):
         deliver(core, "t", 1, 3)
-    assert others(feed(core, Puback(1))) == [ToSession(Puback(1))]
+    assert others(feed(core, Puback(1))) == [Puback(1)]  # the session's, as it is
     assert deliver(core, "t", 1, 3) is not None
     assert connected(limits=ProtocolLimits(max_inflight=10)).window == 10
 
@@ -490,9 +497,18 @@ def test_acknowledgements_go_out_in_arrival_order() -> None:
     effects = feed(
         core, Publish("t", b"", qos=1, packet_id=1), Publish("u", b"", qos=1, packet_id=2)
     )
-    first, second = (e for e in effects if isinstance(e, Append))
-    assert core.committed(second.seq) == []  # waits behind the first
-    assert sent(core.committed(first.seq)) == [Puback(1), Puback(2)]
+    assert appended(effects) == [("t", b""), ("u", b"")]
+    # One call for the commit of both, their PUBACKs in one bytes object.
+    assert core.committed(2) == [Send(b"\x40\x02\x00\x01\x40\x02\x00\x02")]
+    with pytest.raises(LocalProtocolError):
+        core.committed()  # none pending
+
+
+def test_commits_are_acknowledged_up_to_the_next_one_pending() -> None:
+    core = connected()
+    feed(core, *(Publish("t", b"", qos=1, packet_id=i) for i in range(1, 13)))
+    assert sent(core.committed(11)) == [Puback(i) for i in range(1, 12)]
+    assert sent(core.committed()) == [Puback(12)]
 
 
 @pytest.mark.parametrize(("level", "code"), [(MQTT_5, 0x87), (4, 0)])
@@ -501,9 +517,9 @@ def test_a_refused_publish_is_answered_in_order(level: int, code: int) -> None:
     effects = feed(
         core, Publish("t", b"", qos=1, packet_id=1), Publish("no", b"", qos=1, packet_id=2)
     )
-    (append,) = others(effects)
+    assert appended(effects) == [("t", b"")]
     assert sent(effects, level) == []  # the refusal waits for the commit before it
-    assert sent(core.committed(append.seq), level) == [Puback(1), Puback(2, PubackReason(code))]
+    assert sent(core.committed(), level) == [Puback(1), Puback(2, PubackReason(code))]
 
 
 def test_sys_topics_are_refused_to_clients() -> None:
@@ -530,7 +546,7 @@ def test_qos_2_in_exactly_once() -> None:
     core = connected()
     (append,) = others(feed(core, Publish("t", b"", qos=2, packet_id=7)))
     assert isinstance(append, Append)
-    assert sent(core.committed(append.seq)) == [Pubrec(7)]
+    assert sent(core.committed()) == [Pubrec(7)]
     core.resume(0.0)
     # Its PUBREC lost, the client sends it again: answered, not appended again.
     effects = feed(core, Publish("t", b"", qos=2, packet_id=7, dup=True))
@@ -555,12 +571,12 @@ def test_a_store_refusal_refuses_what_follows_and_closes_at_v5() -> None:
     effects = feed(
         core, Publish("t", b"", qos=1, packet_id=1), Publish("t", b"", qos=1, packet_id=2)
     )
-    first, second = (e for e in effects if isinstance(e, Append))
-    effects = core.committed(first.seq, 0x97, store_refused=True)
+    assert len(appended(effects)) == 2
+    effects = core.refused(0x97, store_refused=True)
     assert sent(effects) == [Puback(1, PubackReason.QUOTA_EXCEEDED)]
     effects = feed(core, Publish("t", b"", qos=1, packet_id=3))
     assert others(effects) == []  # not appended
-    effects = core.committed(second.seq, 0x97, store_refused=True)
+    effects = core.refused(0x97, store_refused=True)
     assert sent(effects) == [
         Puback(2, PubackReason.QUOTA_EXCEEDED),
         Puback(3, PubackReason.QUOTA_EXCEEDED),
@@ -571,18 +587,20 @@ def test_a_store_refusal_refuses_what_follows_and_closes_at_v5() -> None:
 
 def test_a_failed_commit_closes_a_v311_connection_without_an_acknowledgement() -> None:
     core = connected(level=4)
-    (append,) = others(feed(core, Publish("t", b"", qos=1, packet_id=1)))
-    effects = core.committed(append.seq, 0x97, store_refused=True)
+    assert appended(feed(core, Publish("t", b"", qos=1, packet_id=1))) == [("t", b"")]
+    effects = core.refused(0x97, store_refused=True)
     assert sent(effects, 4) == []
     assert closed_with(effects) is DisconnectReason.UNSPECIFIED_ERROR
 
 
 def test_a_commit_reported_twice_is_the_runtimes_fault() -> None:
     core = connected()
-    (append,) = others(feed(core, Publish("t", b"", qos=1, packet_id=1)))
-    core.committed(append.seq)
+    feed(core, Publish("t", b"", qos=1, packet_id=1))
+    core.committed()
     with pytest.raises(LocalProtocolError):
-        core.committed(append.seq)
+        core.committed()
+    with pytest.raises(LocalProtocolError):
+        core.refused(0x80)
 
 
 # --------------------------------------------------------------------------- the rest
@@ -594,7 +612,7 @@ def test_acknowledgements_subscribe_and_ping() -> None:
     effects = feed(core, subscribe, Pingreq(), Pubrec(4))
     assert effects == [ToSession(subscribe)]  # the rest waits for the SUBACK
     effects = core.resume(0.0)
-    assert others(effects) == [ToSession(Pubrec(4))]
+    assert others(effects) == [Pubrec(4)]
     assert sent(effects) == [Pingresp()]
 
 

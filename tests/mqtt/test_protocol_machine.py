@@ -81,8 +81,9 @@ class ConnectionMachine(RuleBasedStateMachine):
         self.received: list[Packet] = []
         """What the client read, in order."""
         self.closes: list[Close] = []
-        self.pending: list[Append] = []
-        """Appends whose commits are not reported yet."""
+        self.pending = 0
+        """Appends (`Append`, or a `Publish` as it is) whose commits are not
+        reported yet: they are reported in order."""
         self.releasing: list[int] = []
         self.expected_acks: list[tuple[type, int]] = []
         """(PUBACK or PUBREC, packet id) the client is owed, in arrival order."""
@@ -107,8 +108,8 @@ class ConnectionMachine(RuleBasedStateMachine):
                         self.acks.append((type(packet), packet.packet_id))
             elif isinstance(effect, Close):
                 self.closes.append(effect)
-            elif isinstance(effect, Append):
-                self.pending.append(effect)
+            elif isinstance(effect, Append | Publish):
+                self.pending += 1
             elif isinstance(effect, ForgetPacketId):
                 self.releasing.append(effect.packet_id)
 
@@ -247,13 +248,14 @@ class ConnectionMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.pending))
     @rule(data=st.data(), ok=st.booleans())
     def commit(self, data: st.DataObject, ok: bool) -> None:
-        append = data.draw(st.sampled_from(self.pending))
-        self.pending.remove(append)
         if ok:
-            self.run(self.core.committed(append.seq))
+            count = data.draw(st.integers(1, self.pending))
+            self.pending -= count
+            self.run(self.core.committed(count))
         else:
+            self.pending -= 1
             self.store_refused = True
-            self.run(self.core.committed(append.seq, 0x97, store_refused=True))
+            self.run(self.core.refused(0x97, store_refused=True))
 
     @precondition(lambda self: bool(self.releasing))
     @rule(known=st.booleans())

@@ -60,6 +60,7 @@ from riverbed.mqtt.codec import (
     Packet,
     Puback,
     Pubcomp,
+    Publish,
     Pubrec,
     Subscribe,
     Unsubscribe,
@@ -357,9 +358,17 @@ class Connection(asyncio.Protocol):
         if self._worker is not None:
             self._backlog.extend(effects)
             return
+        append_now = self.inbound.append_now
         try:
             for i, effect in enumerate(effects):
-                if not self._now(effect):
+                kind = type(effect)
+                # The hot path first: a QoS 0/1 PUBLISH into this read's batch,
+                # a PUBACK for the session.
+                if kind is Publish:
+                    append_now(effect, effect.topic)  # type: ignore[arg-type, union-attr]
+                elif kind is Puback:
+                    self._acked.append(Acked(effect.packet_id))  # type: ignore[arg-type, union-attr]
+                elif not self._now(effect):
                     self._start_worker(effect, effects[i + 1 :])
                     return
         except ProtocolError as exc:
@@ -379,7 +388,9 @@ class Connection(asyncio.Protocol):
         at once, not behind an effect being waited for. (Answers hold nothing
         that waits; were one to, it would go to the worker.)"""
         for i, effect in enumerate(effects):
-            if not self._now(effect):
+            if type(effect) is Send:
+                self._write(effect.data)  # the acknowledgements of a commit: at once
+            elif not self._now(effect):
                 if self._worker is None:
                     self._start_worker(effect, effects[i + 1 :])
                 else:
@@ -392,23 +403,28 @@ class Connection(asyncio.Protocol):
             case Send(data):
                 self._write(data)
                 return True
-            case Append():
-                return self.inbound.append_now(effect)
-            case ToSession(packet):
-                kind = type(packet)
-                if kind is Puback:
-                    self._acked.append(Acked(packet.packet_id))
-                elif kind is Pubrec:
-                    self._acked.append(Received(packet.packet_id, packet.reason_code < 0x80))  # type: ignore[union-attr]
-                elif kind is Pubcomp:
-                    self._acked.append(Completed(packet.packet_id))
-                elif kind is Subscribe:
-                    # In effect from now (mqtt/following.py); the SUBACK in `_effect`.
-                    self.following.take(packet)  # type: ignore[arg-type]
-                    return False
-                else:
-                    return False
+            case Publish():
+                self.inbound.append_now(effect, effect.topic)
                 return True
+            case Append(publish, topic, waits):
+                if waits:
+                    return False
+                self.inbound.append_now(publish, topic)
+                return True
+            case Puback(packet_id):
+                self._acked.append(Acked(packet_id))
+                return True
+            case Pubrec(packet_id, reason_code):
+                self._acked.append(Received(packet_id, reason_code < 0x80))
+                return True
+            case Pubcomp(packet_id):
+                self._acked.append(Completed(packet_id))
+                return True
+            case ToSession(packet):
+                if type(packet) is Subscribe:
+                    # In effect from now (mqtt/following.py); the SUBACK in `_effect`.
+                    self.following.take(packet)
+                return False
             case Close():
                 self._close_for(effect)
                 return True
@@ -440,7 +456,7 @@ class Connection(asyncio.Protocol):
                     await self.following.subscribe(packet)
                 elif type(packet) is Unsubscribe:
                     await self.following.unsubscribe(packet)
-            case Send() | Close() | ScheduleWill():
+            case Publish() | Puback() | Pubrec() | Pubcomp() | Send() | Close() | ScheduleWill():
                 self._now(effect)
                 return []
             case _:

@@ -3,10 +3,12 @@ the core's acknowledgement.
 
 The connection core (`mqtt/protocol.py`) owns the rules a PUBLISH must pass
 (topic aliases, Receive Maximum, authorization, a resent QoS 2) and the order
-of the acknowledgements [MQTT-4.6.0-2]; what it accepts comes here as an
-`Append` effect with a sequence number, and each commit is reported back
-(`ConnectionCore.committed`), in arrival order, with the reason it failed if
-it did. The core answers with the PUBACK/PUBREC to send. QoS 0 and 1 wait in a
+of the acknowledgements [MQTT-4.6.0-2]; what it accepts comes here (the
+`Publish` itself, or an `Append` effect for one that waits or came under a
+topic alias), and the commits are reported back in arrival order: how many in
+a row succeeded (`ConnectionCore.committed`), and the reason for one that
+failed (`ConnectionCore.refused`). The core answers with the PUBACKs/PUBRECs
+to send. QoS 0 and 1 wait in a
 batch per log topic for the broker's commit pacer (`mqtt/pacer.py`), which
 commits every connection's batches for a topic together.
 
@@ -46,7 +48,7 @@ from riverbed.errors import RiverbedError
 from riverbed.log.appender import Position, store_refused
 from riverbed.log.log import Log
 from riverbed.model import Message, StoredMessage, StreamId, encode_properties
-from riverbed.mqtt.codec import MQTT_5, PubackReason
+from riverbed.mqtt.codec import MQTT_5, PubackReason, Publish
 from riverbed.mqtt.messages import committed_row, message_from_publish
 from riverbed.mqtt.pacer import Batch, refusal_reason
 from riverbed.mqtt.protocol import ConnectionCore
@@ -116,8 +118,9 @@ class Inbound:
         self._quickack = quickack
         self.session_id = ""
         """The session's id, for the QoS 2 markers (set once the session is open)."""
-        self._acks: deque[tuple[Batch | asyncio.Future[Any], int]] = deque()
-        """Commits not yet reported to the core, in arrival order: (commit, seq)."""
+        self._acks: deque[Batch | asyncio.Future[Any]] = deque()
+        """The commit of each append not yet reported to the core, in arrival
+        order (a batch once per message it holds)."""
         self._batches: dict[str, Batch] = {}
         """QoS 0/1 PUBLISHes by topic that the pacer has not taken yet."""
         self._taken: list[Batch] = []
@@ -128,22 +131,23 @@ class Inbound:
         self._progress: asyncio.Future[None] | None = None
         """A QoS 2 PUBLISH waiting for the commits before it."""
 
-    def append_now(self, append: Append) -> bool:
+    def append_now(self, packet: Publish, topic: str) -> None:
         """Take a PUBLISH that needs no waiting (QoS 0/1, not retained) into this
-        read's batch; False if it needs `publish` (QoS 2, retained)."""
-        if append.waits:
-            return False
-        log_topic, message = self._message(append)
+        read's batch, under `topic` (its name, or the one its alias stands for)."""
+        # The binding that stores the topic name gives the log topic and the
+        # message's key mode, both remembered by the log (`Log.route`).
+        route = self._broker.log.route(topic)
+        log_topic = route.topic
         batch = self._batches.get(log_topic)
         if batch is None:
             batch = self._batches[log_topic] = Batch(self, log_topic)
-        batch.messages.append(message)
-        self._acks.append((batch, append.seq))
-        return True
+        batch.messages.append(
+            message_from_publish(packet, topic, self._core.client_id, route.key_mode)
+        )
+        self._acks.append(batch)
 
     def _message(self, append: Append) -> tuple[str, Message]:
-        """The log topic and message of an accepted PUBLISH: the binding that
-        stores its topic name gives both (`Log.route`, remembered by the log)."""
+        """The log topic and message of an accepted PUBLISH (`Log.route`)."""
         route = self._broker.log.route(append.topic)
         client_id = self._core.client_id
         return route.topic, message_from_publish(
@@ -191,7 +195,7 @@ class Inbound:
         if batch is None:
             batch = self._batches[log_topic] = Batch(self, log_topic)
         batch.messages.append(message)
-        self._acks.append((batch, append.seq))
+        self._acks.append(batch)
         self.flush(now=True)
 
     async def _publish_exactly_once(self, append: Append, log_topic: str, message: Message) -> None:
@@ -202,18 +206,18 @@ class Inbound:
         packet_id = append.publish.packet_id
         assert packet_id is not None
         loop = asyncio.get_running_loop()
-        while any(not f.done() for f, _ in self._acks):
+        while any(not f.done() for f in self._acks):
             self._progress = loop.create_future()
             await self._progress  # `_send_acks` wakes it when a commit is done
         if self._refused is not None:  # one before it was refused meanwhile
             reason = refusal_reason(self._refused)
-            self._apply(self._core.committed(append.seq, reason, store_refused=True))
+            self._apply(self._core.refused(reason, store_refused=True))
             return
         marker = qos2_marker(self.session_id, packet_id)
         once = loop.run_in_executor(
             None, append_exactly_once, self._broker.log, log_topic, message, marker
         )
-        self._acks.append((once, append.seq))
+        self._acks.append(once)
 
         def exactly_once(f: asyncio.Future[Position | None]) -> None:
             ok = not f.cancelled() and f.exception() is None
@@ -277,15 +281,24 @@ class Inbound:
             self._progress = None
             if not progress.done():
                 progress.set_result(None)
-        done_seqs: list[int] = []
-        while acks and acks[0][0].done():
-            done, seq = acks.popleft()
-            if not done.cancelled() and done.exception() is None:
-                done_seqs.append(seq)
+        count = 0  # commits done and successful in a row: reported in one call
+        ok: object = None  # the last of them (a batch comes once per message)
+        while acks:
+            done = acks[0]
+            if done is ok:
+                acks.popleft()
+                count += 1
                 continue
-            if done_seqs:
-                self._apply(core.committed_all(done_seqs))
-                done_seqs = []
+            if not done.done():
+                break
+            acks.popleft()
+            if not done.cancelled() and done.exception() is None:
+                ok = done
+                count += 1
+                continue
+            if count:
+                self._apply(core.committed(count))
+                count = 0
             error = None if done.cancelled() else done.exception()
             reason = refusal_reason(error)
             refused = error is not None and store_refused(error)
@@ -300,9 +313,9 @@ class Inbound:
                 # MQTT 3.1.1 is closed (the client sends it again, and what came
                 # after, not committed); MQTT 5 refuses what follows.
                 self._refuse_the_rest(error or RiverbedError("commit cancelled"))
-            self._apply(core.committed(seq, reason, refused))
-        if done_seqs:
-            self._apply(core.committed_all(done_seqs))
+            self._apply(core.refused(reason, refused))
+        if count:
+            self._apply(core.committed(count))
 
     def _refuse_the_rest(self, error: BaseException) -> None:
         """The store refused a commit: the batches not yet taken are refused with

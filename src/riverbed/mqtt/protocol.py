@@ -5,7 +5,7 @@ runtime hands it the socket's bytes with the time (`receive(data, now)`) and
 gets back effects (`mqtt/protocol_effects.py`: send these bytes, authenticate,
 open the session, append this PUBLISH, close with this reason...), which it
 carries out and answers with events (`handle(event, now)`) or, on the hot
-path, with a plain method call (`committed(seq, reason, store_refused)`).
+path, with a plain method call (`committed(count)`, `refused(reason, ...)`).
 Deliveries to the client are encoded here (`publish`, `pubrel`) so that the
 rules about what a client may be sent live in the same place as the rules
 about what it may send. It owns no socket, clock, thread or database: `now`
@@ -88,6 +88,7 @@ from riverbed.mqtt.codec import (
     Will,
     encode,
     encode_puback,
+    encode_pubacks,
     encode_pubcomp,
     encode_publish,
     encode_pubrec,
@@ -192,8 +193,8 @@ class ConnectionCore:
         "_limits",
         "_may_publish",
         "_new_client_id",
-        "_next_seq",
         "_out",
+        "_pending",
         "_publish_in",
         "_queue",
         "_refused",
@@ -262,10 +263,12 @@ class ConnectionCore:
         self._waiting = False
         """An effect that must finish before the next packet is handled is being
         carried out (`resume` ends it)."""
-        self._queue: deque[list[object]] = deque()
-        """Inbound PUBLISHes in arrival order, not yet acknowledged:
-        [seq, qos, packet id, reason (None: commit pending), store refused, answered]."""
-        self._next_seq = 0
+        self._queue: deque[Publish | tuple[int, int, int]] = deque()
+        """Inbound PUBLISHes in arrival order, not yet acknowledged: a `Publish`
+        appended and not yet reported committed, or (qos, packet id, reason) for
+        one answered on arrival that waits behind those [MQTT-4.6.0-2]."""
+        self._pending = 0
+        """How many of `_queue` are appends whose commit is not reported yet."""
         self._unacked = 0
         """How many of `_queue` are QoS 1/2 (Receive Maximum counts those)."""
         self._refused: int | None = None
@@ -359,36 +362,87 @@ class ConnectionCore:
                 assert_never(event)
         return self._done()
 
-    def committed(self, seq: int, reason: int = 0, store_refused: bool = False) -> list[Effect]:
-        """`Append(seq)` is done: `reason` 0, or the refusal (a PUBACK reason
-        code) if the commit failed; `store_refused` if the store refuses writes
-        (full, read-only, unreachable), so what is read after is refused too."""
-        queue = self._queue
-        if not queue:
-            raise LocalProtocolError(f"commit {seq} reported, none pending")
-        entry = queue[seq - queue[0][0]]  # type: ignore[operator]
-        if entry[0] != seq or entry[3] is not None:
-            raise LocalProtocolError(f"commit {seq} reported twice or never appended")
-        entry[3] = reason
-        entry[4] = store_refused
-        if self.state is not State.CLOSING:
-            self._send_acks()
+    def committed(self, count: int = 1) -> list[Effect]:
+        """The next `count` appends (`Publish` and `Append` effects, reported in
+        the order the core returned them) are committed: acknowledge them, and
+        the refusals waiting behind them, in arrival order [MQTT-4.6.0-2]. The
+        hot path: one call per commit of many, the successful PUBACKs of a run
+        written as one bytes object (`encode_pubacks`)."""
+        if count > self._pending:
+            raise LocalProtocolError(f"{count} commits reported, {self._pending} pending")
+        self._pending -= count
+        self._send_acks(count)
         return self._done()
 
-    def committed_all(self, seqs: list[int]) -> list[Effect]:
-        """`committed(seq)` for each of `seqs`, all successful, in one call (the
-        hot path: one `Send` for all their acknowledgements)."""
+    def _send_acks(self, count: int) -> None:
+        """Acknowledge the next `count` appends and the refusals around them,
+        in arrival order, up to the next append still pending."""
         queue = self._queue
-        if not queue:
-            raise LocalProtocolError(f"commits {seqs} reported, none pending")
-        first = queue[0][0]
-        for seq in seqs:
-            entry = queue[seq - first]  # type: ignore[operator]
-            if entry[0] != seq or entry[3] is not None:
-                raise LocalProtocolError(f"commit {seq} reported twice or never appended")
-            entry[3] = 0
-        if self.state is not State.CLOSING:
-            self._send_acks()
+        closing = self.state is State.CLOSING
+        ids: list[int] = []  # successful QoS 1 packet ids in a row: one bytes object
+        while queue:
+            entry = queue[0]
+            if type(entry) is Publish:
+                if not count:
+                    break
+                count -= 1
+                queue.popleft()
+                qos = entry.qos
+                if not qos:
+                    continue
+                self._unacked -= 1
+                if closing:
+                    continue
+                packet_id: int = entry.packet_id  # type: ignore[assignment]
+                if qos == 1:
+                    ids.append(packet_id)
+                    continue
+                if ids:
+                    self._out.append(encode_pubacks(ids))
+                    ids = []
+                self.qos2.add(packet_id)
+                self._ack(2, packet_id, 0)
+            else:
+                queue.popleft()
+                self._unacked -= 1
+                if closing:
+                    continue
+                if ids:
+                    self._out.append(encode_pubacks(ids))
+                    ids = []
+                qos, packet_id, reason = entry  # type: ignore[misc]
+                self._ack(qos, packet_id, reason)
+        if ids:
+            self._out.append(encode_pubacks(ids) if len(ids) > 1 else encode_puback(ids[0]))
+        if self._refused is not None and not queue and not closing:
+            self._close(DisconnectReason.QUOTA_EXCEEDED)
+
+    def refused(self, reason: int, store_refused: bool = False) -> list[Effect]:
+        """The next append (in the order the core returned them) failed to
+        commit, with `reason` (a PUBACK reason code); `store_refused` if the
+        store refuses writes (full, read-only, unreachable), so what is read
+        after is refused too. MQTT 3.1.1, which cannot refuse, is closed
+        without the acknowledgement: the client sends it again, and all after."""
+        if not self._pending:
+            raise LocalProtocolError("a refused commit reported, none pending")
+        self._send_acks(0)  # the refusals decided on arrival before it
+        self._pending -= 1
+        entry = self._queue.popleft()
+        assert type(entry) is Publish
+        qos = entry.qos
+        if qos:
+            self._unacked -= 1
+        if self.state is State.CLOSING:
+            return self._done()
+        if self.level != MQTT_5:
+            self._refused = reason
+            self._close(DisconnectReason.UNSPECIFIED_ERROR)
+            return self._done()
+        if store_refused and self._refused is None:
+            self._refused = reason
+        if qos:
+            self._ack(qos, entry.packet_id or 0, reason)
+        self._send_acks(0)  # and the refusals behind it
         return self._done()
 
     def timer(self, now: float) -> list[Effect]:
@@ -502,13 +556,16 @@ class ConnectionCore:
         elif kind is Puback or kind is Pubcomp:
             done = cast(Puback | Pubcomp, packet)
             self.outbound.discard(done.packet_id)
-            self._emit(ToSession(done))
+            if self._out:
+                self._emit(done)
+            else:
+                self._effects.append(done)  # the session's, as it is
         elif kind is Pubrec:
             received = cast(Pubrec, packet)
             if received.reason_code >= 0x80:
                 # A refused QoS 2 delivery ends there (§4.3.3): no PUBREL follows.
                 self.outbound.discard(received.packet_id)
-            self._emit(ToSession(received))
+            self._emit(received)
         elif kind is Pubrel:
             # The PUBCOMP waits for the marker to go; what follows waits for it.
             self._waiting = True
@@ -664,17 +721,22 @@ class ConnectionCore:
                 # 3.1.1 has no refusal to send: the PUBACK/PUBREC says success.
                 self._answer(qos, packet_id, PubackReason.NOT_AUTHORIZED if v5 else 0)
             return
-        seq = self._next_seq
-        self._next_seq = seq + 1
-        self._queue.append([seq, qos, packet_id, None, False, False])
+        self._queue.append(packet)
+        self._pending += 1
         if qos:
             self._unacked += 1
         # QoS 2 commits alone, after those before it and before the next is
         # handled (per-publisher order); a retained PUBLISH is stored first.
-        waits = qos == 2 or packet.retain
-        if waits:
+        if qos == 2 or packet.retain:
             self._waiting = True
-        self._emit(Append(seq, packet, topic, waits))
+            self._emit(Append(packet, topic, True))
+        elif topic is packet.topic and not self._out:
+            # The hot path: the PUBLISH itself is the effect (no object per message).
+            self._effects.append(packet)
+        elif topic is packet.topic:
+            self._emit(packet)
+        else:
+            self._emit(Append(packet, topic))
 
     def _resolve_alias(self, alias: int, topic: str) -> str:
         maximum = self._limits.topic_alias_maximum
@@ -699,9 +761,7 @@ class ConnectionCore:
         once if nothing before it waits for a commit, else behind that
         [MQTT-4.6.0-2]."""
         if self._queue:
-            seq = self._next_seq
-            self._next_seq = seq + 1
-            self._queue.append([seq, qos, packet_id, reason, False, True])
+            self._queue.append((qos, packet_id or 0, reason))
             self._unacked += 1
         else:
             self._ack(qos, packet_id or 0, reason)
@@ -713,34 +773,6 @@ class ConnectionCore:
             self._out.append(encode_puback(packet_id, reason, v5))
         else:
             self._out.append(encode_pubrec(packet_id, reason, v5))
-
-    def _send_acks(self) -> None:
-        """Acknowledge the PUBLISHes whose commits are done, in arrival order
-        [MQTT-4.6.0-2]."""
-        queue = self._queue
-        v5 = self.level == MQTT_5
-        while queue and queue[0][3] is not None:
-            _, qos, packet_id, reason, store_refused, answered = queue.popleft()
-            if qos:
-                self._unacked -= 1
-            assert isinstance(reason, int) and isinstance(qos, int)
-            if reason >= 0x80 and not answered:
-                if not v5:
-                    # 3.1.1 cannot refuse: closed without the acknowledgement, so
-                    # the client sends it again, and all it sent after.
-                    self._refused = reason
-                    self._close(DisconnectReason.UNSPECIFIED_ERROR)
-                    return
-                if store_refused and self._refused is None:
-                    self._refused = reason
-            if packet_id is None:
-                continue
-            assert isinstance(packet_id, int)
-            if qos == 2 and reason < 0x80:
-                self.qos2.add(packet_id)
-            self._ack(qos, packet_id, reason)
-        if self._refused is not None and not queue:
-            self._close(DisconnectReason.QUOTA_EXCEEDED)
 
     def _released(self, packet_id: int, known: bool) -> None:
         """PUBREL's marker is gone: PUBCOMP (§4.3.3). It counted toward Receive

@@ -5,9 +5,13 @@ Effects are small frozen dataclasses the core returns from every call; the
 runtime (the asyncio adapter in `mqtt/connection.py`) carries them out in
 order. Events are the answers to the effects that take time (authentication,
 opening the session, deleting a QoS 2 marker) and the things only the runtime
-knows (another connection took the client id over). The hot path has no event
-objects: a commit is reported with `ConnectionCore.committed`, a delivery is
-encoded by `ConnectionCore.publish`.
+knows (another connection took the client id over). The hot path has no
+effect or event objects of its own: an accepted QoS 0/1 PUBLISH that needs no
+waiting is handed over as the codec's `Publish` itself (append it to the log
+under its own topic name), the client's PUBACK/PUBREC/PUBCOMP as themselves
+(for the session), commits are reported with a plain method call
+(`ConnectionCore.committed`, a count, in the order of the appends) and a
+delivery is encoded by `ConnectionCore.publish`.
 
 Nothing here imports asyncio, sockets, clocks or storage.
 """
@@ -66,10 +70,11 @@ class OpenSession:
 @dataclass(frozen=True, slots=True)
 class Append:
     """Commit an accepted PUBLISH to the log under its (alias-resolved) topic
-    name; answer with `ConnectionCore.committed(seq, ...)`. QoS 2 commits
-    exactly once, with a marker per packet id."""
+    name; report it with `ConnectionCore.committed` or `ConnectionCore.refused`,
+    in the order of the appends. QoS 2 commits exactly once, with a marker per
+    packet id. (The common case, a QoS 0/1 PUBLISH neither retained nor sent
+    under a topic alias, comes as the `Publish` itself: no object per message.)"""
 
-    seq: int
     publish: Publish
     topic: str
     waits: bool = False
@@ -86,10 +91,12 @@ class ForgetPacketId:
 
 @dataclass(frozen=True, slots=True)
 class ToSession:
-    """A packet the session handles: the client's acknowledgements of what was
-    delivered to it, SUBSCRIBE and UNSUBSCRIBE."""
+    """SUBSCRIBE or UNSUBSCRIBE, for the session; answer with `resume` once the
+    SUBACK/UNSUBACK is out. (The client's acknowledgements of what was delivered
+    to it, PUBACK, PUBREC and PUBCOMP, come to the runtime as the packets
+    themselves: the session's too, with no object per message.)"""
 
-    packet: Puback | Pubrec | Pubcomp | Subscribe | Unsubscribe
+    packet: Subscribe | Unsubscribe
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,9 +124,23 @@ class ScheduleWill:
 
 
 Effect = (
-    Send | Authenticate | OpenSession | Append | ForgetPacketId | ToSession | Close | ScheduleWill
+    Publish
+    | Puback
+    | Pubrec
+    | Pubcomp
+    | Send
+    | Authenticate
+    | OpenSession
+    | Append
+    | ForgetPacketId
+    | ToSession
+    | Close
+    | ScheduleWill
 )
-"""Everything the core may ask of the runtime."""
+"""Everything the core may ask of the runtime. A `Publish` is `Append(publish,
+publish.topic)` for a PUBLISH that does not wait (QoS 0/1, not retained); a
+`Puback`, `Pubrec` or `Pubcomp` is the client's acknowledgement of a delivery,
+for the session."""
 
 # --------------------------------------------------------------------------- events
 
