@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import deque
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -13,6 +12,7 @@ from riverbed.metrics import Counts
 from riverbed.model import Message, StoredMessage, StreamId
 from riverbed.mqtt.inbound import Inbound
 from riverbed.mqtt.pacer import Batch
+from riverbed.mqtt.protocol import ConnectionCore, ProtocolLimits
 
 STREAMS = [StreamId("t", 0, p) for p in range(3)]
 
@@ -31,17 +31,9 @@ def commit(placed: list[tuple[int, int]]) -> Router:
     """Hand `Inbound.committed` a batch whose messages landed at `placed`
     ((stream index, offset) each) and return what the router was told."""
     router = Router()
-    inbound = Inbound.__new__(Inbound)  # no connection or loop: only routing runs
-    inbound.conn = cast(
-        Any, SimpleNamespace(broker=SimpleNamespace(router=router, counts=Counts()))
-    )
-    inbound._acks = deque()
-    inbound._unacked = 0
-    inbound._qos2 = set()
-    inbound._batches = {}
-    inbound._taken = []
-    inbound._refused = None
-    inbound._progress = None
+    broker = SimpleNamespace(router=router, counts=Counts())  # only routing runs
+    core = ConnectionCore(ProtocolLimits(), 0.0, new_client_id=str)
+    inbound = Inbound(cast(Any, broker), core, apply=lambda effects: None, quickack=lambda: None)
     batch = Batch(inbound, "t")
     batch.messages = [Message(b"%d" % i, key=None, mqtt_topic="t/x") for i in range(len(placed))]
     batch.positions = cast(Any, [(STREAMS[s], offset) for s, offset in placed])

@@ -1,28 +1,28 @@
-"""One client connection: bytes to packets, packets to session events and back.
+"""One client connection: the asyncio side of the connection core and the session.
 
-The asyncio side of a session, kept thin: it feeds the socket's bytes to the
-codec's `Decoder`, turns packets into `sessions.session` events and the
-session's effects into packets, storage work and router fetches. Session
-writes go through the session writer (`sessions/writer.py`: many connections'
-writes in one transaction, each answered once committed); storage reads run in
-worker threads, or on the loop for SQLite (`Broker.read`).
+A thin `asyncio.Protocol`: it hands the socket's bytes to the connection core
+(`mqtt/protocol.py`, which owns every connection-level rule of MQTT 5 and
+3.1.1: CONNECT, takeover, keep alive, topic aliases, Receive Maximum, message
+expiry, Maximum Packet Size, inbound QoS 2) and carries out the effects it
+returns: bytes to write, credentials to check, the session to open, PUBLISHes
+to commit (`mqtt/inbound.py`), packets for the session (`sessions.session`,
+`mqtt/following.py`). The session's own effects become deliveries, storage
+work and router fetches. Session writes go through the session writer
+(`sessions/writer.py`: many connections' writes in one transaction, each
+answered once committed); storage reads run in worker threads, or on the loop
+for SQLite (`Broker.read`).
 
-- CONNECT: MQTT 3.1.1 and 5; an empty client id gets an assigned one (MQTT 5
-  Assigned Client Identifier; 3.1.1 only with clean session [MQTT-3.1.3-8]);
-  a connection already holding the client id is taken over (it gets DISCONNECT
-  0x8E Session taken over and saves its session first); Clean Start=1 discards
-  the session and mints a new session id [MQTT-3.1.2-4]; Clean Start=0 resumes
-  it with Session Present=1 [MQTT-3.1.2-5] unless it expired [MQTT-4.1.0-2].
-- Keep alive: no packet for 1.5 times the keep alive closes the connection
-  [MQTT-3.1.2-22] (MQTT 5: DISCONNECT 0x8D). `limits.server_keep_alive`
-  replaces an MQTT 5 client's keep alive (CONNACK Server Keep Alive); 3.1.1
-  has no such property, so a 3.1.1 client keeps its own.
-- A `ProtocolError` from the decoder (or a rule broken here) closes this
-  connection only: CONNACK with the reason code before the CONNACK was sent,
-  DISCONNECT with it after (MQTT 5); MQTT 3.1.1 just closes.
-- PUBLISH from the client is committed to the log (the topic `Log.topic_for`
-  picks) before its PUBACK/PUBREC goes out; acknowledgements go out in the
-  order the PUBLISHes came in [MQTT-4.6.0-2]. Inbound QoS 2 is exactly once
+- CONNECT: the core checks it; here the credentials are checked
+  (`Authenticate`, in a thread when there is a password to hash) and the
+  session opened (`OpenSession`): a
+  connection already holding the client id is taken over (it gets DISCONNECT
+  0x8E Session taken over and saves its session first); Clean Start=1
+  discards the session and mints a new session id [MQTT-3.1.2-4]; Clean
+  Start=0 resumes it with Session Present=1 [MQTT-3.1.2-5] unless it expired
+  [MQTT-4.1.0-2].
+- PUBLISH from the client is committed to the log (the topic `Log.route`
+  picks) before its PUBACK/PUBREC goes out, in the order the PUBLISHes came
+  in [MQTT-4.6.0-2] (the core keeps the order). Inbound QoS 2 is exactly once
   across broker restarts through a durable marker per packet id
   (`mqtt/inbound.py`). Outbound QoS 2 keeps its window in the session record
   (`sessions/qos2.py`): written (`Persist`) before a PUBLISH or PUBREL goes out.
@@ -35,9 +35,8 @@ worker threads, or on the loop for SQLite (`Broker.read`).
   stays full for `limits.slow_consumer_timeout` seconds gets the connection
   aborted (no DISCONNECT could get through it); its session persists as usual.
 - Retained messages (`mqtt/retained.py`) go out after the SUBACK per Retain
-  Handling; a Will (`mqtt/wills.py`) is left to the broker when the connection
-  closes without DISCONNECT 0x00; a message whose Message Expiry Interval has
-  passed is not delivered, a live one carries what is left of it.
+  Handling; a Will (`mqtt/wills.py`) is left to the broker when the core says
+  so (`ScheduleWill`: closed without DISCONNECT 0x00).
 """
 
 from __future__ import annotations
@@ -49,39 +48,51 @@ import socket
 import uuid
 from collections import deque
 from dataclasses import replace
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, assert_never
 
 from riverbed.errors import PreconditionFailed, ProtocolError, RiverbedError
 from riverbed.log.appender import store_refused
 from riverbed.mqtt.codec import (
     MQTT_5,
     NO_PUBLISH_PROPERTIES,
-    Auth,
-    Connack,
-    ConnackProperties,
-    Connect,
     ConnectReason,
-    Decoder,
-    Disconnect,
     DisconnectReason,
     Packet,
-    Pingreq,
-    Pingresp,
     Puback,
     Pubcomp,
     Publish,
     Pubrec,
-    Pubrel,
     Subscribe,
     Unsubscribe,
     Will,
     encode,
-    encode_publish,
 )
-from riverbed.mqtt.codec.reasons import CONNACK_REASONS_V311
 from riverbed.mqtt.following import Following
 from riverbed.mqtt.inbound import Inbound
 from riverbed.mqtt.messages import publish_properties, publisher, remaining_expiry
+from riverbed.mqtt.protocol import (
+    CONNECT_TIMEOUT,
+    ConnectionCore,
+    LocalProtocolError,
+    ProtocolLimits,
+)
+from riverbed.mqtt.protocol_effects import (
+    Append,
+    Authenticate,
+    Authenticated,
+    Close,
+    ForgetPacketId,
+    OpenSession,
+    Released,
+    ScheduleWill,
+    Send,
+    ServerClose,
+    SessionOpened,
+    SessionRefused,
+    TakenOver,
+    ToSession,
+)
+from riverbed.mqtt.protocol_effects import Effect as CoreEffect
 from riverbed.mqtt.sharing import Sharing, is_shared
 from riverbed.mqtt.wills import will_to_json
 from riverbed.sessions.session import (
@@ -103,19 +114,17 @@ from riverbed.sessions.session import (
     Tick,
     cursors_by_topic,
 )
-from riverbed.sessions.store import NEVER_EXPIRES, SessionRecord, Stored, now_us
+from riverbed.sessions.store import SessionRecord, Stored, now_us
 
 if TYPE_CHECKING:
     from riverbed.mqtt.broker import Broker
 
 log = logging.getLogger(__name__)
 
-CONNECT_TIMEOUT = 10.0
-"""Seconds a new connection has to send its CONNECT."""
-_NO_BACKLOG: deque[Packet] = deque()
+_NO_BACKLOG: deque[CoreEffect] = deque()
 """The empty backlog of every connection with nothing waiting (never appended to)."""
 MAX_BACKLOG = 1000
-"""Packets queued behind a slow one before reading pauses."""
+"""Effects queued behind a slow one before reading pauses."""
 DROP_EPISODE_GAP = 1.0
 """Seconds a drained write buffer must stay below its mark before a drop
 episode ends (logged with its count): a client reading slowly hovers around
@@ -124,30 +133,49 @@ _QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
 _TCP = (socket.AF_INET, socket.AF_INET6)
 
 
+def protocol_limits(broker: Broker) -> ProtocolLimits:
+    """What the connection core grants each client: the broker's `limits`."""
+    limits = broker.config.limits
+    return ProtocolLimits(
+        receive_maximum=limits.receive_maximum,
+        topic_alias_maximum=limits.topic_alias_maximum,
+        maximum_packet_size=limits.maximum_packet_size,
+        server_keep_alive=limits.server_keep_alive,
+        max_session_expiry=limits.max_session_expiry,
+        v311_session_expiry=limits.v311_session_expiry,
+        max_inflight=limits.max_inflight,
+        retain_available=limits.retain_available,
+        shared_subscription_available=broker.shared is not None,
+    )
+
+
+def _assigned_client_id() -> str:
+    return f"auto-{uuid.uuid4().hex}"
+
+
 class Connection(asyncio.Protocol):
     """One client's network connection and, once connected, its session.
 
-    An `asyncio.Protocol`: the bytes of each read are decoded at once, and the
-    packets that need no waiting (PUBLISH QoS 0/1, PUBACK, PUBREC, PUBCOMP,
-    PINGREQ, DISCONNECT) are handled right there, PUBLISHes of one read
-    committed as one batch and PUBACKs of one read handed to the session
-    together. A packet that must wait (CONNECT, SUBSCRIBE, a QoS 2 or retained
-    PUBLISH, ...) starts a task that handles it and everything that arrives
-    after it, in order; reading pauses while that backlog is long. A SUBSCRIBE
-    takes effect in `_now` all the same (when it is read, or when its turn
-    comes in the backlog); only its SUBACK waits (`mqtt/following.py`). Outgoing
-    packets of one turn of the event loop go out in one write.
+    An `asyncio.Protocol`: the bytes of each read go to the connection core at
+    once, and the effects that need no waiting (bytes to write, PUBLISH QoS 0/1
+    for the commit pacer, the client's acknowledgements for the session, a
+    close) are carried out right there, PUBLISHes of one read committed as one
+    batch and acknowledgements of one read handed to the session together. An
+    effect that must wait (authentication, opening the session, a QoS 2 or
+    retained PUBLISH, SUBSCRIBE, UNSUBSCRIBE, PUBREL) starts a task that carries
+    it out and every effect after it, in order; reading pauses while that
+    backlog is long. A SUBSCRIBE takes effect in `_now` all the same (when it is
+    read, or when its turn comes in the backlog); only its SUBACK waits
+    (`mqtt/following.py`). Outgoing packets of one turn of the event loop go
+    out in one write.
     """
 
     __slots__ = (
         "_acked",
-        "_alias_maximum",
-        "_aliases",
         "_alive",
         "_backlog",
         "_checkpoint",
         "_checkpointing",
-        "_client_max_packet",
         "_counts",
         "_done",
         "_drop_end",
@@ -155,9 +183,7 @@ class Connection(asyncio.Protocol):
         "_dropping_since",
         "_finished",
         "_full",
-        "_last_read",
         "_loop",
-        "_normal",
         "_out",
         "_paused",
         "_persisting",
@@ -168,24 +194,17 @@ class Connection(asyncio.Protocol):
         "_timer_at",
         "_worker",
         "broker",
-        "client_id",
         "closing",
-        "connack_sent",
         "connected_us",
-        "decoder",
-        "expiry",
+        "core",
         "following",
         "inbound",
-        "keep_alive",
-        "level",
         "peer",
         "record_lock",
         "session",
         "sharing",
         "stored",
         "transport",
-        "username",
-        "will",
     )
 
     def __init__(self, broker: Broker) -> None:
@@ -193,41 +212,36 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.peer = "-"
         self._sock: socket.socket | None = None
-        limits = broker.config.limits
-        self.decoder = Decoder(max_packet_size=limits.maximum_packet_size)
-        self.level = 4
-        self.client_id = ""
-        self.username: str | None = None
-        self.keep_alive = 0
+        self._loop = asyncio.get_running_loop()
+        self._counts = broker.counts
+        """Where PUBLISHes and bytes are counted (the broker's, read by `$SYS` and metrics)."""
+        self.core = ConnectionCore(
+            protocol_limits(broker),
+            self._loop.time(),
+            new_client_id=_assigned_client_id,
+            may_publish=self._may_publish,
+            publish_in=self._counts.publish_in,
+        )
+        """The MQTT rules of this connection (`mqtt/protocol.py`)."""
         self.session: Session | None = None
         self.stored: Stored | None = None
-        self.expiry = 0
-        self.connack_sent = False
         self.connected_us: int | None = None
         """When the CONNACK accepting it went out (µs since the epoch)."""
-        self.will: Will | None = None
         self.closing = False
         self._done: asyncio.Event | None = None
         self._finished = False
-        self._normal = False
-        self._loop = asyncio.get_running_loop()
-        self.inbound = Inbound(self)
+        self.inbound = Inbound(broker, self.core, self._apply, self.quickack)
         self.following = Following(self)
         self.sharing: Sharing | None = None
         """Its shared subscriptions (made on the first: most connections have none)."""
-        self._client_max_packet: int | None = None
-        self._alias_maximum = 0
-        """Outbound topic aliases the client accepts (its CONNECT Topic Alias Maximum)."""
-        self._aliases: dict[str, int] = {}
-        """Topic name -> the outbound alias set for it on this connection."""
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
         self._checkpoint: Checkpoint | None = None
         self._checkpointing: asyncio.Task[None] | None = None
         self._persisting: asyncio.Task[None] | None = None
         self.record_lock = asyncio.Lock()
-        self._backlog: deque[Packet] = _NO_BACKLOG
-        """Packets waiting behind one that is being handled asynchronously (a
+        self._backlog: deque[CoreEffect] = _NO_BACKLOG
+        """Effects waiting behind one that is being carried out asynchronously (a
         deque of their own only while there are: idle connections share one)."""
         self._worker: asyncio.Task[None] | None = None
         self._paused = False
@@ -243,11 +257,40 @@ class Connection(asyncio.Protocol):
         self._dropping_since = 0.0
         self._drop_end: asyncio.TimerHandle | None = None
         """Ends the drop episode once the buffer has stayed below its mark a while."""
-        self._last_read = self._loop.time()
-        self._counts = broker.counts
-        """Where PUBLISHes and bytes are counted (the broker's, read by `$SYS` and metrics)."""
         self._alive: asyncio.TimerHandle | None = None
+        """The core's next deadline (the CONNECT timeout, then keep alive)."""
         self._teardown_task: asyncio.Task[None] | None = None
+
+    # --- what the core knows, for the broker, the API and the session ----------------
+    @property
+    def client_id(self) -> str:
+        return self.core.client_id
+
+    @property
+    def username(self) -> str | None:
+        return self.core.username
+
+    @property
+    def level(self) -> int:
+        """4 (MQTT 3.1.1) or 5."""
+        return self.core.level
+
+    @property
+    def keep_alive(self) -> int:
+        return self.core.keep_alive
+
+    @property
+    def expiry(self) -> int:
+        """The Session Expiry Interval in force (DISCONNECT may have changed it)."""
+        return self.core.expiry
+
+    @property
+    def will(self) -> Will | None:
+        return self.core.will
+
+    @property
+    def connack_sent(self) -> bool:
+        return self.core.connack_sent
 
     @property
     def done(self) -> asyncio.Event:
@@ -259,12 +302,19 @@ class Connection(asyncio.Protocol):
                 self._done.set()
         return self._done
 
+    def _may_publish(self, username: str | None, client_id: str, topic: str) -> bool:
+        """The authorization policy, for the core (`mqtt/auth.py`)."""
+        if self.broker.authorizer.can_publish(username, client_id, topic):
+            return True
+        log.info("client %s: not authorized: refused PUBLISH to %r", client_id, topic)
+        return False
+
     # --- asyncio.Protocol ------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
+        self.transport = transport  # type: ignore[assignment]
         self.peer = peer_text(transport.get_extra_info("peername"))
         limit = self.broker.config.limits.write_buffer_limit
-        self.transport.set_write_buffer_limits(high=limit, low=limit // 4)
+        self.transport.set_write_buffer_limits(high=limit, low=limit // 4)  # type: ignore[union-attr]
         sock = transport.get_extra_info("socket")
         if _QUICKACK is not None and sock is not None and sock.family in _TCP:
             # Our own object on the transport's descriptor (uvloop's makes a
@@ -272,42 +322,22 @@ class Connection(asyncio.Protocol):
             # connection is lost.
             self._sock = socket.socket(sock.family, sock.type, sock.proto, sock.fileno())
         self.broker.connection_opened(self)
-        self._alive = self._loop.call_later(CONNECT_TIMEOUT, self._check_alive)
+        self._arm_alive()
 
     def data_received(self, data: bytes) -> None:
-        self._last_read = self._loop.time()
         self._counts.bytes_in += len(data)
         if self.closing:
             return
-        try:
-            packets = self.decoder.feed(data)
-        except ProtocolError as exc:
-            self._refuse(exc)
-            return
-        if not packets:
-            return
-        if self._worker is not None:
-            self._backlog.extend(packets)
-            if len(self._backlog) > MAX_BACKLOG and not self._paused and self.transport:
-                self._paused = True
-                self.transport.pause_reading()
-            return
-        try:
-            for i, packet in enumerate(packets):
-                if self.closing:
-                    return
-                if not self._now(packet):
-                    # A deque of its own, even if empty (never the shared one).
-                    self._backlog = deque(packets[i + 1 :])
-                    self._worker = self._loop.create_task(self._work(packet))
-                    return
-        except ProtocolError as exc:
-            self._refuse(exc)
-        except Exception:
-            log.exception("connection %s (%s) failed", self.client_id or "-", self.peer)
-            self.close(DisconnectReason.UNSPECIFIED_ERROR)
-        finally:
+        core = self.core
+        effects = core.receive(data, self._loop.time())
+        if effects:
+            self._run(effects)
+        if self._worker is None:
             self._end_of_read()
+        elif core.held > MAX_BACKLOG and not self._paused and self.transport is not None:
+            # The core holds what it reads while an effect is carried out.
+            self._paused = True
+            self.transport.pause_reading()
 
     def eof_received(self) -> bool:
         return False  # close the transport
@@ -321,37 +351,117 @@ class Connection(asyncio.Protocol):
         if self._teardown_task is None:
             self._teardown_task = self._loop.create_task(self._teardown())
 
-    # --- packets ---------------------------------------------------------------------
-    def _now(self, packet: Packet) -> bool:
-        """Handle a packet that needs no waiting; False if it needs `_packet`."""
-        kind = type(packet)
-        if kind is Publish:
-            publish = cast(Publish, packet)
-            self._counts.publish_in[publish.qos] += 1
-            return self.inbound.publish_now(publish)
-        if kind is Puback:
-            self._acked.append(Acked(cast(Puback, packet).packet_id))
-            return True
-        if kind is Pubrec:
-            pubrec = cast(Pubrec, packet)
-            self._acked.append(Received(pubrec.packet_id, pubrec.reason_code < 0x80))
-            return True
-        if kind is Pubcomp:
-            self._acked.append(Completed(cast(Pubcomp, packet).packet_id))
-            return True
-        if kind is Pingreq:
-            self.send(Pingresp())
-            return True
-        if kind is Subscribe:
-            # In effect from now (mqtt/following.py); the rest in `_packet`.
-            self.following.take(cast(Subscribe, packet))
-            return False
-        if kind is Disconnect:
-            self.inbound.flush(now=True)  # acknowledged before the connection closes
-            self._end_of_read()
-            self._disconnect(cast(Disconnect, packet))
-            return True
-        return False
+    # --- the core's effects ----------------------------------------------------------
+    def _run(self, effects: list[CoreEffect]) -> None:
+        """Carry out effects in order: those that need no waiting now, the rest
+        (and all after it) on the worker task."""
+        if self._worker is not None:
+            self._backlog.extend(effects)
+            return
+        append_now = self.inbound.append_now
+        try:
+            for i, effect in enumerate(effects):
+                kind = type(effect)
+                # The hot path first: a QoS 0/1 PUBLISH into this read's batch,
+                # a PUBACK for the session.
+                if kind is Publish:
+                    append_now(effect, effect.topic)  # type: ignore[arg-type, union-attr]
+                elif kind is Puback:
+                    self._acked.append(Acked(effect.packet_id))  # type: ignore[arg-type, union-attr]
+                elif not self._now(effect):
+                    self._start_worker(effect, effects[i + 1 :])
+                    return
+        except ProtocolError as exc:
+            self._protocol_error(exc)
+        except Exception:
+            log.exception("connection %s (%s) failed", self.client_id or "-", self.peer)
+            self.close(DisconnectReason.UNSPECIFIED_ERROR)
+
+    def _start_worker(self, first: CoreEffect, rest: list[CoreEffect]) -> None:
+        """`first` waits (`_now` said so): the worker carries it out, then `rest`."""
+        # A deque of its own, even if empty (never the shared one).
+        self._backlog = deque(rest)
+        self._worker = self._loop.create_task(self._work(first))
+
+    def _apply(self, effects: list[CoreEffect]) -> None:
+        """Carry out the core's answer to an event (acknowledgements, a close)
+        at once, not behind an effect being waited for. (Answers hold nothing
+        that waits; were one to, it would go to the worker.)"""
+        for i, effect in enumerate(effects):
+            if type(effect) is Send:
+                self._write(effect.data)  # the acknowledgements of a commit: at once
+            elif not self._now(effect):
+                if self._worker is None:
+                    self._start_worker(effect, effects[i + 1 :])
+                else:
+                    self._backlog.extendleft(reversed(effects[i:]))
+                return
+
+    def _now(self, effect: CoreEffect) -> bool:
+        """Carry out an effect that needs no waiting; False if it needs `_effect`."""
+        match effect:
+            case Send(data):
+                self._write(data)
+                return True
+            case Publish():
+                self.inbound.append_now(effect, effect.topic)
+                return True
+            case Append(publish, topic, waits):
+                if waits:
+                    return False
+                self.inbound.append_now(publish, topic)
+                return True
+            case Puback(packet_id):
+                self._acked.append(Acked(packet_id))
+                return True
+            case Pubrec(packet_id, reason_code):
+                self._acked.append(Received(packet_id, reason_code < 0x80))
+                return True
+            case Pubcomp(packet_id):
+                self._acked.append(Completed(packet_id))
+                return True
+            case ToSession(packet):
+                if type(packet) is Subscribe:
+                    # In effect from now (mqtt/following.py); the SUBACK in `_effect`.
+                    self.following.take(packet)
+                return False
+            case Close():
+                self._close_for(effect)
+                return True
+            case ScheduleWill(client_id, username, will, delay):
+                self.broker.wills.schedule(client_id, username, will, delay)
+                return True
+            case Authenticate() | OpenSession() | ForgetPacketId():
+                return False
+            case _:
+                assert_never(effect)
+
+    async def _effect(self, effect: CoreEffect) -> list[CoreEffect]:
+        """Carry out an effect that waits (right after `_now` said so); return
+        what the core does next: its answer, or the packets it held meanwhile."""
+        core = self.core
+        match effect:
+            case Authenticate():
+                return await self._authenticate(effect)
+            case OpenSession():
+                return await self._open(effect)
+            case Append():
+                await self.inbound.publish(effect)
+            case ForgetPacketId(packet_id):
+                known = await self.inbound.release(packet_id)
+                now = self._loop.time()
+                return core.handle(Released(packet_id, known), now) + core.resume(now)
+            case ToSession(packet):
+                if type(packet) is Subscribe:
+                    await self.following.subscribe(packet)
+                elif type(packet) is Unsubscribe:
+                    await self.following.unsubscribe(packet)
+            case Publish() | Puback() | Pubrec() | Pubcomp() | Send() | Close() | ScheduleWill():
+                self._now(effect)
+                return []
+            case _:
+                assert_never(effect)
+        return core.resume(self._loop.time())
 
     def _end_of_read(self) -> None:
         """Commit the read's PUBLISHes as a batch; give the session its acknowledgements."""
@@ -360,24 +470,30 @@ class Connection(asyncio.Protocol):
             acked, self._acked = self._acked, []
             session = self.session
             if session is not None and not self.closing:
-                self.execute(session.handle_all(acked, self._loop.time()))
+                try:
+                    self.execute(session.handle_all(acked, self._loop.time()))
+                except ProtocolError as exc:
+                    self._protocol_error(exc)
 
-    async def _work(self, first: Packet) -> None:
-        """Handle `first` (which `_now` could not finish), then the backlog in
-        order, waiting where a packet needs it."""
+    async def _work(self, first: CoreEffect) -> None:
+        """Carry out `first` (which `_now` could not finish), then what the core
+        does next, in order, waiting where an effect needs it."""
         try:
             self._end_of_read()
-            if not self.closing:
-                await self._packet(first)
             backlog = self._backlog
-            while backlog and not self.closing:
-                packet = backlog.popleft()
-                if not self._now(packet):
+            effect: CoreEffect | None = first
+            waits = True  # `first` went through `_now` already
+            while effect is not None and not self.closing:
+                if waits or not self._now(effect):
                     self._end_of_read()
-                    await self._packet(packet)
+                    # An effect that waits is the last of its list: the core
+                    # holds the packets after it until `resume`.
+                    backlog.extend(await self._effect(effect))
+                waits = False
+                effect = backlog.popleft() if backlog else None
             self._end_of_read()
         except ProtocolError as exc:
-            self._refuse(exc)
+            self._protocol_error(exc)
         except Exception:
             log.exception("connection %s (%s) failed", self.client_id or "-", self.peer)
             self.close(DisconnectReason.UNSPECIFIED_ERROR)
@@ -388,165 +504,115 @@ class Connection(asyncio.Protocol):
                 self._paused = False
                 self.transport.resume_reading()
 
+    def _arm_alive(self) -> None:
+        """A timer at the core's next deadline (the CONNECT timeout, then keep alive)."""
+        if self._alive is not None:
+            self._alive.cancel()
+            self._alive = None
+        deadline = self.core.next_deadline()
+        if deadline is not None and not self.closing:
+            self._alive = self._loop.call_at(deadline, self._check_alive)
+
     def _check_alive(self) -> None:
-        """The CONNECT timeout, then keep alive: no packet for 1.5 times the keep
-        alive closes the connection [MQTT-3.1.2-22] (MQTT 5: DISCONNECT 0x8D)."""
         self._alive = None
         if self.closing:
             return
-        now = self._loop.time()
-        if not self.connack_sent:
-            if self._worker is None:
-                log.info("client %s: no CONNECT within %ss", self.peer, CONNECT_TIMEOUT)
-                self._close_transport()
-                return
-            self._alive = self._loop.call_later(1.0, self._check_alive)  # CONNECT in progress
-            return
-        if not self.keep_alive:
-            return
-        deadline = self._last_read + self.keep_alive * 1.5
-        if now >= deadline:
-            log.info("client %s: keep alive timeout", self.client_id or self.peer)
-            self.close(DisconnectReason.KEEP_ALIVE_TIMEOUT)
-            return
-        self._alive = self._loop.call_at(deadline, self._check_alive)
+        self._apply(self.core.timer(self._loop.time()))
+        self._arm_alive()  # read since: a later deadline
 
-    def _refuse(self, exc: ProtocolError) -> None:
-        """Close this connection for a protocol violation, saying why (MQTT 5)."""
+    def _protocol_error(self, exc: ProtocolError) -> None:
+        """A rule broken that the session or a subscription found (the core
+        finds its own): close, saying why (MQTT 5)."""
+        try:
+            reason = DisconnectReason(exc.reason_code)
+        except ValueError:
+            reason = DisconnectReason.PROTOCOL_ERROR
+        self._log_protocol_error(f"{exc} (0x{exc.reason_code:02X})")
+        self.close(reason)
+
+    def _log_protocol_error(self, error: str) -> None:
         log.warning(
-            "client %s (%s): closing for a protocol error: %s (0x%02X)",
+            "client %s (%s): closing for a protocol error: %s",
             self.client_id or "-",
             self.peer,
-            exc,
-            exc.reason_code,
+            error,
         )
-        level = self.decoder.protocol_level or 4
-        if not self.connack_sent:
-            try:
-                reason = ConnectReason(exc.reason_code)
-            except ValueError:
-                reason = ConnectReason.UNSPECIFIED_ERROR
-            self._count_refusal(reason)
-            if level == MQTT_5:
-                self.send(Connack(reason_code=reason), level)
-            elif reason in CONNACK_REASONS_V311:
-                self.send(Connack(reason_code=reason), 4)
-            self._close_transport()
-            return
-        try:
-            self.close(DisconnectReason(exc.reason_code))
-        except ValueError:
-            self.close(DisconnectReason.PROTOCOL_ERROR)
 
-    async def _packet(self, packet: Packet) -> None:
-        """A packet `_now` could not handle there and then (right after it)."""
-        match packet:
-            case Connect():
-                await self._connect(packet)
-            case Publish():
-                await self.inbound.publish(packet)
-            case Subscribe():
-                await self.following.subscribe(packet)
-            case Unsubscribe():
-                await self.following.unsubscribe(packet)
-            case Pubrel(packet_id):
-                await self.inbound.release(packet_id)
-            case Auth():
-                raise ProtocolError(
-                    DisconnectReason.PROTOCOL_ERROR, "AUTH without enhanced authentication"
-                )
-            case _:
-                raise ProtocolError(
-                    DisconnectReason.PROTOCOL_ERROR,
-                    f"a client must not send {type(packet).__name__}",
-                )
+    def _close_for(self, close: Close) -> None:
+        """The core closes the connection (its last bytes are queued before this)."""
+        if close.by_client:
+            # DISCONNECT: its PUBLISHes acknowledged before the connection closes.
+            self.inbound.flush(now=True)
+            self._end_of_read()
+        elif close.error:
+            self._log_protocol_error(close.error)
+        reason = close.reason
+        if not self.core.connack_sent:
+            if reason is None:
+                log.info("client %s: no CONNECT within %ss", self.peer, CONNECT_TIMEOUT)
+            elif isinstance(reason, ConnectReason):
+                self._count_refusal(reason)
+        elif reason is DisconnectReason.KEEP_ALIVE_TIMEOUT:
+            log.info("client %s: keep alive timeout", self.client_id or self.peer)
+        self._close_transport()
 
     # --- CONNECT ---------------------------------------------------------------------
-    async def _connect(self, packet: Connect) -> None:
-        broker = self.broker
-        limits = broker.config.limits
-        self.level = level = self.decoder.protocol_level or 4
-        v5 = level == MQTT_5
-        props = packet.properties
-        if v5 and props.authentication_method is not None:
-            self._connack_refusal(ConnectReason.BAD_AUTHENTICATION_METHOD)
-            return
-        client_id = packet.client_id
-        assigned: str | None = None
-        if not client_id:
-            if not v5 and not packet.clean_start:
-                # 3.1.1 [MQTT-3.1.3-8]: an empty ClientId needs CleanSession=1.
-                self._connack_refusal(ConnectReason.CLIENT_IDENTIFIER_NOT_VALID)
-                return
-            client_id = assigned = f"auto-{uuid.uuid4().hex}"
-        if packet.username is None:
+    async def _authenticate(self, effect: Authenticate) -> list[CoreEffect]:
+        authenticator = self.broker.authenticator
+        if effect.username is None:
             # No user name: nothing to hash, no reason to hand over to a thread.
-            result = broker.authenticator.authenticate(client_id, None, packet.password)
+            result = authenticator.authenticate(effect.client_id, None, effect.password)
         else:
             result = await asyncio.to_thread(
-                broker.authenticator.authenticate, client_id, packet.username, packet.password
+                authenticator.authenticate, effect.client_id, effect.username, effect.password
             )
         if not result.accepted:
-            log.info("client %s (%s): refused: %s", client_id, self.peer, result.reason.name)
-            self._connack_refusal(result.reason)
-            return
-        self.client_id = client_id
-        self.username = result.username
-        self.will = packet.will
-        if v5:
-            requested = props.session_expiry_interval or 0
-            self.expiry = min(requested, limits.max_session_expiry)
-            if limits.max_session_expiry == NEVER_EXPIRES:
-                self.expiry = requested
-        else:
-            requested = self.expiry = 0 if packet.clean_start else limits.v311_session_expiry
-        # Server Keep Alive is MQTT 5's (CONNACK property, [MQTT-3.2.2-21]); a
-        # 3.1.1 client is held to its own keep alive, which it cannot be told
-        # otherwise.
-        server_keep_alive = limits.server_keep_alive if v5 else None
-        self.keep_alive = packet.keep_alive if server_keep_alive is None else server_keep_alive
-        receive_maximum = props.receive_maximum or 0xFFFF
-        window = min(receive_maximum, limits.max_inflight)
-        self._client_max_packet = props.maximum_packet_size
-        self._alias_maximum = (props.topic_alias_maximum or 0) if v5 else 0
+            log.info("client %s (%s): refused: %s", effect.client_id, self.peer, result.reason.name)
+        event = Authenticated(result.reason, result.username)
+        return self.core.handle(event, self._loop.time())
 
+    async def _open(self, effect: OpenSession) -> list[CoreEffect]:
+        broker = self.broker
+        limits = broker.config.limits
+        client_id = effect.client_id
         async with broker.client_lock(client_id):
             old = broker.connections.get(client_id)
             if old is not None and old is not self:
                 log.info("client %s: session taken over from %s", client_id, old.peer)
                 await old.take_over()
             if self.closing:
-                return
+                return []
             # A clean start ends the old session: its pending Will goes now;
             # resuming it within the Will Delay cancels the Will [MQTT-3.1.3-9].
-            if packet.clean_start:
+            if effect.clean_start:
                 broker.wills.fire_now(client_id)
             else:
                 broker.wills.cancel(client_id)
             broker.connections[client_id] = self
+            refusal: ConnectReason | None = None
             try:
-                present, follow = await self._open_session(packet.clean_start, level)
+                present, follow = await self._open_session(effect.clean_start, effect.level)
             except PreconditionFailed:
                 # Another node wrote the record between our read and write.
-                broker.connections.pop(client_id, None)
-                self._connack_refusal(ConnectReason.SERVER_BUSY)
-                return
+                refusal = ConnectReason.SERVER_BUSY
             except RiverbedError as exc:
                 if not store_refused(exc):
                     raise
                 # The store refuses writes (full, read-only, unreachable): the
                 # session cannot be kept. CONNACK 0x88 (3.1.1: 3), no traceback;
                 # the client comes back later. The appender logs the episode.
-                broker.connections.pop(client_id, None)
                 log.warning("client %s: cannot open its session: %s", client_id, exc)
-                self._connack_refusal(ConnectReason.SERVER_UNAVAILABLE)
-                return
+                refusal = ConnectReason.SERVER_UNAVAILABLE
+            if refusal is not None:
+                broker.connections.pop(client_id, None)
+                return self.core.handle(SessionRefused(refusal), self._loop.time())
         assert self.stored is not None
+        self.inbound.session_id = self.stored.record.session_id
         subscriptions = self.stored.record.subscriptions
         self.session = Session(
             client_id,
             [s for s in subscriptions if not is_shared(s.topic_filter)],
-            window=window,
+            window=self.core.window,
             queue_limit=limits.session_queue_limit,
             checkpoint_every=broker.checkpoint_every,
             checkpoint_interval=broker.checkpoint_interval,
@@ -557,37 +623,19 @@ class Connection(asyncio.Protocol):
         )
         for sub in self.session.subscriptions:
             broker.trie.add(sub.topic_filter, self)
-        connack_props = ConnackProperties()
-        if v5:
-            connack_props = ConnackProperties(
-                session_expiry_interval=self.expiry if self.expiry != requested else None,
-                receive_maximum=limits.receive_maximum,
-                retain_available=limits.retain_available,
-                maximum_packet_size=limits.maximum_packet_size,
-                assigned_client_identifier=assigned,
-                topic_alias_maximum=limits.topic_alias_maximum,
-                shared_subscription_available=broker.shared is not None,
-                server_keep_alive=limits.server_keep_alive,
-            )
-            self.send(Connack(present, properties=connack_props))
-        else:
-            self.send(Connack(present))
-        self.connack_sent = True
+        effects = self.core.handle(SessionOpened(present), self._loop.time())
+        # The CONNACK first (with whatever the packets read meanwhile answer at
+        # once); what the session sends follows it, then those packets' effects.
+        self._now(effects[0])
         self.connected_us = now_us()
-        if self._alive is not None:
-            self._alive.cancel()
-            self._alive = None
-        if self.keep_alive and not self.closing:
-            self._alive = self._loop.call_at(
-                self._last_read + self.keep_alive * 1.5, self._check_alive
-            )
+        self._arm_alive()
         # Per connection: debug (docs/broker.md, Logging), else a broker with many
         # clients coming and going logs little else.
         log.debug(
             "client %s (%s) connected: MQTT %s, session %s%s, expiry %ss",
             client_id,
             self.peer,
-            "5" if v5 else "3.1.1",
+            "5" if self.level == MQTT_5 else "3.1.1",
             self.stored.record.session_id,
             " resumed" if present else "",
             self.expiry,
@@ -601,6 +649,7 @@ class Connection(asyncio.Protocol):
             sharing = self.share()
             for sub in shared:
                 sharing.subscribe(sub)
+        return effects[1:]
 
     def share(self) -> Sharing:
         """The connection's shared subscriptions (made on first use)."""
@@ -615,12 +664,6 @@ class Connection(asyncio.Protocol):
         if self.sharing is None:
             return self.session.subscriptions
         return (*self.session.subscriptions, *self.sharing.subscriptions.values())
-
-    def _connack_refusal(self, reason: ConnectReason) -> None:
-        self._count_refusal(reason)
-        if self.level == MQTT_5 or reason in CONNACK_REASONS_V311:
-            self.send(Connack(reason_code=reason))
-        self._close_transport()
 
     def _count_refusal(self, reason: ConnectReason) -> None:
         refused = self._counts.refused
@@ -683,21 +726,6 @@ class Connection(asyncio.Protocol):
     def _will_json(self) -> str | None:
         return None if self.will is None else will_to_json(self.will, self.username)
 
-    def _disconnect(self, packet: Disconnect) -> None:
-        interval = packet.properties.session_expiry_interval
-        if interval is not None:
-            if self.expiry == 0 and interval != 0:
-                # [MQTT-3.14.2-2]: 0 at CONNECT cannot become non-zero at DISCONNECT.
-                raise ProtocolError(
-                    DisconnectReason.PROTOCOL_ERROR,
-                    "Session Expiry Interval was 0 at CONNECT; DISCONNECT cannot set it"
-                    " [MQTT-3.14.2-2]",
-                )
-            self.expiry = min(interval, self.broker.config.limits.max_session_expiry)
-        self._normal = packet.reason_code == DisconnectReason.NORMAL_DISCONNECTION
-        self.closing = True
-        self._close_transport()
-
     def require_session(self) -> Session:
         if self.session is None:
             raise ProtocolError(DisconnectReason.PROTOCOL_ERROR, "a packet before the CONNECT")
@@ -727,9 +755,11 @@ class Connection(asyncio.Protocol):
                 case Checkpoint():
                     self._queue_checkpoint(effect)
                 case Release(packet_id):
-                    self.send(Pubrel(packet_id))
+                    self._write(self.core.pubrel(packet_id))
                 case Persist(seq):
                     self._persisting = asyncio.create_task(self._persist(seq))
+                case _:
+                    assert_never(effect)
         self._arm_timer()
 
     def record(self) -> SessionRecord:
@@ -773,44 +803,32 @@ class Connection(asyncio.Protocol):
             self._drop_qos0()
             return
         message = effect.message
+        core = self.core
+        # What is left of its Message Expiry Interval: the core drops it if
+        # nothing is (MQTT 5.0 §3.3.2.3.3), else it carries the rest.
         expiry = remaining_expiry(message, now_us)
-        if expiry is not None and expiry <= 0:
-            # Its Message Expiry Interval passed while it waited (queued or in the
-            # log while the session was offline): not delivered (MQTT 5.0 §3.3.2.3.3).
-            self._discard(effect)
-            return
         properties = NO_PUBLISH_PROPERTIES
-        topic = message.mqtt_topic
-        new_alias = 0
-        if self.level == MQTT_5:
+        if core.level == MQTT_5 and (expiry is None or expiry > 0):
             properties = publish_properties(message, effect.subscription_identifiers, expiry)
-            if self._alias_maximum:
-                # Outbound Topic Aliases (MQTT 5.0 §3.3.2.3.4), up to the client's
-                # Topic Alias Maximum: a topic's first PUBLISH on this connection
-                # names it and sets an alias, later ones send only the alias.
-                alias = self._aliases.get(topic)
-                if alias is not None:
-                    properties = replace(properties, topic_alias=alias)
-                    topic = ""
-                elif len(self._aliases) < self._alias_maximum:
-                    new_alias = len(self._aliases) + 1
-                    properties = replace(properties, topic_alias=new_alias)
-        data = encode_publish(
-            topic,
-            message.payload,
-            effect.qos,
-            effect.retain,
-            effect.dup,
-            effect.packet_id,
-            properties,
-            self.level == MQTT_5,
-        )
-        if self._client_max_packet is not None and len(data) > self._client_max_packet:
-            # [MQTT-3.1.2-25]: too large for the client, discarded as if delivered.
+        try:
+            data = core.publish(
+                message.mqtt_topic,
+                message.payload,
+                effect.qos,
+                effect.retain,
+                effect.dup,
+                effect.packet_id,
+                properties,
+                expiry,
+            )
+        except LocalProtocolError:
+            log.exception("client %s: delivery refused by the core", self.client_id)
+            self.close(DisconnectReason.UNSPECIFIED_ERROR)
+            return
+        if data is None:
+            # Expired, or larger than the client accepts [MQTT-3.1.2-25].
             self._discard(effect)
             return
-        if new_alias:
-            self._aliases[message.mqtt_topic] = new_alias
         self._write(data)
         self._counts.publish_out[effect.qos] += 1
 
@@ -879,7 +897,7 @@ class Connection(asyncio.Protocol):
                     expiry_interval=self.expiry,
                     # DISCONNECT 0x00 discards the Will [MQTT-3.1.2-10]; otherwise
                     # it stays until published (mqtt/wills.py).
-                    will=None if self._normal else stored.record.will,
+                    will=None if self.core.normal else stored.record.will,
                 )
                 stored = Stored(record, stored.version)
             by_topic = cursors_by_topic(checkpoint.cursors, self.broker.router.topic_of())
@@ -892,14 +910,14 @@ class Connection(asyncio.Protocol):
         """Close the connection from the server's side (MQTT 5: DISCONNECT `reason`)."""
         if self.closing:
             return
-        self.closing = True
-        if self.connack_sent and self.level == MQTT_5:
-            self.send(Disconnect(reason))
+        self._apply(self.core.handle(ServerClose(reason), self._loop.time()))
         self._close_transport()
 
     async def take_over(self) -> None:
         """Another connection claims this client id: leave, saving the session."""
-        self.close(DisconnectReason.SESSION_TAKEN_OVER)
+        if not self.closing:
+            self._apply(self.core.handle(TakenOver(), self._loop.time()))
+            self._close_transport()
         await self.done.wait()
 
     def _close_transport(self) -> None:
@@ -926,6 +944,7 @@ class Connection(asyncio.Protocol):
         for handle in (self._timer, self._alive):
             if handle is not None:
                 handle.cancel()
+        self._alive = None
         self.following.cancel()
         broker = self.broker
         # Its PUBLISHes committed before its Will can be.
@@ -957,13 +976,8 @@ class Connection(asyncio.Protocol):
             log.debug("client %s (%s) disconnected", self.client_id or "-", self.peer)
 
     def _leave_will(self) -> None:
-        """Closed without DISCONNECT 0x00 (0x04 asks for it): the Will goes after
-        its delay, or when the session ends if that is sooner [MQTT-3.1.3-9]."""
-        will = self.will
-        if will is None or self._normal or not self.connack_sent:
-            return
-        delay = will.properties.will_delay_interval or 0 if self.level == MQTT_5 else 0
-        self.broker.wills.schedule(self.client_id, self.username, will, min(delay, self.expiry))
+        """The core says whether a Will is due, and when (`ScheduleWill`)."""
+        self._apply(self.core.connection_lost())
 
     async def _end_session(self, session: Session) -> None:
         stored = self.stored

@@ -30,16 +30,13 @@ import asyncio
 import math
 from collections.abc import Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from riverbed.errors import RiverbedError
 from riverbed.log.appender import Positions, store_refused
 from riverbed.log.log import Log
 from riverbed.model import Message
 from riverbed.mqtt.codec import PubackReason
-
-if TYPE_CHECKING:
-    from riverbed.mqtt.inbound import Inbound
 
 
 def refusal_reason(exc: BaseException | None) -> PubackReason:
@@ -51,6 +48,16 @@ def refusal_reason(exc: BaseException | None) -> PubackReason:
     if store_refused(exc):
         return PubackReason.QUOTA_EXCEEDED
     return PubackReason.UNSPECIFIED_ERROR
+
+
+class Inbound(Protocol):
+    """What the pacer needs of a connection's PUBLISHes (`mqtt.inbound.Inbound`):
+    its batches, and a call when one is done. The pacer answers; it holds no
+    connection."""
+
+    def take_batches(self) -> list[Batch]: ...
+
+    def committed(self, batch: Batch) -> None: ...
 
 
 class Batch:
