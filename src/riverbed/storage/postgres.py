@@ -29,6 +29,9 @@ from riverbed.storage.urls import redact_password, redact_url
 CHANNEL = "riverbed_append"
 FALLBACK_CHUNK = 65_536
 """Offsets per `read_arrow` when a streamed read falls back to it."""
+BATCH_BYTES = 16 << 20
+"""About how many bytes of rows the ADBC driver puts in one record batch of a
+streamed read (its `batch_size_hint_bytes`): bounds a Spark task's memory."""
 LISTEN_RETRY_FIRST = 0.1
 LISTEN_RETRY_MAX = 5.0
 """Seconds the LISTEN thread waits before connecting again, doubling per failure."""
@@ -62,6 +65,18 @@ _REFUSING_STATES = frozenset({"25006", "53100"})
 _COPY_TYPES = [
     "int8", "int8", "bytea", "int8", "text", "text", "bytea", "bytea", "int2", "int2",
 ]  # fmt: skip
+
+
+def _inline(sql: str, params: Sequence[Any]) -> str:
+    """`sql` with each `?` replaced by its parameter as an SQL literal (quoted by
+    psycopg: integers and text here)."""
+    from psycopg import sql as pgsql
+
+    parts = sql.split("?")
+    if len(parts) != len(params) + 1:
+        raise ValueError(f"{len(params)} parameters for {len(parts) - 1} placeholders")
+    literals = [pgsql.Literal(p).as_string(None) for p in params]
+    return parts[0] + "".join(v + part for v, part in zip(literals, parts[1:], strict=True))
 
 
 class PostgresStorage(SqlStorage):
@@ -115,7 +130,20 @@ class PostgresStorage(SqlStorage):
     def _adbc_connect(self) -> Any:
         import adbc_driver_postgresql.dbapi
 
-        return adbc_driver_postgresql.dbapi.connect(self.url, autocommit=True)
+        conn = adbc_driver_postgresql.dbapi.connect(self.url, autocommit=True)
+        try:
+            with conn.cursor() as cur:
+                # This connection reads ranges of a stream in offset order only. After
+                # a bulk load, before autovacuum has analysed `messages`, the planner
+                # guesses a few rows and picks a bitmap scan with a sort that spills
+                # to disk: twice the server's time of the primary key's index scan
+                # for 125,000 messages (docs/benchmarks.md, Spark).
+                cur.execute("SET enable_bitmapscan = off")
+                cur.execute("SET enable_sort = off")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     def _adbc_sql(self, sql: str) -> str:
         # libpq's numbered placeholders; our queries hold `?` only as placeholders.
@@ -232,9 +260,12 @@ class PostgresStorage(SqlStorage):
     ) -> Iterator[Any]:
         """`arrow.ArrowStreams`: one typed query through ADBC, streamed.
 
-        The driver runs it as a binary `COPY ... TO STDOUT` and builds the Arrow
-        columns in C, batch by batch as the consumer takes them (the server
-        keeps producing meanwhile); no column is computed per row (a plain
+        The driver runs a query without bound parameters as a binary `COPY ...
+        TO STDOUT` and builds the Arrow columns in C, batch by batch as the
+        consumer takes them (the server keeps producing meanwhile); with bound
+        parameters it would prepare the statement and hand the whole result over
+        in one batch, so the values are written into the SQL as literals
+        (`_inline`). No column is computed per row (a plain
         `SELECT`: PostgreSQL types its columns, so nulls need no flag as on
         SQLite). If ADBC is missing or fails, the rest of the range is read
         with `read_arrow` in chunks.
@@ -260,7 +291,9 @@ class PostgresStorage(SqlStorage):
         if conn is not None:
             cur = conn.cursor()
             try:
-                cur.execute(self._adbc_sql(sql), params)
+                hint = {"adbc.postgresql.batch_size_hint_bytes": str(BATCH_BYTES)}
+                cur.adbc_statement.set_options(**hint)
+                cur.execute(_inline(sql, params))
                 for batch in cur.fetch_record_batch():
                     if batch.num_rows:
                         out = arrow.conform_typed(batch)
