@@ -25,7 +25,8 @@ stored JSON `[[name, value], ...]` (a bytes value as `[name, "b", base64]`), nul
 when there are none; `timestamp` is when the log accepted the message."""
 
 CHUNK = 65_536
-"""Offsets per query: bounds a task's memory whatever its range."""
+"""Offsets per query where the storage reads a range in chunks (SQLite): bounds
+a task's memory whatever its range (PostgreSQL streams, `postgres.BATCH_BYTES`)."""
 
 
 def spark_arrow_schema() -> Any:
