@@ -6,7 +6,12 @@
   the `noop` sink, against Spark reading the same rows (the same columns) from a
   Parquet directory, as a streaming query (AvailableNow, noop) and as a batch read;
 - sink: a cached DataFrame of (key, payload) written to a topic with
-  `df.write.format("riverbed")`, against the same DataFrame written as Parquet;
+  `df.write.format("riverbed")`, as it comes (every task writes every stream)
+  and planned by stream (`riverbed.spark.by_stream`: one stream, one task),
+  against a raw bulk load of the same rows with the same driver outside Spark
+  (PostgreSQL: one ADBC transaction, `adbc_ingest` into `messages`; SQLite: the
+  storage's own bulk load, ADBC staging and one copy) and, for context, the same
+  DataFrame written as Parquet;
 - latency: a running streaming query (subscription -> riverbed sink, default
   trigger) and a consumer of the sink's topic; one message produced at a time,
   the time until the consumer has it, end to end;
@@ -15,9 +20,18 @@
   streaming query.
 
 Three rounds of each throughput case, alternating; the best round counts.
-Prints throughputs and the ratios riverbed / Parquet.
+Prints throughputs, the ratios against the ceiling and the raw load (the
+targets) and against Parquet (context).
+
+`--master local` (default) runs `local[*]`; `--master cluster` starts a
+standalone cluster from pyspark's distribution on loopback (a master and
+`--workers` workers of one core each, `tests/harness/spark_cluster.py`) and,
+with two workers, measures the source and the sink again with one executor
+(`spark.cores.max=1`) and prints the two against each other; `--master
+spark://HOST:PORT` uses a running cluster.
 
     .venv/bin/python bench/spark.py [--messages N] [--backend sqlite|postgres]
+        [--master local|cluster|spark://HOST:PORT] [--workers N]
 """
 
 from __future__ import annotations
@@ -46,7 +60,7 @@ from pyspark.sql.datasource import (  # noqa: E402
 from riverbed.log.log import Log  # noqa: E402
 from riverbed.log.router import key_hash, route  # noqa: E402
 from riverbed.model import Message  # noqa: E402
-from riverbed.spark import session  # noqa: E402
+from riverbed.spark import by_stream, session  # noqa: E402
 from riverbed.spark.options import DEFAULT_PARTITION_MESSAGES  # noqa: E402
 from riverbed.spark.planning import Range, split  # noqa: E402
 from riverbed.storage.base import StartKind  # noqa: E402
@@ -149,11 +163,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite")
+    parser.add_argument("--master", default="local", help="local, cluster or spark://HOST:PORT")
+    parser.add_argument("--workers", type=int, default=2, help="workers of --master cluster")
     parser.add_argument("--latency-samples", type=int, default=20)
     args = parser.parse_args()
-    n = args.messages
+    if args.master != "local" and args.backend == "sqlite":
+        parser.error("a cluster needs --backend postgres (a SQLite file cannot be shared)")
     work = Path(tempfile.mkdtemp(prefix="riverbed-bench-spark-"))
     server = None
+    cluster = None
     try:
         if args.backend == "postgres":
             from harness.postgres import PostgresServer
@@ -163,14 +181,130 @@ def main() -> None:
             url = server.new_database("bench")
         else:
             url = f"sqlite:///{work}/bench.db"
-        run(url, n, work, args.latency_samples, args.backend)
+        master = None
+        if args.master == "cluster":
+            from harness.spark_cluster import SparkCluster
+
+            os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+            cluster = SparkCluster(workers=args.workers, memory=EXECUTOR_MEMORY).start()
+            master = cluster.master_url
+        elif args.master != "local":
+            master = args.master
+        run(url, args.messages, work, args.latency_samples, args.backend, master, args.workers)
     finally:
+        if cluster is not None:
+            cluster.stop()
         if server is not None:
             server.stop()
         shutil.rmtree(work, ignore_errors=True)
 
 
-def run(url: str, n: int, work: Path, samples: int, backend: str) -> None:
+EXECUTOR_MEMORY = "1g"
+"""Per worker of `--master cluster`: room for the cached DataFrames."""
+
+
+def start_spark(master: str | None, cores_max: int | None = None) -> Any:
+    if master is None:
+        spark = session()
+    else:
+        config = {
+            "spark.driver.host": "127.0.0.1",
+            "spark.driver.bindAddress": "127.0.0.1",
+            "spark.executor.memory": EXECUTOR_MEMORY,
+            "spark.executor.cores": "1",
+            "spark.sql.shuffle.partitions": "4",
+        }
+        if cores_max is not None:
+            config["spark.cores.max"] = str(cores_max)
+        spark = session(master, config=config)
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(MemorySource)
+    return spark
+
+
+def sink_rows(n: int) -> Any:
+    """The rows the sink's tasks hand the appender (`sink.message_columns`)."""
+    import pyarrow as pa
+
+    keys = pa.array([f"key-{i}" for i in range(STREAMS)] * (n // STREAMS), pa.string())
+    m = len(keys)
+    return pa.table(
+        {
+            "mqtt_topic": pa.repeat(pa.scalar("", pa.string()), m),
+            "key": keys,
+            "payload": pa.repeat(pa.scalar(PAYLOAD, pa.binary()), m),
+            "properties": pa.nulls(m, pa.binary()),
+            "qos": pa.repeat(pa.scalar(0, pa.int16()), m),
+            "retain": pa.repeat(pa.scalar(0, pa.int16()), m),
+        }
+    )
+
+
+def raw_loader(url: str, backend: str, n: int) -> Callable[[], None]:
+    """A raw bulk load of the sink's rows into a new topic, outside Spark.
+
+    The rows are routed, stamped and grouped by stream once, beforehand (what
+    the appender hands the storage); the timed part is the database's work:
+    PostgreSQL, one ADBC transaction moving the heads and `adbc_ingest`ing the
+    rows into `messages` (binary COPY); SQLite, `append_arrow_once` (ADBC
+    staging file, then one `INSERT ... SELECT` per stream under the write lock).
+    """
+    from riverbed.storage import bulk
+
+    loads = iter(range(1_000))
+    table = sink_rows(n)
+
+    def load() -> None:
+        topic = f"raw-{next(loads)}"
+        captured: dict[str, Any] = {}
+        with Log.open(url) as log:
+            log.topics.create(topic, partitions=STREAMS)
+            real = log.storage.append_arrow_once
+
+            def capture(marker: str, streams: Any, rows: Any) -> dict[int, int]:
+                captured.update(streams=streams, rows=rows)
+                return {}
+
+            log.storage.append_arrow_once = capture  # type: ignore[method-assign]
+            log.appender.append_arrow_once(topic, table, "capture")
+            streams, rows = captured["streams"], captured["rows"]
+            if backend == "sqlite":
+                started = time.perf_counter()
+                real(f"raw/{topic}", streams, rows)
+                spent.append(time.perf_counter() - started)
+                return
+        import adbc_driver_postgresql.dbapi
+
+        conn = adbc_driver_postgresql.dbapi.connect(url, autocommit=False)
+        try:
+            started = time.perf_counter()
+            with conn.cursor() as cur:
+                for key, count in sorted(streams):
+                    cur.execute(
+                        "UPDATE streams SET next_offset = next_offset + $1 WHERE id = $2",
+                        (count, key),
+                    )
+                firsts = {key: 0 for key, _ in streams}
+                cur.adbc_ingest("messages", bulk.message_table(streams, firsts, rows), "append")
+            conn.commit()
+            spent.append(time.perf_counter() - started)
+        finally:
+            conn.close()
+
+    spent: list[float] = []
+    load.spent = spent  # type: ignore[attr-defined]
+    return load
+
+
+def run(
+    url: str,
+    n: int,
+    work: Path,
+    samples: int,
+    backend: str,
+    master: str | None,
+    workers: int,
+) -> None:
     keys = keys_per_partition()
     with Log.open(url) as log:
         log.topics.create("bench", partitions=STREAMS)
@@ -182,11 +316,37 @@ def run(url: str, n: int, work: Path, samples: int, backend: str) -> None:
         subscriptions.create("bench-read", "bench")
     total = per * STREAMS
 
-    spark = session()
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = start_spark(master)
     parquet = str(work / "parquet")
     source = spark.read.format("riverbed").option("db", url).option("topic", "bench").load()
     source.select(*COLUMNS).write.parquet(parquet)
+    results = measure(spark, url, work, total, backend, parquet, with_parquet=True)
+    latencies = latency(spark, url, work, samples)
+    raw = raw_loader(url, backend, total)
+    raw()  # warm-up
+    for _ in range(ROUNDS):
+        raw()
+    results["raw bulk load"] = raw.spent[1:]  # type: ignore[attr-defined]
+    one_worker: dict[str, list[float]] | None = None
+    if master is not None and workers == 2:
+        spark.stop()
+        spark = start_spark(master, cores_max=1)
+        one_worker = measure(spark, url, work, total, backend, parquet, with_parquet=False)
+    spark.stop()
+    report(results, latencies, total, backend, master, one_worker)
+
+
+def measure(
+    spark: Any,
+    url: str,
+    work: Path,
+    total: int,
+    backend: str,
+    parquet: str,
+    *,
+    with_parquet: bool,
+) -> dict[str, list[float]]:
+    """Best-of-ROUNDS timings of every Spark case, after a warm-up round."""
     schema = spark.read.parquet(parquet).schema
 
     def riverbed_stream() -> None:
@@ -217,9 +377,8 @@ def run(url: str, n: int, work: Path, samples: int, backend: str) -> None:
         )
         query.awaitTermination()
 
-    spark.dataSource.register(MemorySource)
     # As many Spark partitions as the riverbed source plans for the same streams.
-    streams = [Range(0, "bench", 0, p, 0, per) for p in range(STREAMS)]
+    streams = [Range(0, "bench", 0, p, 0, total // STREAMS) for p in range(STREAMS)]
     parts = len(split(streams, DEFAULT_PARTITION_MESSAGES, os.cpu_count() or 1))
 
     def memory_stream() -> None:
@@ -247,34 +406,46 @@ def run(url: str, n: int, work: Path, samples: int, backend: str) -> None:
     frame = frame.repartition(os.cpu_count() or 2).cache()
     frame.count()
     sinks = iter(range(1_000))
+    with Log.open(url) as log:
+        log.topics.create(f"sink-plan-{id(frame)}", partitions=STREAMS)
+    planned = by_stream(frame, f"sink-plan-{id(frame)}", url).cache()
+    planned.count()
 
-    def riverbed_sink() -> None:
-        topic = f"sink-{next(sinks)}"
-        with Log.open(url) as log:
-            log.topics.create(topic, partitions=STREAMS)
-        frame.write.format("riverbed").option("db", url).option("topic", topic).mode(
-            "append"
-        ).save()
+    def sink(data: Any) -> Callable[[], None]:
+        def write() -> None:
+            topic = f"sink-{id(data)}-{next(sinks)}"
+            with Log.open(url) as log:
+                log.topics.create(topic, partitions=STREAMS)
+            data.write.format("riverbed").option("db", url).option("topic", topic).mode(
+                "append"
+            ).save()
+
+        return write
 
     def parquet_sink() -> None:
         frame.write.mode("overwrite").parquet(str(work / "sink-parquet"))
 
-    # Warm-up: JIT, Python workers, ADBC libraries.
-    riverbed_stream()
-    parquet_stream()
-    memory_stream()
-    riverbed_sink()
-    parquet_sink()
+    cases: list[tuple[str, Callable[[], None]]] = [
+        ("riverbed stream", riverbed_stream),
+        ("memory stream", memory_stream),
+        ("riverbed sink", sink(frame)),
+        ("riverbed sink by stream", sink(planned)),
+    ]
+    if with_parquet:
+        cases += [
+            ("parquet stream", parquet_stream),
+            ("parquet batch", parquet_batch),
+            ("parquet sink", parquet_sink),
+        ]
+    for _, case in cases:  # warm-up: JIT, Python workers, ADBC libraries
+        case()
     results: dict[str, list[float]] = {}
     for _ in range(ROUNDS):
-        best(results, "riverbed stream", timed(riverbed_stream))
-        best(results, "parquet stream", timed(parquet_stream))
-        best(results, "parquet batch", timed(parquet_batch))
-        best(results, "memory stream", timed(memory_stream))
-        best(results, "riverbed sink", timed(riverbed_sink))
-        best(results, "parquet sink", timed(parquet_sink))
-    latencies = latency(spark, url, work, samples)
-    report(results, latencies, total, backend)
+        for name, case in cases:
+            best(results, name, timed(case))
+    frame.unpersist()
+    planned.unpersist()
+    return results
 
 
 def latency(spark: Any, url: str, work: Path, samples: int) -> list[float]:
@@ -319,16 +490,25 @@ def latency(spark: Any, url: str, work: Path, samples: int) -> list[float]:
 
 
 def report(
-    results: dict[str, list[float]], latencies: list[float], total: int, backend: str
+    results: dict[str, list[float]],
+    latencies: list[float],
+    total: int,
+    backend: str,
+    master: str | None,
+    one_worker: dict[str, list[float]] | None,
 ) -> None:
     import pyarrow
     import pyspark
 
     rate = {name: total / min(times) for name, times in results.items()}
-    print(f"# {total:,} messages of {len(PAYLOAD)} bytes, {STREAMS} streams, backend {backend}")
+    print(
+        f"# {total:,} messages of {len(PAYLOAD)} bytes, {STREAMS} streams, backend {backend},"
+        f" master {master or 'local[*]'}"
+    )
     print(
         f"# {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()},"
-        f" pyspark {pyspark.__version__}, pyarrow {pyarrow.__version__}"
+        f" pyspark {pyspark.__version__}, pyarrow {pyarrow.__version__},"
+        f" load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}"
     )
     print(f"{'case':<44}{'msg/s':>14}")
     for name in results:
@@ -336,16 +516,24 @@ def report(
     print()
     print(f"{'ratio':<44}{'value':>14}{'target':>10}")
     ratios = [
-        ("source: riverbed stream / parquet stream", "riverbed stream", "parquet stream", 0.8),
-        ("source: riverbed stream / parquet batch", "riverbed stream", "parquet batch", 0.8),
-        ("sink: riverbed / parquet write", "riverbed sink", "parquet sink", 0.5),
+        ("source: riverbed stream / memory source", "riverbed stream", "memory stream", 0.9),
+        ("sink by stream / raw bulk load", "riverbed sink by stream", "raw bulk load", 0.8),
+        ("sink as it comes / raw bulk load", "riverbed sink", "raw bulk load", None),
+        ("source: riverbed stream / parquet stream", "riverbed stream", "parquet stream", None),
+        ("source: riverbed stream / parquet batch", "riverbed stream", "parquet batch", None),
         ("ceiling: memory source / parquet stream", "memory stream", "parquet stream", None),
-        ("source: riverbed stream / memory source", "riverbed stream", "memory stream", None),
+        ("sink by stream / parquet write", "riverbed sink by stream", "parquet sink", None),
     ]
     for label, a, b, target in ratios:
         value = rate[a] / rate[b]
         wanted = "(info)" if target is None else f">= {target}"
         print(f"{label:<44}{value:>14.2f}{wanted:>10}")
+    if one_worker is not None:
+        print()
+        print(f"{'two workers against one':<44}{'2 workers':>14}{'1 worker':>14}{'2 / 1':>8}")
+        for name, times in one_worker.items():
+            one = total / min(times)
+            print(f"{name:<44}{rate[name]:>14,.0f}{one:>14,.0f}{rate[name] / one:>8.2f}")
     ms = sorted(x * 1000 for x in latencies)
     print()
     print(

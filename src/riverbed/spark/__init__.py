@@ -8,6 +8,7 @@
     spark.read.format("riverbed").option("db", URL).option("topic", "orders").load()
     spark.readStream.format("riverbed").option("db", URL).option("subscription", "s").load()
     df.write.format("riverbed").option("db", URL).option("topic", "out").mode("append").save()
+    by_stream(df, "out", URL).write.format("riverbed")...  # one task per stream (PostgreSQL)
 
 Needs the `riverbed[spark]` extra (pyspark, pyarrow, the ADBC drivers) and a
 JVM. Options are listed in `riverbed.spark.options`.
@@ -17,13 +18,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from riverbed.spark.distribution import by_stream
 from riverbed.spark.options import check_shared_storage
 from riverbed.spark.session import session
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["check_shared_storage", "register", "session"]
+__all__ = ["by_stream", "check_shared_storage", "register", "session"]
 
 
 def register(spark: SparkSession) -> None:

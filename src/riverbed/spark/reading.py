@@ -1,8 +1,9 @@
 """What a Spark task does to read: ranges of streams -> Arrow record batches.
 
 Runs in Spark's Python workers. It opens its own storage (a worker keeps no
-state between tasks), reads each range in chunks through `Storage.read_arrow`
-(ADBC where installed) and turns the columns into the source's schema without
+state between tasks), reads each range through ADBC where installed (on
+PostgreSQL one streamed query per range, `read_arrow_batches`; on SQLite chunks
+of `Storage.read_arrow`) and turns the columns into the source's schema without
 a Python object per row. Deterministic for a range: a retried task or a
 replayed batch yields the same rows.
 """
@@ -24,7 +25,8 @@ stored JSON `[[name, value], ...]` (a bytes value as `[name, "b", base64]`), nul
 when there are none; `timestamp` is when the log accepted the message."""
 
 CHUNK = 65_536
-"""Offsets per query: bounds a task's memory whatever its range."""
+"""Offsets per query where the storage reads a range in chunks (SQLite): bounds
+a task's memory whatever its range (PostgreSQL streams, `postgres.BATCH_BYTES`)."""
 
 
 def spark_arrow_schema() -> Any:
@@ -71,37 +73,54 @@ def read_ranges(
             topic = pa.scalar(r.topic, pa.string())
             generation = pa.scalar(r.generation, pa.int32())
             partition = pa.scalar(r.partition, pa.int32())
-            for first in range(r.start, r.end, CHUNK):
-                table = storage.read_arrow(
-                    r.stream_key,
-                    first,
-                    min(first + CHUNK, r.end),
-                    key=key,
-                    since_us=since_us,
-                    until_us=until_us,
-                )
-                if pattern is not None and table.num_rows:
-                    names = table.column("mqtt_topic")
+            for batch in _stream_batches(storage, r, key, since_us, until_us):
+                if pattern is not None and batch.num_rows:
+                    names = batch.column("mqtt_topic")
                     mask = pc.match_substring_regex(names, pattern)
                     if no_dollar:  # [MQTT-4.7.2-1]
                         mask = pc.and_(mask, pc.invert(pc.starts_with(names, "$")))
-                    table = table.filter(mask)
-                n = table.num_rows
+                    batch = batch.filter(mask)
+                n = batch.num_rows
                 if n == 0:
                     continue
                 columns = [
                     pa.repeat(topic, n),
                     pa.repeat(generation, n),
                     pa.repeat(partition, n),
-                    table.column("offset"),
-                    table.column("id"),
-                    table.column("mqtt_topic"),
-                    table.column("key"),
-                    table.column("payload"),
-                    table.column("properties").cast(pa.string()),
-                    table.column("qos"),
-                    table.column("timestamp_us").cast(pa.timestamp("us", tz="UTC")),
+                    batch.column("offset"),
+                    batch.column("id"),
+                    batch.column("mqtt_topic"),
+                    batch.column("key"),
+                    batch.column("payload"),
+                    batch.column("properties").cast(pa.string()),
+                    batch.column("qos"),
+                    batch.column("timestamp_us").cast(pa.timestamp("us", tz="UTC")),
                 ]
-                yield from pa.Table.from_arrays(columns, schema=schema).to_batches()
+                yield pa.RecordBatch.from_arrays(columns, schema=schema)
     finally:
         storage.close()
+
+
+def _stream_batches(
+    storage: Any, r: Range, key: str | None, since_us: int | None, until_us: int | None
+) -> Iterator[Any]:
+    """One range's messages as record batches of `Storage.read_arrow`'s columns:
+    streamed from one query where the storage can (PostgreSQL), else in chunks of
+    `CHUNK` offsets."""
+    from riverbed.storage.arrow import ArrowStreams
+
+    if isinstance(storage, ArrowStreams):
+        yield from storage.read_arrow_batches(
+            r.stream_key, r.start, r.end, key=key, since_us=since_us, until_us=until_us
+        )
+        return
+    for first in range(r.start, r.end, CHUNK):
+        table = storage.read_arrow(
+            r.stream_key,
+            first,
+            min(first + CHUNK, r.end),
+            key=key,
+            since_us=since_us,
+            until_us=until_us,
+        )
+        yield from table.to_batches()

@@ -19,6 +19,12 @@ spreads), `mqtt_topic` (string; must match the topic's binding), `properties`
 Other columns are refused, so a misspelt one is not silently dropped. The
 writer's commit wakes the broker's subscribers like any append (the storage's
 cross-process wake-up).
+
+A task holds the heads of the streams it writes from its reservation to its
+commit (offsets stay dense and committed in order). Two tasks that write the
+same stream therefore commit one after the other; on PostgreSQL, where tasks
+load in parallel otherwise, `by_stream` plans the DataFrame's partitions so that
+no two tasks share a stream (`distribution.py`).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from riverbed.errors import InvalidOffset, RiverbedError
 
@@ -72,11 +72,13 @@ def query(
     key: str | None,
     since_us: int | None,
     until_us: int | None,
+    select: str = SELECT,
 ) -> tuple[str, list[Any]]:
-    """The SQL (with `?` placeholders) and parameters of one `read_arrow`."""
+    """The SQL (with `?` placeholders) and parameters of one `read_arrow`
+    (`select`: the statement the conditions are appended to)."""
     if start < 0:
         raise InvalidOffset(f"cannot read from offset {start}: offsets start at 0")
-    sql = SELECT.format(empty_blob=empty_blob)
+    sql = select.format(empty_blob=empty_blob)
     params: list[Any] = [stream_key, start, end]
     if key is not None:
         sql += " AND key = ?"
@@ -118,6 +120,45 @@ def conform(table: Any) -> Any:
         retain.cast(pa.bool_()),
     ]
     return pa.Table.from_arrays(out, schema=schema)
+
+
+TYPED_SELECT = (
+    "SELECT off, id, ts, mqtt_topic, key, payload, properties, qos, retain"
+    " FROM messages WHERE stream = ? AND off >= ? AND off < ?"
+)
+"""The read for a database whose driver types columns (PostgreSQL): nulls come
+as nulls, so nothing is computed per row on either side (`conform_typed`)."""
+
+
+def conform_typed(batch: Any) -> Any:
+    """A record batch of `TYPED_SELECT`'s columns -> `arrow_schema()` (casts of
+    whole columns; the integer ones are zero-copy or one pass)."""
+    pa = pyarrow_module()
+    schema = arrow_schema()
+    columns = [batch.column(i) for i in range(batch.num_columns)]
+    return pa.RecordBatch.from_arrays(
+        [c.cast(f.type) for c, f in zip(columns, schema, strict=True)], schema=schema
+    )
+
+
+@runtime_checkable
+class ArrowStreams(Protocol):
+    """A storage that can stream a range of a stream as Arrow record batches
+    from one query (`read_arrow` in chunks is the fallback)."""
+
+    def read_arrow_batches(
+        self,
+        stream_key: int,
+        start: int,
+        end: int,
+        *,
+        key: str | None = None,
+        since_us: int | None = None,
+        until_us: int | None = None,
+    ) -> Iterator[Any]:
+        """What `read_arrow` returns for the same arguments, as record batches
+        of `arrow_schema()`, in offset order, read as the consumer takes them."""
+        ...
 
 
 def from_rows(rows: list[Any]) -> Any:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -26,13 +26,18 @@ from riverbed.errors import (
     StorageUnavailable,
     StreamSealed,
 )
-from riverbed.storage import bulk
+from riverbed.storage import arrow, bulk
 from riverbed.storage.base import Row
-from riverbed.storage.connections import Cursor
+from riverbed.storage.connections import Cursor, operation
 from riverbed.storage.sql import RECORD_MARKER, SqlStorage, now_us
 from riverbed.storage.urls import redact_password, redact_url
 
 CHANNEL = "riverbed_append"
+FALLBACK_CHUNK = 65_536
+"""Offsets per `read_arrow` when a streamed read falls back to it."""
+BATCH_BYTES = 16 << 20
+"""About how many bytes of rows the ADBC driver puts in one record batch of a
+streamed read (its `batch_size_hint_bytes`): bounds a Spark task's memory."""
 LISTEN_RETRY_FIRST = 0.1
 LISTEN_RETRY_MAX = 5.0
 """Seconds the LISTEN thread waits before connecting again, doubling per failure."""
@@ -66,6 +71,18 @@ _REFUSING_STATES = frozenset({"25006", "53100"})
 _COPY_TYPES = [
     "int8", "int8", "bytea", "int8", "text", "text", "bytea", "bytea", "int2", "int2",
 ]  # fmt: skip
+
+
+def _inline(sql: str, params: Sequence[Any]) -> str:
+    """`sql` with each `?` replaced by its parameter as an SQL literal (quoted by
+    psycopg: integers and text here)."""
+    from psycopg import sql as pgsql
+
+    parts = sql.split("?")
+    if len(parts) != len(params) + 1:
+        raise ValueError(f"{len(params)} parameters for {len(parts) - 1} placeholders")
+    literals = [pgsql.Literal(p).as_string(None) for p in params]
+    return parts[0] + "".join(v + part for v, part in zip(literals, parts[1:], strict=True))
 
 
 class PostgresStorage(SqlStorage):
@@ -119,7 +136,20 @@ class PostgresStorage(SqlStorage):
     def _adbc_connect(self) -> Any:
         import adbc_driver_postgresql.dbapi
 
-        return adbc_driver_postgresql.dbapi.connect(self.url, autocommit=True)
+        conn = adbc_driver_postgresql.dbapi.connect(self.url, autocommit=True)
+        try:
+            with conn.cursor() as cur:
+                # This connection reads ranges of a stream in offset order only. After
+                # a bulk load, before autovacuum has analysed `messages`, the planner
+                # guesses a few rows and picks a bitmap scan with a sort that spills
+                # to disk: twice the server's time of the primary key's index scan
+                # for 125,000 messages (docs/benchmarks.md, Spark).
+                cur.execute("SET enable_bitmapscan = off")
+                cur.execute("SET enable_sort = off")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     def _adbc_sql(self, sql: str) -> str:
         # libpq's numbered placeholders; our queries hold `?` only as placeholders.
@@ -222,6 +252,77 @@ class PostgresStorage(SqlStorage):
             with contextlib.suppress(Exception):
                 conn.rollback()  # a no-op after the commit
             conn.close()
+
+    @operation
+    def read_arrow_batches(
+        self,
+        stream_key: int,
+        start: int,
+        end: int,
+        *,
+        key: str | None = None,
+        since_us: int | None = None,
+        until_us: int | None = None,
+    ) -> Iterator[Any]:
+        """`arrow.ArrowStreams`: one typed query through ADBC, streamed.
+
+        The driver runs a query without bound parameters as a binary `COPY ...
+        TO STDOUT` and builds the Arrow columns in C, batch by batch as the
+        consumer takes them (the server keeps producing meanwhile); with bound
+        parameters it would prepare the statement and hand the whole result over
+        in one batch, so the values are written into the SQL as literals
+        (`_inline`). No column is computed per row (a plain
+        `SELECT`: PostgreSQL types its columns, so nulls need no flag as on
+        SQLite). If ADBC is missing or fails, the rest of the range is read
+        with `read_arrow` in chunks.
+        """
+        sql, params = arrow.query(
+            self.EMPTY_BLOB, stream_key, start, end, key, since_us, until_us, arrow.TYPED_SELECT
+        )
+        return self._streamed(sql, params, stream_key, start, end, key, since_us, until_us)
+
+    def _streamed(
+        self,
+        sql: str,
+        params: list[Any],
+        stream_key: int,
+        start: int,
+        end: int,
+        key: str | None,
+        since_us: int | None,
+        until_us: int | None,
+    ) -> Iterator[Any]:
+        position = start  # everything below it has been yielded
+        conn = self.adbc.get()
+        if conn is not None:
+            cur = conn.cursor()
+            try:
+                hint = {"adbc.postgresql.batch_size_hint_bytes": str(BATCH_BYTES)}
+                cur.adbc_statement.set_options(**hint)
+                cur.execute(_inline(sql, params))
+                for batch in cur.fetch_record_batch():
+                    if batch.num_rows:
+                        out = arrow.conform_typed(batch)
+                        position = out.column(0)[-1].as_py() + 1
+                        yield out
+                return
+            except Exception:
+                # Its state is unknown now: the next call reconnects; this one
+                # goes on through the plain driver from where it got to.
+                self.adbc.discard()
+            finally:
+                with contextlib.suppress(Exception):
+                    cur.close()
+        for first in range(position, end, FALLBACK_CHUNK):
+            table = self.read_arrow(
+                stream_key,
+                first,
+                min(first + FALLBACK_CHUNK, end),
+                key=key,
+                since_us=since_us,
+                until_us=until_us,
+            )
+            yield from table.to_batches()
 
     def _notify_in_tx(self, cur: Cursor) -> None:
         cur.execute(f"NOTIFY {CHANNEL}")
