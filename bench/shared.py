@@ -99,7 +99,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from mqtt import RECEIVE_MAXIMUM, Broker, Mosquitto  # noqa: E402
-from riverbed.log.router import key_hash, route  # noqa: E402
+from riverbed.log.partitioning import key_hash, route  # noqa: E402
 from riverbed.log.topics import BUILTIN_PARTITIONS  # noqa: E402
 from riverbed.sharedsub.config import SharedSubConfig  # noqa: E402
 

@@ -58,7 +58,7 @@ from pyspark.sql.datasource import (  # noqa: E402
 )
 
 from riverbed.log.log import Log  # noqa: E402
-from riverbed.log.router import key_hash, route  # noqa: E402
+from riverbed.log.partitioning import key_hash, route  # noqa: E402
 from riverbed.model import Message  # noqa: E402
 from riverbed.spark import by_stream, session  # noqa: E402
 from riverbed.spark.options import DEFAULT_PARTITION_MESSAGES  # noqa: E402

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from harness.clock import FakeClock
 from riverbed.log import columns
 from riverbed.log.log import Log
-from riverbed.log.router import key_hash, route
+from riverbed.log.partitioning import key_hash, route
 from riverbed.model import Message, MessageIdGenerator
 from riverbed.storage import bulk
 

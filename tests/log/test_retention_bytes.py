@@ -14,8 +14,8 @@ import pytest
 
 from riverbed.errors import InvalidInput, TopicNotFound
 from riverbed.log.log import Log
+from riverbed.log.partitioning import key_hash, route
 from riverbed.log.retention import RetentionResult, apply_retention, run_retention
-from riverbed.log.router import key_hash, route
 from riverbed.model import Message, StreamId
 from riverbed.storage import Storage, open_storage, sql
 from riverbed.storage.base import RetentionPolicy

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from riverbed.log.reader import predecessors
+from riverbed.log.lineage import predecessors
 from riverbed.model import StreamId
 from riverbed.sharedsub.borrower import Forget, Send, StartFetching, StopFetching
 from riverbed.sharedsub.bus import InProcessBus, Registry

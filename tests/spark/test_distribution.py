@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from riverbed.errors import InvalidInput
 from riverbed.log.log import Log
-from riverbed.log.router import key_hash, route
+from riverbed.log.partitioning import key_hash, route
 from riverbed.spark import by_stream
 from riverbed.spark.distribution import stream_index
 

@@ -12,7 +12,7 @@ import pytest
 
 from riverbed.errors import InvalidInput
 from riverbed.log.log import Log
-from riverbed.log.router import key_hash, route
+from riverbed.log.partitioning import key_hash, route
 from riverbed.model import Message
 from riverbed.spark.options import WriteOptions
 from riverbed.spark.sink import write_batches

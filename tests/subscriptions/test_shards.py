@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from riverbed.errors import InvalidPartitionCount
-from riverbed.log.router import route, validate_partitions
+from riverbed.log.partitioning import route, validate_partitions
 from riverbed.storage.base import StorageTopicRecord
 from riverbed.subscriptions.shards import (
     InvalidShardCount,

@@ -22,7 +22,7 @@ from harness.clock import moment_between
 from harness.waiting import eventually
 from riverbed.errors import HandlerFailed, InvalidInput, RiverbedError, SubscriptionNotFound
 from riverbed.log.log import Log
-from riverbed.log.router import key_hash, route
+from riverbed.log.partitioning import key_hash, route
 from riverbed.model import Message
 from riverbed.storage import Storage
 from riverbed.storage.locks import LeaseLocks, session_locks

@@ -43,7 +43,7 @@ from riverbed.errors import (
     StorageUnavailable,
     StreamSealed,
 )
-from riverbed.log.router import key_hash, route
+from riverbed.log.partitioning import key_hash, route
 from riverbed.metrics import Metrics
 from riverbed.model import (
     SEQUENCE_BITS,

@@ -18,7 +18,7 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
-from riverbed.log.router import key_hash
+from riverbed.log.partitioning import key_hash
 from riverbed.model import MessageIdGenerator
 
 

@@ -30,7 +30,7 @@ from enum import Enum
 from typing import TypeVar
 
 from riverbed.errors import AlreadyExists, BindingOverlap, InvalidInput, TopicNotFound
-from riverbed.log.router import scale_factor, validate_partitions
+from riverbed.log.partitioning import scale_factor, validate_partitions
 from riverbed.model import format_duration
 from riverbed.storage.base import (
     RetentionPolicy,

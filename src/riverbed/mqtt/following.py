@@ -16,7 +16,7 @@ topic its filters can reach. `Following` keeps that set in step:
   they do not hold messages back from retention;
 - a stream of a later generation (a topic scaled up) is followed only once its
   lineage's streams of the generation before are fully consumed
-  (`log.reader.readable_streams`): per-key order across a scale-up. While some
+  (`log.lineage.readable_streams`): per-key order across a scale-up. While some
   stream waits, the check runs again after every checkpoint; streams that
   appear while the session is online are picked up when the router sees them.
 """
@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from riverbed.errors import InvalidTopicFilter, ProtocolError, RiverbedError, TopicNotFound
-from riverbed.log.reader import readable_streams
+from riverbed.log.lineage import readable_streams
 from riverbed.log.topics import reachable_topics
 from riverbed.mqtt.codec import (
     MQTT_5,
@@ -154,7 +154,7 @@ class Following:
     async def readable(self, topics: list[str], ensure: tuple[str, ...] = ()) -> dict[int, int]:
         """The streams of `topics` the session may read now, with their cursors:
         a stream of a later generation only once its lineage's streams of the
-        generation before are fully consumed (`log.reader`, per-key order across
+        generation before are fully consumed (`log.lineage`, per-key order across
         a scale-up). Sets `lineage_wait` when some stream has to wait.
         `ensure`: topics whose cursors are made first if missing (at the heads;
         most resumes find them all, and only a missing one takes the write lock)."""

@@ -7,7 +7,7 @@ It knows
 - the streams: the runtime reads the heads of the topics the filter may reach
   and hands them in (`StreamsRenewed`) whenever the Leader asks (`RenewStreams`,
   every periodic step). Lendable are the streams a reader may read now
-  (`riverbed.log.reader.readable_streams`: a next generation only once the
+  (`riverbed.log.lineage.readable_streams`: a next generation only once the
   streams of the same lineage before it are fully consumed) minus those fully
   consumed (sealed and read to their head);
 - the Borrowers, in the order they joined (the stable order allocation uses),
@@ -48,7 +48,7 @@ from enum import Enum
 from fractions import Fraction
 from typing import assert_never
 
-from riverbed.log.reader import readable_streams
+from riverbed.log.lineage import readable_streams
 from riverbed.model import StreamId
 from riverbed.sharedsub.config import SharedSubConfig
 from riverbed.sharedsub.protocol import (

@@ -96,7 +96,7 @@ _KNOWN = {
 class Ordering(Enum):
     STRICT = "strict"
     """A stream of generation g+1 is planned only once the streams of generation g
-    it waits for (`riverbed.log.reader`) are consumed: per-key order across
+    it waits for (`riverbed.log.lineage`) are consumed: per-key order across
     micro-batches survives AddStorageTopic + SwitchProduce."""
     RELAXED = "relaxed"
     """Every stream is read at once; order holds within a stream only."""

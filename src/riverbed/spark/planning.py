@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from riverbed.log.reader import readable_streams
+from riverbed.log.lineage import readable_streams
 from riverbed.spark.options import Ordering
 from riverbed.storage.base import StorageTopicRecord, StreamHead
 

@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from riverbed.errors import StreamSealed, Superseded
-from riverbed.log.reader import readable_streams
-from riverbed.log.router import key_hash
+from riverbed.log.lineage import readable_streams
+from riverbed.log.partitioning import key_hash
 from riverbed.model import MessageIdGenerator
 from riverbed.sessions.store import now_us
 from riverbed.storage.base import Storage, StreamHead, SubscriptionRecord

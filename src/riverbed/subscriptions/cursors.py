@@ -4,7 +4,7 @@ committed offset per stream (the next offset to read).
 Streams that appear after a subscription was created (new generations) start at
 their first retained offset, or, for a subscription that starts at a time, at
 the first message at or after that time. Reading follows lineage order
-(`riverbed.log.reader`). Committing only ever moves a cursor forward; `reset`
+(`riverbed.log.lineage`). Committing only ever moves a cursor forward; `reset`
 is the one way back.
 """
 
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from riverbed.errors import AlreadyExists, InvalidInput, InvalidOffset
 from riverbed.log.jsonlines import format_time
-from riverbed.log.reader import readable_streams
+from riverbed.log.lineage import readable_streams
 from riverbed.model import StoredMessage, StreamId
 from riverbed.storage.base import (
     StartKind,

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from riverbed.errors import StorageError, Superseded
-from riverbed.log.router import key_hash, route
+from riverbed.log.partitioning import key_hash, route
 from riverbed.log.topics import Topics
 from riverbed.model import MessageIdGenerator
 from riverbed.sessions.store import now_us

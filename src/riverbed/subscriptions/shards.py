@@ -6,7 +6,7 @@ topic (generation) of its main topic with P partitions, the contiguous range
     [sid * P / shard_count, (sid + 1) * P / shard_count - 1]
 
 so `shard_count` must divide every generation's P. Because producers route
-shard-consistently (`log.router.route`: a key's lineage depends only on the
+shard-consistently (`log.partitioning.route`: a key's lineage depends only on the
 base count P / K, which a scale-up keeps), a key stays with one shard across
 the generations of a lineage as long as `shard_count` divides the base count:
 per-group order needs no coordination between shards.
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from riverbed.errors import InvalidInput, InvalidPartitionCount
-from riverbed.log.router import validate_partitions
+from riverbed.log.partitioning import validate_partitions
 from riverbed.storage.base import StorageTopicRecord
 
 

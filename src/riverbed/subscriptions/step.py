@@ -36,7 +36,7 @@ from collections import deque
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from riverbed.log.router import key_hash
+from riverbed.log.partitioning import key_hash
 from riverbed.model import MessageIdGenerator, StoredMessage, encode_properties
 from riverbed.storage.base import Row
 from riverbed.subscriptions.definition import ConsumptionPolicy, DeliveryDefinition

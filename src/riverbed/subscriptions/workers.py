@@ -7,7 +7,7 @@ A `Worker` runs seed 004's loop over one subscription:
    process) or `poll_interval` seconds;
 2. read the state: every stream's committed position (`SubscriptionState`);
 3. take the streams with messages past their position that lineage order lets us
-   read (`riverbed.log.reader.readable_streams`), ordered by the time of their
+   read (`riverbed.log.lineage.readable_streams`), ordered by the time of their
    oldest unprocessed message (fairness, not correctness); for each:
    a. try to lock (subscription, stream), skipping it if another worker holds it;
    b. re-validate the position (another worker may have moved it meanwhile);
@@ -92,7 +92,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from riverbed.errors import HandlerFailed, InvalidInput, StorageError
-from riverbed.log.reader import readable_streams
+from riverbed.log.lineage import readable_streams
 from riverbed.model import StoredMessage
 from riverbed.storage.base import Storage, StorageTopicRecord, StreamHead, SubscriptionRecord
 from riverbed.storage.locks import (

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from riverbed.log.lineage import predecessors, readable_streams
 from riverbed.log.log import Log
-from riverbed.log.reader import predecessors, readable_streams
 from riverbed.model import Message, StreamId
 from riverbed.storage import open_storage
 from riverbed.storage.base import StorageTopicRecord, StreamHead

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from riverbed.errors import InvalidInput, InvalidPartitionCount
-from riverbed.log.router import (
+from riverbed.log.partitioning import (
     MAX_PARTITIONS,
     key_hash,
     lineage,
