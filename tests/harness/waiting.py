@@ -35,19 +35,32 @@ def eventually(
     what: str = "the condition",
     interval: float = 0.02,
     explain: Callable[[], object] | None = None,
+    progress: Callable[[], object] | None = None,
 ) -> T:
     """Call `check` until it returns a truthy value and return it; fail the test
     naming `what` and the last value (or what `explain` says then) when
-    `timeout` seconds pass first."""
+    `timeout` seconds pass first. With `progress` (e.g. how many messages
+    arrived so far), the wait goes on as long as its answer keeps changing:
+    `timeout` then bounds a stall, not the whole wait, for work whose total
+    time a loaded machine can stretch without limit."""
     deadline = time.monotonic() + timeout
+    seen = progress() if progress is not None else None
     pause = min(interval, 0.005)
     while True:
         value = check()
         if value:
             return value
         if time.monotonic() >= deadline:
+            if progress is not None:
+                now = progress()
+                if now != seen:
+                    seen = now
+                    deadline = time.monotonic() + timeout
+                    continue
+            last = explain() if explain is not None else value
+            stalled = " without progress" if progress is not None else ""
             raise AssertionError(
-                f"timed out after {timeout:g} s waiting for {what} (last: {value!r})"
+                f"timed out after {timeout:g} s{stalled} waiting for {what} (last: {last!r})"
             )
         time.sleep(pause)
         pause = min(pause * 2, interval)

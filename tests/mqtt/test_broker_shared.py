@@ -362,6 +362,7 @@ def test_20000_messages_with_a_member_leaving_mid_replay(storage_url: str, confi
         close_all(b, *pubs)
 
 
+@pytest.mark.timeout(900)  # 50,000 deliveries: minutes on a loaded machine, bounded by stalls
 def test_50_groups_of_20_members_and_1000_messages(storage_url: str, tmp_path: Path) -> None:
     """Every group gets every message once: 20 sessions are members of all 50
     groups (each SUBSCRIBE with the group's number as Subscription Identifier,
@@ -399,7 +400,13 @@ def _fifty_groups(broker: BrokerProcess) -> None:
         return {g: len(sent - set(c)) for g, c in per_group().items() if sent - set(c)}
 
     # Per group and per message: a total that counts duplicates proves nothing.
-    eventually(lambda: not missing(), 120, "every group's messages", explain=missing)
+    eventually(
+        lambda: not missing(),
+        120,
+        "every group's messages",
+        explain=missing,
+        progress=lambda: sum(len(m.received_now()) for m in members),
+    )
     duplicates = sum(sum(c.values()) - len(c) for c in per_group().values())
     # At least once: a Borrower that misses its Leader's answers under this load
     # lets go (its fence) and what it had in flight (at most its window of 100)
