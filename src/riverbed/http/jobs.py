@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
@@ -35,9 +35,6 @@ from fastapi.responses import JSONResponse
 from riverbed.errors import NotFound, RiverbedError
 from riverbed.http.errors import ApiError
 from riverbed.log.jsonlines import format_time
-
-if TYPE_CHECKING:
-    from riverbed.http.context import HttpContext
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +180,15 @@ JOB_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-def routes(context: HttpContext) -> APIRouter:
+class HasJobs(Protocol):
+    """What the job routes need of the app's context (`http.context.HttpContext`,
+    which holds the `Jobs`: this module stays below it)."""
+
+    @property
+    def jobs(self) -> Jobs: ...
+
+
+def routes(context: HasJobs) -> APIRouter:
     """The job routes over `context.jobs` (the module docstring)."""
     jobs = context.jobs
     api = APIRouter()

@@ -48,10 +48,11 @@ import socket
 import uuid
 from collections import deque
 from dataclasses import replace
-from typing import TYPE_CHECKING, assert_never
+from typing import Protocol, assert_never
 
 from riverbed.errors import PreconditionFailed, ProtocolError, RiverbedError
 from riverbed.log.appender import store_refused
+from riverbed.mqtt.auth import Authenticator
 from riverbed.mqtt.codec import (
     MQTT_5,
     NO_PUBLISH_PROPERTIES,
@@ -70,6 +71,7 @@ from riverbed.mqtt.codec import (
 from riverbed.mqtt.following import Following
 from riverbed.mqtt.inbound import Inbound
 from riverbed.mqtt.messages import publish_properties, publisher, remaining_expiry
+from riverbed.mqtt.ports import Services
 from riverbed.mqtt.protocol import (
     CONNECT_TIMEOUT,
     ConnectionCore,
@@ -94,7 +96,7 @@ from riverbed.mqtt.protocol_effects import (
 )
 from riverbed.mqtt.protocol_effects import Effect as CoreEffect
 from riverbed.mqtt.sharing import Sharing, is_shared
-from riverbed.mqtt.wills import will_to_json
+from riverbed.mqtt.wills import Wills, will_to_json
 from riverbed.sessions.session import (
     Acked,
     Checkpoint,
@@ -116,9 +118,6 @@ from riverbed.sessions.session import (
 )
 from riverbed.sessions.store import SessionRecord, Stored, now_us
 
-if TYPE_CHECKING:
-    from riverbed.mqtt.broker import Broker
-
 log = logging.getLogger(__name__)
 
 _NO_BACKLOG: deque[CoreEffect] = deque()
@@ -133,7 +132,43 @@ _QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
 _TCP = (socket.AF_INET, socket.AF_INET6)
 
 
-def protocol_limits(broker: Broker) -> ProtocolLimits:
+class Server(Services, Protocol):
+    """The broker, as far as its connections use it (`mqtt/broker.py`'s
+    `Broker`, which this module does not import): `Services` and the registry
+    of connections, their Wills and their credentials."""
+
+    @property
+    def connections(self) -> dict[str, Connection]:
+        """Client id -> the connection holding its session on this node."""
+        ...
+
+    @property
+    def wills(self) -> Wills: ...
+
+    @property
+    def authenticator(self) -> Authenticator: ...
+
+    @property
+    def node(self) -> str:
+        """This broker node's name (in the session records of its connections)."""
+        ...
+
+    @property
+    def checkpoint_every(self) -> int: ...
+
+    @property
+    def checkpoint_interval(self) -> float: ...
+
+    def client_lock(self, client_id: str) -> contextlib.AbstractAsyncContextManager[None]:
+        """Held while a connection takes the client id's session (one at a time)."""
+        ...
+
+    def connection_opened(self, connection: Connection) -> None: ...
+
+    def connection_closed(self, connection: Connection) -> None: ...
+
+
+def protocol_limits(broker: Services) -> ProtocolLimits:
     """What the connection core grants each client: the broker's `limits`."""
     limits = broker.config.limits
     return ProtocolLimits(
@@ -183,7 +218,6 @@ class Connection(asyncio.Protocol):
         "_dropping_since",
         "_finished",
         "_full",
-        "_loop",
         "_out",
         "_paused",
         "_persisting",
@@ -199,6 +233,7 @@ class Connection(asyncio.Protocol):
         "core",
         "following",
         "inbound",
+        "loop",
         "peer",
         "record_lock",
         "session",
@@ -207,17 +242,18 @@ class Connection(asyncio.Protocol):
         "transport",
     )
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Server) -> None:
         self.broker = broker
         self.transport: asyncio.Transport | None = None
         self.peer = "-"
         self._sock: socket.socket | None = None
-        self._loop = asyncio.get_running_loop()
+        self.loop = asyncio.get_running_loop()
+        """The event loop it runs on: its clock and timers, and its helpers' tasks."""
         self._counts = broker.counts
         """Where PUBLISHes and bytes are counted (the broker's, read by `$SYS` and metrics)."""
         self.core = ConnectionCore(
             protocol_limits(broker),
-            self._loop.time(),
+            self.loop.time(),
             new_client_id=_assigned_client_id,
             may_publish=self._may_publish,
             publish_in=self._counts.publish_in,
@@ -329,7 +365,7 @@ class Connection(asyncio.Protocol):
         if self.closing:
             return
         core = self.core
-        effects = core.receive(data, self._loop.time())
+        effects = core.receive(data, self.loop.time())
         if effects:
             self._run(effects)
         if self._worker is None:
@@ -349,7 +385,7 @@ class Connection(asyncio.Protocol):
             self._sock.detach()
             self._sock = None
         if self._teardown_task is None:
-            self._teardown_task = self._loop.create_task(self._teardown())
+            self._teardown_task = self.loop.create_task(self._teardown())
 
     # --- the core's effects ----------------------------------------------------------
     def _run(self, effects: list[CoreEffect]) -> None:
@@ -381,7 +417,7 @@ class Connection(asyncio.Protocol):
         """`first` waits (`_now` said so): the worker carries it out, then `rest`."""
         # A deque of its own, even if empty (never the shared one).
         self._backlog = deque(rest)
-        self._worker = self._loop.create_task(self._work(first))
+        self._worker = self.loop.create_task(self._work(first))
 
     def _apply(self, effects: list[CoreEffect]) -> None:
         """Carry out the core's answer to an event (acknowledgements, a close)
@@ -449,7 +485,7 @@ class Connection(asyncio.Protocol):
                 await self.inbound.publish(effect)
             case ForgetPacketId(packet_id):
                 known = await self.inbound.release(packet_id)
-                now = self._loop.time()
+                now = self.loop.time()
                 return core.handle(Released(packet_id, known), now) + core.resume(now)
             case ToSession(packet):
                 if type(packet) is Subscribe:
@@ -461,7 +497,7 @@ class Connection(asyncio.Protocol):
                 return []
             case _:
                 assert_never(effect)
-        return core.resume(self._loop.time())
+        return core.resume(self.loop.time())
 
     def _end_of_read(self) -> None:
         """Commit the read's PUBLISHes as a batch; give the session its acknowledgements."""
@@ -471,7 +507,7 @@ class Connection(asyncio.Protocol):
             session = self.session
             if session is not None and not self.closing:
                 try:
-                    self.execute(session.handle_all(acked, self._loop.time()))
+                    self.execute(session.handle_all(acked, self.loop.time()))
                 except ProtocolError as exc:
                     self._protocol_error(exc)
 
@@ -511,13 +547,13 @@ class Connection(asyncio.Protocol):
             self._alive = None
         deadline = self.core.next_deadline()
         if deadline is not None and not self.closing:
-            self._alive = self._loop.call_at(deadline, self._check_alive)
+            self._alive = self.loop.call_at(deadline, self._check_alive)
 
     def _check_alive(self) -> None:
         self._alive = None
         if self.closing:
             return
-        self._apply(self.core.timer(self._loop.time()))
+        self._apply(self.core.timer(self.loop.time()))
         self._arm_alive()  # read since: a later deadline
 
     def _protocol_error(self, exc: ProtocolError) -> None:
@@ -569,7 +605,7 @@ class Connection(asyncio.Protocol):
         if not result.accepted:
             log.info("client %s (%s): refused: %s", effect.client_id, self.peer, result.reason.name)
         event = Authenticated(result.reason, result.username)
-        return self.core.handle(event, self._loop.time())
+        return self.core.handle(event, self.loop.time())
 
     async def _open(self, effect: OpenSession) -> list[CoreEffect]:
         broker = self.broker
@@ -605,7 +641,7 @@ class Connection(asyncio.Protocol):
                 refusal = ConnectReason.SERVER_UNAVAILABLE
             if refusal is not None:
                 broker.connections.pop(client_id, None)
-                return self.core.handle(SessionRefused(refusal), self._loop.time())
+                return self.core.handle(SessionRefused(refusal), self.loop.time())
         assert self.stored is not None
         self.inbound.session_id = self.stored.record.session_id
         subscriptions = self.stored.record.subscriptions
@@ -618,12 +654,12 @@ class Connection(asyncio.Protocol):
             checkpoint_interval=broker.checkpoint_interval,
             publisher=publisher,
             qos2_window=self.stored.record.qos2,
-            now=self._loop.time(),
+            now=self.loop.time(),
             readable=broker.authorizer.read_check(self.username, client_id),
         )
         for sub in self.session.subscriptions:
             broker.trie.add(sub.topic_filter, self)
-        effects = self.core.handle(SessionOpened(present), self._loop.time())
+        effects = self.core.handle(SessionOpened(present), self.loop.time())
         # The CONNACK first (with whatever the packets read meanwhile answer at
         # once); what the session sends follows it, then those packets' effects.
         self._now(effects[0])
@@ -643,7 +679,7 @@ class Connection(asyncio.Protocol):
         if not self.closing:
             # One turn of the session for all its streams (a resumed session
             # follows every partition its filters reach, 16 for `mqtt`).
-            self.execute(self.session.handle_all([*follow, Tick()], self._loop.time()))
+            self.execute(self.session.handle_all([*follow, Tick()], self.loop.time()))
         shared = [s for s in subscriptions if is_shared(s.topic_filter)]
         if shared and broker.shared is not None and not self.closing:
             sharing = self.share()
@@ -736,7 +772,7 @@ class Connection(asyncio.Protocol):
         session = self.session
         if session is None or self.closing:
             return
-        effects = session.handle(event, self._loop.time())
+        effects = session.handle(event, self.loop.time())
         self.execute(effects)
 
     def execute(self, effects: list[Effect]) -> None:
@@ -792,7 +828,7 @@ class Connection(asyncio.Protocol):
     def offer(self, stream: int, messages: object, upto: int) -> None:
         # Always on a later turn of the loop: a fetch answered from memory must not
         # re-enter the session while it is handing out effects.
-        self._loop.call_soon(self.handle, Offered(stream, messages, upto))  # type: ignore[arg-type]
+        self.loop.call_soon(self.handle, Offered(stream, messages, upto))  # type: ignore[arg-type]
 
     def _deliver(self, effect: Deliver) -> None:
         if self._full and effect.qos == 0:
@@ -837,7 +873,7 @@ class Connection(asyncio.Protocol):
         packet_id = effect.packet_id
         if packet_id is not None:
             done = Received(packet_id, False) if effect.qos == 2 else Acked(packet_id)
-            self._loop.call_soon(self.handle, done)
+            self.loop.call_soon(self.handle, done)
 
     def _arm_timer(self) -> None:
         session = self.session
@@ -852,7 +888,7 @@ class Connection(asyncio.Protocol):
             self._timer = None
         if deadline is not None:
             self._timer_at = deadline
-            self._timer = self._loop.call_at(max(deadline, self._loop.time()), self._tick)
+            self._timer = self.loop.call_at(max(deadline, self.loop.time()), self._tick)
 
     def _tick(self) -> None:
         self._timer = None
@@ -910,13 +946,13 @@ class Connection(asyncio.Protocol):
         """Close the connection from the server's side (MQTT 5: DISCONNECT `reason`)."""
         if self.closing:
             return
-        self._apply(self.core.handle(ServerClose(reason), self._loop.time()))
+        self._apply(self.core.handle(ServerClose(reason), self.loop.time()))
         self._close_transport()
 
     async def take_over(self) -> None:
         """Another connection claims this client id: leave, saving the session."""
         if not self.closing:
-            self._apply(self.core.handle(TakenOver(), self._loop.time()))
+            self._apply(self.core.handle(TakenOver(), self.loop.time()))
             self._close_transport()
         await self.done.wait()
 
@@ -935,7 +971,7 @@ class Connection(asyncio.Protocol):
             if transport.get_write_buffer_size() and self._slow_timer is None:
                 # The close waits for the buffer to drain: no longer than a
                 # full buffer is tolerated.
-                self._slow_timer = self._loop.call_later(
+                self._slow_timer = self.loop.call_later(
                     self.broker.config.limits.slow_consumer_timeout, self._slow_consumer
                 )
 
@@ -989,7 +1025,7 @@ class Connection(asyncio.Protocol):
                 await asyncio.to_thread(self.broker.store.discard, stored)
                 self.stored = None
                 return
-            await self._save_checkpoint(session.checkpoint(self._loop.time()), disconnected=True)
+            await self._save_checkpoint(session.checkpoint(self.loop.time()), disconnected=True)
         except PreconditionFailed:
             log.info("client %s: session was taken over; not saved", self.client_id)
         except RiverbedError:
@@ -1012,7 +1048,7 @@ class Connection(asyncio.Protocol):
         out = self._out
         out.append(data)
         if len(out) == 1:
-            self._loop.call_soon(self._flush)
+            self.loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         out = self._out
@@ -1035,7 +1071,7 @@ class Connection(asyncio.Protocol):
             self._drop_end.cancel()  # the episode goes on
             self._drop_end = None
         if self._slow_timer is None:
-            self._slow_timer = self._loop.call_later(
+            self._slow_timer = self.loop.call_later(
                 self.broker.config.limits.slow_consumer_timeout, self._slow_consumer
             )
 
@@ -1046,12 +1082,12 @@ class Connection(asyncio.Protocol):
             self._slow_timer.cancel()
             self._slow_timer = None
         if self._dropped and self._drop_end is None:
-            self._drop_end = self._loop.call_later(DROP_EPISODE_GAP, self._end_drop_episode)
+            self._drop_end = self.loop.call_later(DROP_EPISODE_GAP, self._end_drop_episode)
 
     def _drop_qos0(self) -> None:
         self._counts.qos0_dropped += 1
         if not self._dropped:
-            self._dropping_since = self._loop.time()
+            self._dropping_since = self.loop.time()
             log.warning(
                 "client %s (%s): not reading fast enough (write buffer over %d bytes);"
                 " dropping QoS 0 messages for it",
@@ -1069,7 +1105,7 @@ class Connection(asyncio.Protocol):
                 self.client_id or "-",
                 self.peer,
                 self._dropped,
-                self._loop.time() - self._dropping_since,
+                self.loop.time() - self._dropping_since,
             )
             self._dropped = 0
 

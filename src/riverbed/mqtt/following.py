@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from riverbed.errors import InvalidTopicFilter, ProtocolError, RiverbedError, TopicNotFound
 from riverbed.log.lineage import readable_streams
@@ -34,6 +34,7 @@ from riverbed.log.topics import reachable_topics
 from riverbed.mqtt.codec import (
     MQTT_5,
     DisconnectReason,
+    Packet,
     Suback,
     SubackReason,
     Subscribe,
@@ -41,17 +42,54 @@ from riverbed.mqtt.codec import (
     UnsubackReason,
     Unsubscribe,
 )
-from riverbed.mqtt.sharing import is_shared
-from riverbed.sessions.session import Event, Follow, Subscription
+from riverbed.mqtt.sharing import Sharing, SharingOwner, is_shared
+from riverbed.sessions.session import Event, Follow, Session, Subscription
 from riverbed.sessions.store import SessionRecord, Stored, now_us
 from riverbed.sessions.writer import NewCursors
 from riverbed.sharedsub.claims import GroupStore
 from riverbed.sharedsub.protocol import GroupId
 
-if TYPE_CHECKING:
-    from riverbed.mqtt.connection import Connection
-
 log = logging.getLogger(__name__)
+
+
+class FollowingOwner(SharingOwner, Protocol):
+    """The connection a `Following` belongs to, as far as the Following uses
+    it (`mqtt/connection.py`'s `Connection`, which this module does not import)."""
+
+    stored: Stored | None
+    """The session's record as last written (None before the session is open)."""
+
+    @property
+    def record_lock(self) -> asyncio.Lock:
+        """Held while a new record is written (one write of it at a time)."""
+        ...
+
+    @property
+    def level(self) -> int: ...
+
+    @property
+    def username(self) -> str | None: ...
+
+    @property
+    def sharing(self) -> Sharing | None: ...
+
+    def share(self) -> Sharing: ...
+
+    def require_session(self) -> Session: ...
+
+    def record(self) -> SessionRecord: ...
+
+    def subscriptions(self) -> tuple[Subscription, ...]: ...
+
+    def handle(self, event: Event) -> None:
+        """An event for the session."""
+        ...
+
+    def send(self, packet: Packet, level: int | None = None) -> None: ...
+
+    def __hash__(self) -> int:
+        """Its subscriptions' subscriber in the broker's topic trie."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +120,7 @@ class Following:
         "lineage_wait",
     )
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: FollowingOwner) -> None:
         self.conn = conn
         self.lineage_wait = False
         """Some stream of the session's topics waits for its lineage."""
@@ -207,7 +245,7 @@ class Following:
     def check_soon(self) -> None:
         conn = self.conn
         if self._task is None or self._task.done():
-            self._task = conn._loop.create_task(self._follow_new())
+            self._task = conn.loop.create_task(self._follow_new())
 
     async def _follow_new(self) -> None:
         conn = self.conn
@@ -351,7 +389,7 @@ class Following:
             # (another SUBSCRIBE, to take effect when read) need not wait for it.
             if self._retaining is None:
                 self._retaining = set()
-            task = conn._loop.create_task(self._send_retained(taken.wants_retained))
+            task = conn.loop.create_task(self._send_retained(taken.wants_retained))
             self._retaining.add(task)
             task.add_done_callback(self._retaining.discard)
 
@@ -369,7 +407,7 @@ class Following:
                 return
             session = conn.session
             if found and session is not None and not conn.closing and sub in session.subscriptions:
-                conn.execute(session.retained(sub, found, conn._loop.time()))
+                conn.execute(session.retained(sub, found, conn.loop.time()))
 
     async def _store_subscriptions(
         self, record: SessionRecord, version: int, filters: list[str], taken: _Taken

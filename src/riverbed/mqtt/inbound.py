@@ -42,7 +42,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from riverbed.errors import RiverbedError
 from riverbed.log.appender import Position, store_refused
@@ -51,13 +51,11 @@ from riverbed.model import Message, StoredMessage, StreamId, encode_properties
 from riverbed.mqtt.codec import MQTT_5, PubackReason, Publish
 from riverbed.mqtt.messages import committed_row, message_from_publish
 from riverbed.mqtt.pacer import Batch, refusal_reason
+from riverbed.mqtt.ports import Services
 from riverbed.mqtt.protocol import ConnectionCore
 from riverbed.mqtt.protocol_effects import Append, Effect
 from riverbed.sessions.store import now_us, qos2_marker
 from riverbed.storage.base import Row
-
-if TYPE_CHECKING:
-    from riverbed.mqtt.broker import Broker
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +105,7 @@ class Inbound:
 
     def __init__(
         self,
-        broker: Broker,
+        broker: Services,
         core: ConnectionCore,
         apply: Callable[[list[Effect]], None],
         quickack: Callable[[], None],

@@ -27,16 +27,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, assert_never
+from typing import Protocol, assert_never
 
 from riverbed.errors import RiverbedError
-from riverbed.sessions.session import LeaseMoved, Subscription
+from riverbed.mqtt.ports import Services
+from riverbed.sessions.session import Effect, LeaseMoved, Session, Subscription
 from riverbed.sharedsub.borrower import Forget, Send, StartFetching, StopFetching
 from riverbed.sharedsub.handler import Lease, SessionEffect, SharedSubscriptionHandler
 from riverbed.sharedsub.protocol import GroupId, Message, ToBorrower
-
-if TYPE_CHECKING:
-    from riverbed.mqtt.connection import Connection
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +44,36 @@ SHARED_PREFIXES = ("$share/", "$queue/")
 def is_shared(topic_filter: str) -> bool:
     """Whether a subscription's filter is a shared one (`$share/` or `$queue/`)."""
     return topic_filter.startswith(SHARED_PREFIXES)
+
+
+class SharingOwner(Protocol):
+    """The connection a `Sharing` belongs to, as far as the Sharing uses it
+    (`mqtt/connection.py`'s `Connection`, which this module does not import)."""
+
+    @property
+    def broker(self) -> Services: ...
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the connection runs on (its clock, its timers)."""
+        ...
+
+    @property
+    def client_id(self) -> str: ...
+
+    @property
+    def closing(self) -> bool: ...
+
+    @property
+    def session(self) -> Session | None: ...
+
+    def execute(self, effects: list[Effect]) -> None:
+        """Carry out the session's effects."""
+        ...
+
+    def offer(self, stream: int, messages: object, upto: int) -> None:
+        """The router's answer to a fetch of one of the session's streams."""
+        ...
 
 
 @dataclass(slots=True)
@@ -76,7 +104,7 @@ class Sharing:
         "subscriptions",
     )
 
-    def __init__(self, conn: Connection, session_id: str) -> None:
+    def __init__(self, conn: SharingOwner, session_id: str) -> None:
         self.conn = conn
         runtime = conn.broker.shared
         assert runtime is not None
@@ -221,7 +249,7 @@ class Sharing:
         stream_key = conn.broker.router.key_of(lease.stream)
         if stream_key is None:
             # A stream the router has not seen yet (created a moment ago).
-            conn._loop.create_task(self._start_later(lease, offset))
+            conn.loop.create_task(self._start_later(lease, offset))
             return
         options = self._options.get(group) or Subscription(str(group), 0)
         key = session.lease_key()
@@ -261,7 +289,7 @@ class Sharing:
 
     # --- time -------------------------------------------------------------------------
     def _now(self) -> float:
-        return self.conn._loop.time()
+        return self.conn.loop.time()
 
     def _arm_timer(self) -> None:
         deadline = self.handler.next_deadline()
@@ -272,7 +300,7 @@ class Sharing:
             self._timer = None
         if deadline is not None and not self.conn.closing:
             self._timer_at = deadline
-            loop = self.conn._loop
+            loop = self.conn.loop
             self._timer = loop.call_at(max(deadline, loop.time()), self._tick)
 
     def _tick(self) -> None:

@@ -44,19 +44,16 @@ import math
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from riverbed.errors import AlreadyExists, BindingOverlap, RiverbedError, TopicNotFound
 from riverbed.log.retention import apply_retention
 from riverbed.log.topics import KeyKind, KeyMode
 from riverbed.model import Message, StoredMessage, StreamId
 from riverbed.mqtt.messages import committed_row
+from riverbed.mqtt.ports import Services
 from riverbed.mqtt.retained import NAMESPACE as RETAINED_NAMESPACE
 from riverbed.sessions.store import now_us
 from riverbed.storage.base import RetentionPolicy
-
-if TYPE_CHECKING:
-    from riverbed.mqtt.broker import Broker
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +194,7 @@ class SysPublisher:
     """Publishes the broker's `$SYS` topics every `interval` seconds (a task on
     the broker's event loop; the database work in threads)."""
 
-    def __init__(self, broker: Broker, interval: float) -> None:
+    def __init__(self, broker: Services, interval: float) -> None:
         self.broker = broker
         self.interval = interval
         self.state = SysState(time.monotonic(), broker_version())
@@ -281,7 +278,7 @@ class SysPublisher:
             _route(broker, positions, batch)
 
 
-def _stored_counts(broker: Broker) -> tuple[int, int, int, int]:
+def _stored_counts(broker: Services) -> tuple[int, int, int, int]:
     """(sessions, disconnected, subscriptions, retained messages) from the
     database: one read of the session records, as the expiry sweep does every
     few seconds, and a count of the retained ones."""
@@ -292,14 +289,14 @@ def _stored_counts(broker: Broker) -> tuple[int, int, int, int]:
     return len(records), disconnected, subscriptions, retained
 
 
-def _retain(broker: Broker, messages: Iterable[Message]) -> None:
+def _retain(broker: Services, messages: Iterable[Message]) -> None:
     at = now_us()
     for message in messages:
         broker.retained.put(message, at)
 
 
 def _route(
-    broker: Broker, positions: Sequence[tuple[StreamId, int]], messages: Sequence[Message]
+    broker: Services, positions: Sequence[tuple[StreamId, int]], messages: Sequence[Message]
 ) -> None:
     """Hand the committed messages to the live router, one run per stream."""
     runs: dict[StreamId, tuple[int, list[StoredMessage]]] = {}
@@ -315,7 +312,7 @@ def _route(
         broker.router.committed(stream, first, rows)
 
 
-def ensure_sys_topic(broker: Broker) -> None:
+def ensure_sys_topic(broker: Services) -> None:
     """Create the built-in topic `sys` for `$SYS/#` if it does not exist.
 
     An existing one is left as it is (an operator may have changed its
@@ -343,7 +340,7 @@ def ensure_sys_topic(broker: Broker) -> None:
         log.warning("no built-in topic %r for $SYS messages: %s", SYS_TOPIC, exc)
 
 
-def _trim(broker: Broker) -> None:
+def _trim(broker: Services) -> None:
     """Apply the `sys` topic's retention (its message limit), when nothing else does."""
     with contextlib.suppress(TopicNotFound):
         apply_retention(broker.log.storage, SYS_TOPIC)

@@ -23,16 +23,13 @@ import contextlib
 import json
 import logging
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from riverbed.errors import PreconditionFailed, RiverbedError
 from riverbed.mqtt.codec import Publish, PublishProperties, Will, WillProperties
 from riverbed.mqtt.messages import committed_row, message_from_publish
+from riverbed.mqtt.ports import Services
 from riverbed.mqtt.sys import is_sys_topic
 from riverbed.sessions.store import NEVER_EXPIRES, now_us
-
-if TYPE_CHECKING:
-    from riverbed.mqtt.broker import Broker
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +101,7 @@ def will_from_json(text: str) -> tuple[Will, str | None]:
 class Wills:
     """The Wills waiting for their delay, by client id."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Services) -> None:
         self.broker = broker
         self._pending: dict[str, tuple[asyncio.TimerHandle, str | None, Will]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
