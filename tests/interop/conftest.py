@@ -71,3 +71,9 @@ def names(request: pytest.FixtureRequest) -> str:
     """A prefix for the test's topics and client ids, unique in the module."""
     words = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")
     return f"{words[-40:]}-{next(_names)}"
+
+
+@pytest.fixture(params=[5, 4], ids=["mqtt5", "mqtt311"])
+def version(request: pytest.FixtureRequest) -> int:
+    """The MQTT protocol level a client module's tests run at: 5, then 3.1.1."""
+    return int(request.param)

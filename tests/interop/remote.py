@@ -26,11 +26,12 @@ import queue
 import subprocess
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
 from harness.waiting import DEFAULT_TIMEOUT
-from interop.clients import Endpoint, Message, Refused
+from interop.clients import Endpoint, MakeClient, Message, Refused
 
 
 class RemoteClient:
@@ -180,3 +181,17 @@ class RemoteClient:
 
 JS_DRIVER = Path(__file__).parent / "js" / "client.js"
 AIOMQTT_DRIVER = Path(__file__).parent / "aiomqtt_client.py"
+
+
+def remote_clients(driver: list[str], endpoint: Endpoint, version: int) -> Iterator[MakeClient]:
+    """A `make_client` fixture's body for a driver process per client: makes
+    them on demand, closes them all after the test."""
+    made: list[RemoteClient] = []
+
+    def make(client_id: str) -> RemoteClient:
+        made.append(RemoteClient(driver, endpoint, client_id, version))
+        return made[-1]
+
+    yield make
+    for client in made:
+        client.close()

@@ -13,7 +13,7 @@ import pytest
 from interop.clients import Endpoint, MakeClient
 from interop.features import Features
 from interop.installed import missing
-from interop.remote import AIOMQTT_DRIVER, RemoteClient
+from interop.remote import AIOMQTT_DRIVER, remote_clients
 
 
 @pytest.fixture(scope="module")
@@ -23,22 +23,9 @@ def driver() -> list[str]:
     return [sys.executable, str(AIOMQTT_DRIVER)]
 
 
-@pytest.fixture(params=[5, 4], ids=["mqtt5", "mqtt311"])
-def version(request: pytest.FixtureRequest) -> int:
-    return int(request.param)
-
-
 @pytest.fixture
 def make_client(driver: list[str], endpoint: Endpoint, version: int) -> Iterator[MakeClient]:
-    made: list[RemoteClient] = []
-
-    def make(client_id: str) -> RemoteClient:
-        made.append(RemoteClient(driver, endpoint, client_id, version))
-        return made[-1]
-
-    yield make
-    for client in made:
-        client.close()
+    yield from remote_clients(driver, endpoint, version)
 
 
 class TestAiomqtt(Features):

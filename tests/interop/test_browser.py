@@ -101,11 +101,6 @@ def urls(endpoint: Endpoint, wss_broker: BrokerProcess) -> WebSocketUrls:
     )
 
 
-@pytest.fixture(params=[5, 4], ids=["mqtt5", "mqtt311"])
-def version(request: pytest.FixtureRequest) -> int:
-    return int(request.param)
-
-
 @pytest.fixture
 def make_client(
     browser: Browser, page_server: PageServer, urls: WebSocketUrls, version: int

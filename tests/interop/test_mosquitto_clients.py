@@ -236,11 +236,6 @@ def tools() -> Tools:
     )
 
 
-@pytest.fixture(params=[5, 4], ids=["mqtt5", "mqtt311"])
-def version(request: pytest.FixtureRequest) -> int:
-    return int(request.param)
-
-
 @pytest.fixture
 def make_client(tools: Tools, endpoint: Endpoint, version: int) -> Iterator[MakeClient]:
     made: list[MosquittoClient] = []

@@ -87,11 +87,6 @@ class PahoClient:
             self.client.close()
 
 
-@pytest.fixture(params=[5, 4], ids=["mqtt5", "mqtt311"])
-def version(request: pytest.FixtureRequest) -> int:
-    return int(request.param)
-
-
 @pytest.fixture
 def make_client(endpoint: Endpoint, version: int) -> Iterator[MakeClient]:
     made: list[PahoClient] = []
