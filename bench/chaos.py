@@ -294,8 +294,18 @@ class Run:
     job_requests_at_start: int = 0
     publishing_stopped: bool = False
 
-    def note(self, target: str, what: str, detail: str = "", requests: int | None = None) -> None:
-        event = Event(time.monotonic(), target, what, detail, not self.publishing_stopped, requests)
+    def note(
+        self,
+        target: str,
+        what: str,
+        detail: str = "",
+        requests: int | None = None,
+        at: float | None = None,
+    ) -> None:
+        """Record an event; `at`: when it happened if not now (a kill is when its
+        signal went out, not when the killed process group was reaped)."""
+        when = time.monotonic() if at is None else at
+        event = Event(when, target, what, detail, not self.publishing_stopped, requests)
         with self.lock:
             self.events.append(event)
             if what == "exit":
@@ -522,8 +532,9 @@ class Run:
             if not up:
                 return False
             i = rng.choice(up)
+            at = time.monotonic()
             self.brokers[i].kill()
-            self.note(f"node{i}", "kill")
+            self.note(f"node{i}", "kill", at=at)
             self._start_broker(i)
             return True
         if kind == "worker":
@@ -531,8 +542,9 @@ class Run:
             if not up:
                 return False
             worker = rng.choice(up)
+            at = time.monotonic()
             worker.kill()
-            self.note(worker.name, "kill")
+            self.note(worker.name, "kill", at=at)
             worker.start()
             self.note(worker.name, "restart")
             return True
@@ -543,13 +555,15 @@ class Run:
             self.job_delivering() or time.monotonic() - self.job.started_at > 120
         ):
             return False
+        at = time.monotonic()
         self.job.kill()
         requests = self.job_requests()
         self.note(
             "job",
             "kill",
-            f"after {time.monotonic() - self.job.started_at:.1f} s, {requests} requests",
+            f"after {at - self.job.started_at:.1f} s, {requests} requests",
             requests=requests,
+            at=at,
         )
         self._start_job()
         self.note("job", "restart")
