@@ -51,20 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness.postgres import PostgresServer
+from harness.raw_mqtt import AsyncRawClient
 from mqtt import Broker, Mosquitto, Riverbed  # bench/mqtt.py
-from riverbed.mqtt.codec import (
-    MQTT_5,
-    Connack,
-    Connect,
-    ConnectProperties,
-    Decoder,
-    Disconnect,
-    Packet,
-    Suback,
-    Subscribe,
-    SubscribeTopic,
-    encode,
-)
 
 EXPIRY = 86_400
 TIMEOUT = 60.0
@@ -74,60 +62,19 @@ class Refused(Exception):
     pass
 
 
-def _connect_bytes(client_id: str) -> bytes:
-    return encode(
-        Connect(
-            client_id=client_id,
-            clean_start=False,
-            keep_alive=600,
-            properties=ConnectProperties(session_expiry_interval=EXPIRY),
-        ),
-        MQTT_5,
-    )
+class Client(AsyncRawClient):
+    """A raw client that refuses what a benchmark cannot count."""
 
-
-class Client:
-    """One raw MQTT 5 connection: write packets, wait for the next one."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
-        self.decoder = Decoder(MQTT_5)
-        self.pending: list[Packet] = []
-
-    @classmethod
-    async def open(cls, port: int) -> Client:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        return cls(reader, writer)
-
-    async def next(self) -> Packet:
-        while not self.pending:
-            data = await self.reader.read(65536)
-            if not data:
-                raise Refused("connection closed by the broker")
-            self.pending.extend(self.decoder.feed(data))
-        return self.pending.pop(0)
-
-    async def connect(self, client_id: str) -> bool:
-        self.writer.write(_connect_bytes(client_id))
-        packet = await self.next()
-        if not isinstance(packet, Connack) or packet.reason_code:
+    async def connect_session(self, client_id: str) -> bool:
+        packet = await self.connect(client_id, expiry=EXPIRY)
+        if packet.reason_code:
             raise Refused(f"{client_id}: {packet!r}")
         return packet.session_present
 
-    async def subscribe(self, topic_filter: str) -> None:
-        self.writer.write(encode(Subscribe(1, (SubscribeTopic(topic_filter, 1),)), MQTT_5))
-        packet = await self.next()
-        if not isinstance(packet, Suback) or packet.reason_codes[0] != 1:
+    async def subscribe_or_refuse(self, topic_filter: str) -> None:
+        packet = await self.subscribe(topic_filter)
+        if packet.reason_codes[0] != 1:
             raise Refused(f"SUBSCRIBE {topic_filter}: {packet!r}")
-
-    async def leave(self) -> None:
-        """DISCONNECT 0x00, then wait until the broker closes the connection."""
-        self.writer.write(encode(Disconnect(), MQTT_5))
-        with contextlib.suppress(ConnectionError):
-            while await self.reader.read(65536):
-                pass
-        self.writer.close()
 
 
 def client_id(i: int) -> str:
@@ -137,9 +84,9 @@ def client_id(i: int) -> str:
 async def make_session(port: int, i: int) -> float:
     """CONNECT + SUBSCRIBE + DISCONNECT for session `i`; the seconds it took."""
     t = time.perf_counter()
-    c = await Client.open(port)
-    await c.connect(client_id(i))
-    await c.subscribe(f"bench/sessions/{i}/#")
+    c = await Client.open(port, TIMEOUT)
+    await c.connect_session(client_id(i))
+    await c.subscribe_or_refuse(f"bench/sessions/{i}/#")
     await c.leave()
     return time.perf_counter() - t
 
@@ -216,8 +163,8 @@ async def run(port: int, args: argparse.Namespace, result: Result) -> None:
     async def resume(i: int) -> None:
         async with gate:
             t0 = time.perf_counter()
-            c = await Client.open(port)
-            present = await c.connect(client_id(i))
+            c = await Client.open(port, TIMEOUT)
+            present = await c.connect_session(client_id(i))
             connack.append(time.perf_counter() - t0)
             if not present:
                 raise Refused(f"{client_id(i)}: Session Present 0 in the storm")

@@ -1,21 +1,28 @@
 """A raw MQTT 5 client over a socket, built on riverbed's own codec, for tests
 that must send exactly the packets a real client would send only by accident
-(a PUBLISH resent after a broker crash, a PUBREC never sent)."""
+(a PUBLISH resent after a broker crash, a PUBREC never sent); `AsyncRawClient`
+is the same on asyncio, for many connections at once (storms, benchmarks)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import socket
 from collections.abc import Iterable
-from typing import TypeVar
+from typing import Self, TypeVar
 
 from riverbed.mqtt.codec import (
     MQTT_5,
     Connack,
     Connect,
     Decoder,
+    Disconnect,
     Packet,
     Puback,
     Publish,
+    Suback,
+    Subscribe,
+    SubscribeTopic,
     encode,
 )
 from riverbed.mqtt.codec.properties import ConnectProperties
@@ -126,3 +133,59 @@ class RawClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class AsyncRawClient:
+    """One raw MQTT 5 connection on asyncio: write packets, wait for the next
+    one (at most `timeout` seconds each)."""
+
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, timeout: float
+    ) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.timeout = timeout
+        self.decoder = Decoder(MQTT_5)
+        self.pending: list[Packet] = []
+
+    @classmethod
+    async def open(cls, port: int, timeout: float = 60.0) -> Self:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        return cls(reader, writer, timeout)
+
+    def send(self, packet: Packet) -> None:
+        self.writer.write(encode(packet, MQTT_5))
+
+    async def next(self) -> Packet:
+        while not self.pending:
+            data = await asyncio.wait_for(self.reader.read(65536), self.timeout)
+            if not data:
+                raise ConnectionResetError("the broker closed the connection")
+            self.pending.extend(self.decoder.feed(data))
+        return self.pending.pop(0)
+
+    async def expect(self, kind: type[P]) -> P:
+        packet = await self.next()
+        assert isinstance(packet, kind), f"expected {kind.__name__}, got {packet!r}"
+        return packet
+
+    async def connect(self, client_id: str, *, expiry: int, keep_alive: int = 600) -> Connack:
+        """CONNECT with Clean Start 0 and a session expiry; the CONNACK, whatever its code."""
+        props = ConnectProperties(session_expiry_interval=expiry)
+        self.send(Connect(client_id, False, keep_alive, properties=props))
+        return await self.expect(Connack)
+
+    async def subscribe(self, topic_filter: str, qos: int = 1) -> Suback:
+        self.send(Subscribe(1, (SubscribeTopic(topic_filter, qos),)))
+        return await self.expect(Suback)
+
+    async def leave(self) -> None:
+        """DISCONNECT 0x00, then wait until the broker closes the connection."""
+        self.send(Disconnect())
+        with contextlib.suppress(ConnectionError):
+            while await self.reader.read(65536):
+                pass
+        self.writer.close()
+
+    def close(self) -> None:
+        self.writer.close()

@@ -28,9 +28,12 @@ import subprocess
 import sys
 import tempfile
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
+from typing import Protocol, Self, TypeVar
 
+from harness.ci import in_ci
 from harness.net import free_port, wait_listening
 from harness.waiting import SLOW, eventually
 
@@ -311,3 +314,29 @@ class ConnectServer:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+class _Server(Protocol):
+    def start(self) -> Self: ...
+    def stop(self) -> None: ...
+
+
+S = TypeVar("S", bound=_Server)
+
+
+def serving(server: S, what: str) -> Iterator[S]:
+    """A module fixture's body: start `server`, yield it, stop it. If it cannot
+    start, its tests fail in CI (never skip there) and are skipped elsewhere."""
+    import pytest
+
+    try:
+        started = server.start()
+    except Exception as exc:
+        message = f"{what} could not start: {exc}"
+        if in_ci():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    try:
+        yield started
+    finally:
+        started.stop()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from riverbed.model import MessageIdGenerator
+from riverbed.model import MessageIdGenerator, encode_properties
 from riverbed.storage import Storage
 from riverbed.storage.base import RetentionPolicy, Row, StreamHead, TopicRecord
 
@@ -50,6 +50,23 @@ def make_rows(
         timestamp_us = next(stamps) if stamps is not None else now_us
         rows.append((raw.to_bytes(16, "big"), timestamp_us, "t", key, payload, None, 1, 0))
     return rows
+
+
+def mixed_rows() -> list[Row]:
+    """Four rows of every shape a reader must carry: keys null and not (null
+    first: SQLite's ADBC driver infers types from the first rows), properties
+    none and some, empty and binary payloads, timestamps 10, 20, 30, 40."""
+    rows = make_rows([b"", b"\x00\xff", b"c", b"d"], key=None, timestamps=[10, 20, 30, 40])
+    props = encode_properties((("a", "1"), ("b", b"\x01")))
+    out: list[Row] = []
+    for i, row in enumerate(rows):
+        r = list(row)
+        r[3] = None if i < 2 else f"k{i}"
+        r[5] = props if i == 3 else None
+        r[6] = i % 3
+        r[7] = i % 2
+        out.append(tuple(r))  # type: ignore[arg-type]
+    return out
 
 
 def numbered_rows(count: int, first: int = 0, key: str | None = "k") -> list[Row]:

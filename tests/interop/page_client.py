@@ -44,6 +44,7 @@ ASK = """([command, ms]) => Promise.race([
 
 PAGE_ROUTES = {
     "/": (PAGE_FILES / "page.html", "text/html; charset=utf-8"),
+    "/driver.js": (PAGE_FILES / "driver.js", "text/javascript; charset=utf-8"),
     "/page.js": (PAGE_FILES / "page.js", "text/javascript; charset=utf-8"),
     "/mqtt.min.js": (MQTTJS_BUNDLE, "text/javascript; charset=utf-8"),
 }

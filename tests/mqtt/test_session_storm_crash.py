@@ -15,60 +15,14 @@ import contextlib
 import pytest
 
 from harness.broker import BrokerProcess
-from harness.raw_mqtt import RawClient
+from harness.raw_mqtt import AsyncRawClient, RawClient
 from harness.waiting import SLOW
-from riverbed.mqtt.codec import (
-    MQTT_5,
-    Connack,
-    Connect,
-    ConnectProperties,
-    Decoder,
-    Packet,
-    Puback,
-    Publish,
-    Suback,
-    Subscribe,
-    SubscribeTopic,
-    encode,
-)
+from riverbed.mqtt.codec import Puback, Publish
 
 CLIENTS = 300
 AT_ONCE = 100
 EXPIRY = 3600
 TIMEOUT = 60.0 * SLOW
-
-
-class AsyncClient:
-    """One raw MQTT 5 connection on asyncio (many at once in one test)."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
-        self.decoder = Decoder(MQTT_5)
-        self.pending: list[Packet] = []
-
-    @classmethod
-    async def open(cls, port: int) -> AsyncClient:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        return cls(reader, writer)
-
-    async def next(self) -> Packet:
-        while not self.pending:
-            data = await asyncio.wait_for(self.reader.read(65536), TIMEOUT)
-            if not data:
-                raise ConnectionResetError("closed by the broker")
-            self.pending.extend(self.decoder.feed(data))
-        return self.pending.pop(0)
-
-    async def connect(self, client_id: str) -> Connack:
-        props = ConnectProperties(session_expiry_interval=EXPIRY)
-        self.writer.write(encode(Connect(client_id, False, 600, properties=props), MQTT_5))
-        packet = await self.next()
-        assert isinstance(packet, Connack), packet
-        return packet
-
-    def close(self) -> None:
-        self.writer.close()
 
 
 def client_id(i: int) -> str:
@@ -86,21 +40,20 @@ async def storm(
     then stay connected (no DISCONNECT: nothing saved at leaving helps).
     `third` is set once a third of them have their SUBACK."""
     gate = asyncio.Semaphore(AT_ONCE)
-    clients: list[AsyncClient] = []
+    clients: list[AsyncRawClient] = []
 
     async def one(i: int) -> None:
         async with gate:
             if killed.is_set():
                 return
             with contextlib.suppress(OSError, asyncio.IncompleteReadError):
-                c = await AsyncClient.open(port)
+                c = await AsyncRawClient.open(port, TIMEOUT)
                 clients.append(c)
-                connack = await c.connect(client_id(i))
+                connack = await c.connect(client_id(i), expiry=EXPIRY)
                 assert connack.reason_code == 0 and not connack.session_present
                 connacked.add(i)
-                c.writer.write(encode(Subscribe(1, (SubscribeTopic(f"storm/{i}", 1),)), MQTT_5))
-                suback = await c.next()
-                assert isinstance(suback, Suback) and suback.reason_codes == (1,), suback
+                suback = await c.subscribe(f"storm/{i}")
+                assert suback.reason_codes == (1,), suback
                 subacked.add(i)
                 if len(subacked) >= CLIENTS // 3:
                     third.set()
@@ -135,16 +88,16 @@ def test_sessions_acknowledged_before_a_kill_survive_it(storage_url: str) -> Non
         broker.start()
 
         async def come_back() -> tuple[dict[int, bool], dict[int, bytes]]:
-            clients: dict[int, AsyncClient] = {}
+            clients: dict[int, AsyncRawClient] = {}
             present: dict[int, bool] = {}
             got: dict[int, bytes] = {}
             gate = asyncio.Semaphore(AT_ONCE)
 
             async def back(i: int) -> None:
                 async with gate:
-                    c = await AsyncClient.open(broker.port)
+                    c = await AsyncRawClient.open(broker.port, TIMEOUT)
                     clients[i] = c
-                    present[i] = (await c.connect(client_id(i))).session_present
+                    present[i] = (await c.connect(client_id(i), expiry=EXPIRY)).session_present
 
             await asyncio.gather(*(back(i) for i in sorted(connacked)))
             lost = sorted(i for i in connacked if not present[i])
@@ -165,7 +118,7 @@ def test_sessions_acknowledged_before_a_kill_survive_it(storage_url: str) -> Non
                     assert isinstance(packet, Publish), packet
                     got[i] = packet.payload
                     if packet.packet_id is not None:
-                        c.writer.write(encode(Puback(packet.packet_id), MQTT_5))
+                        c.send(Puback(packet.packet_id))
 
             await asyncio.gather(*(receive(i) for i in sorted(subacked)))
             for c in clients.values():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from riverbed.clock import Tick
 from riverbed.model import StoredMessage
 from riverbed.sessions.session import (
     REFILL_DELAY,
@@ -16,7 +17,6 @@ from riverbed.sessions.session import (
     Offered,
     Session,
     Subscription,
-    Tick,
 )
 
 

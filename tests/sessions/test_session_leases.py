@@ -7,6 +7,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from riverbed.clock import Tick
 from riverbed.model import StoredMessage, StreamId
 from riverbed.sessions.qos2 import Phase, WindowEntry
 from riverbed.sessions.session import (
@@ -21,7 +22,6 @@ from riverbed.sessions.session import (
     Offered,
     Session,
     Subscription,
-    Tick,
 )
 from riverbed.sharedsub.config import SharedSubConfig
 from riverbed.sharedsub.handler import Lease, SharedSubscriptionHandler, _Window

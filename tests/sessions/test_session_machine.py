@@ -15,6 +15,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from riverbed.clock import Tick
 from riverbed.model import StoredMessage
 from riverbed.sessions.session import (
     REFILL_DELAY,
@@ -26,7 +27,6 @@ from riverbed.sessions.session import (
     Offered,
     Session,
     Subscription,
-    Tick,
 )
 
 STREAMS = 3

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from riverbed.clock import Tick
 from riverbed.model import StreamId
 from riverbed.sharedsub.borrower import (
     Borrower,
@@ -17,7 +18,6 @@ from riverbed.sharedsub.borrower import (
     StreamProgress,
     StreamStatus,
     Terminated,
-    Tick,
     Unsubscribed,
 )
 from riverbed.sharedsub.config import SharedSubConfig

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from riverbed.clock import Tick
 from riverbed.model import StreamId
 from riverbed.sharedsub.config import SharedSubConfig
 from riverbed.sharedsub.leader import (
@@ -13,7 +14,6 @@ from riverbed.sharedsub.leader import (
     Send,
     Stop,
     StreamsRenewed,
-    Tick,
     TopicStreams,
 )
 from riverbed.sharedsub.protocol import (

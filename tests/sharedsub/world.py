@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from riverbed.clock import Tick
 from riverbed.log.lineage import predecessors
 from riverbed.model import StreamId
 from riverbed.sharedsub.borrower import Forget, Send, StartFetching, StopFetching
@@ -26,7 +27,6 @@ from riverbed.sharedsub.leader import (
     SaveProgress,
     Stop,
     StreamsRenewed,
-    Tick,
     TopicStreams,
 )
 from riverbed.sharedsub.protocol import REGISTRY, Address, GroupId, Message, stream_order

@@ -21,12 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.ci import in_ci
 from harness.delivery import produce_groups, queued
 from harness.delivery_job import check_outcome, setup
 from harness.endpoint import Endpoint
 from harness.postgres import PostgresServer
-from harness.spark_cluster import DRIVER_SETTINGS, LOOPBACK, SparkCluster
+from harness.spark_cluster import DRIVER_SETTINGS, LOOPBACK, SparkCluster, serving
 from harness.waiting import eventually
 from riverbed.errors import InvalidInput
 from riverbed.spark.options import MASTER_ENV, read_options, write_options
@@ -45,17 +44,7 @@ CONF = [arg for name, value in SETTINGS.items() for arg in ("--conf", f"{name}={
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[SparkCluster]:
-    try:
-        started = SparkCluster().start()
-    except Exception as exc:
-        message = f"the Spark cluster could not start: {exc}"
-        if in_ci():
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
-    try:
-        yield started
-    finally:
-        started.stop()
+    yield from serving(SparkCluster(), "the Spark cluster")
 
 
 def driver_env(tmp_path: Path) -> dict[str, str]:

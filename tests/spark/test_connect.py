@@ -15,11 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.ci import in_ci
 from harness.delivery import produce_groups, queued
 from harness.delivery_job import check_outcome, setup
 from harness.endpoint import Endpoint
-from harness.spark_cluster import ConnectServer
+from harness.spark_cluster import ConnectServer, serving
 from riverbed.log.topics import Topics
 from riverbed.storage import open_storage
 
@@ -33,17 +32,7 @@ ROUNDTRIP = ROOT / "tests" / "harness" / "spark_roundtrip.py"
 
 @pytest.fixture(scope="module")
 def connect() -> Iterator[ConnectServer]:
-    try:
-        started = ConnectServer().start()
-    except Exception as exc:
-        message = f"the Spark Connect server could not start: {exc}"
-        if in_ci():
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
-    try:
-        yield started
-    finally:
-        started.stop()
+    yield from serving(ConnectServer(), "the Spark Connect server")
 
 
 def client_env(tmp_path: Path) -> dict[str, str]:

@@ -10,12 +10,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from harness.storage import create_topic, make_rows
+from harness.storage import create_topic, make_rows, mixed_rows
 from riverbed.errors import InvalidOffset
-from riverbed.model import encode_properties
 from riverbed.storage import open_storage
 from riverbed.storage.arrow import ArrowStreams, arrow_schema
-from riverbed.storage.base import Row
 from riverbed.storage.postgres import PostgresStorage
 
 pa = pytest.importorskip("pyarrow")
@@ -31,22 +29,6 @@ def storage(postgres_url: str) -> Iterator[PostgresStorage]:
         yield opened
     finally:
         opened.close()
-
-
-def mixed_rows() -> list[Row]:
-    """Keys null and not, properties none and some, empty and binary payloads,
-    timestamps 10, 20, 30, 40."""
-    rows = make_rows([b"", b"\x00\xff", b"c", b"d"], key=None, timestamps=[10, 20, 30, 40])
-    props = encode_properties((("a", "1"), ("b", b"\x01")))
-    out: list[Row] = []
-    for i, row in enumerate(rows):
-        r = list(row)
-        r[3] = None if i < 2 else f"k{i}"
-        r[5] = props if i == 3 else None
-        r[6] = i % 3
-        r[7] = i % 2
-        out.append(tuple(r))  # type: ignore[arg-type]
-    return out
 
 
 def streamed(storage: PostgresStorage, *args: Any, **kwargs: Any) -> Any:

@@ -7,11 +7,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from harness.storage import create_topic, make_rows
+from harness.storage import create_topic, mixed_rows
 from riverbed.errors import InvalidOffset
-from riverbed.model import StoredMessage, encode_properties
+from riverbed.model import StoredMessage
 from riverbed.storage import Storage
-from riverbed.storage.base import Row
 
 pa = pytest.importorskip("pyarrow")
 
@@ -28,22 +27,6 @@ def path(request: pytest.FixtureRequest, storage: Storage) -> Iterator[str]:
 
 def _no_adbc() -> object:
     raise ImportError("disabled by the test")
-
-
-def mixed_rows() -> list[Row]:
-    """Keys null and not (null first: SQLite's ADBC driver infers types from the
-    first rows), properties none and some, empty and binary payloads."""
-    rows = make_rows([b"", b"\x00\xff", b"c", b"d"], key=None, timestamps=[10, 20, 30, 40])
-    props = encode_properties((("a", "1"), ("b", b"\x01")))
-    out: list[Row] = []
-    for i, row in enumerate(rows):
-        r = list(row)
-        r[3] = None if i < 2 else f"k{i}"
-        r[5] = props if i == 3 else None
-        r[6] = i % 3
-        r[7] = i % 2
-        out.append(tuple(r))  # type: ignore[arg-type]
-    return out
 
 
 def as_messages(table: pa.Table) -> list[StoredMessage]:

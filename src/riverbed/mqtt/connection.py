@@ -50,6 +50,7 @@ from collections import deque
 from dataclasses import replace
 from typing import Protocol, assert_never
 
+from riverbed.clock import Tick
 from riverbed.errors import PreconditionFailed, ProtocolError, RiverbedError
 from riverbed.log.appender import store_refused
 from riverbed.mqtt.auth import Authenticator
@@ -113,7 +114,6 @@ from riverbed.sessions.session import (
     Release,
     Session,
     Subscription,
-    Tick,
     cursors_by_topic,
 )
 from riverbed.sessions.store import SessionRecord, Stored, now_us

@@ -69,6 +69,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import assert_never
 
+from riverbed.clock import Tick
 from riverbed.model import StoredMessage
 from riverbed.sessions.qos2 import Phase, WindowEntry
 from riverbed.topics.filters import matches
@@ -145,11 +146,6 @@ class Persisted:
     """The `Persist` with this number is durable (the session record written)."""
 
     seq: int
-
-
-@dataclass(frozen=True, slots=True)
-class Tick:
-    """Time passed: a deadline from `next_deadline` may be due."""
 
 
 Event = Follow | Offered | Acked | Received | Completed | Persisted | Tick

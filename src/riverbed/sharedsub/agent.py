@@ -20,6 +20,7 @@ import secrets
 from collections import deque
 from dataclasses import dataclass
 
+from riverbed.clock import Tick
 from riverbed.model import StreamId
 from riverbed.sharedsub.borrower import (
     Borrower,
@@ -30,7 +31,6 @@ from riverbed.sharedsub.borrower import (
     StreamDrained,
     StreamProgress,
     Terminated,
-    Tick,
     Unsubscribed,
 )
 from riverbed.sharedsub.config import SharedSubConfig

@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import assert_never
 
+from riverbed.clock import Tick
 from riverbed.model import StreamId
 from riverbed.sharedsub.config import SharedSubConfig
 from riverbed.sharedsub.protocol import (
@@ -79,11 +80,6 @@ from riverbed.sharedsub.protocol import (
 )
 
 # --------------------------------------------------------------------- events
-
-
-@dataclass(frozen=True, slots=True)
-class Tick:
-    """Time passed; timers due at `now` fire."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from riverbed.clock import Tick
 from riverbed.errors import LeaseHeld, RiverbedError
 from riverbed.model import StreamId
 from riverbed.sessions.store import now_us
@@ -58,7 +59,6 @@ from riverbed.sharedsub.leader import (
     Send,
     Stop,
     StreamsRenewed,
-    Tick,
     TopicStreams,
 )
 from riverbed.sharedsub.protocol import (

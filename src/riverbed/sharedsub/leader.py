@@ -48,6 +48,7 @@ from enum import Enum
 from fractions import Fraction
 from typing import assert_never
 
+from riverbed.clock import Tick
 from riverbed.log.lineage import readable_streams
 from riverbed.model import StreamId
 from riverbed.sharedsub.config import SharedSubConfig
@@ -72,11 +73,6 @@ from riverbed.sharedsub.protocol import (
 from riverbed.storage.base import StorageTopicRecord, StreamHead
 
 # --------------------------------------------------------------------- events
-
-
-@dataclass(frozen=True, slots=True)
-class Tick:
-    """Time passed; periodic actions, timeouts and resends due at `now` run."""
 
 
 @dataclass(frozen=True, slots=True)
