@@ -485,20 +485,29 @@ class SqlStorage(ConnectedStorage):
     @operation
     def delete_marker(self, marker: str) -> bool:
         with self._write() as cur:
-            deleted: int = self._x(cur, "DELETE FROM markers WHERE marker = ?", (marker,)).rowcount
-            return deleted > 0
+            return self._delete_marker_on(cur, marker)
+
+    def _delete_marker_on(self, cur: Cursor, marker: str) -> bool:
+        """`delete_marker` inside the transaction of `cur`."""
+        deleted: int = self._x(cur, "DELETE FROM markers WHERE marker = ?", (marker,)).rowcount
+        return deleted > 0
 
     @operation
     def delete_markers_with_prefix(self, prefix: str) -> int:
-        # substr, not LIKE: no escaping of `%`/`_`, same meaning on both backends.
         with self._write() as cur:
-            return int(
-                self._x(
-                    cur,
-                    "DELETE FROM markers WHERE substr(marker, 1, ?) = ?",
-                    (len(prefix), prefix),
-                ).rowcount
-            )
+            return self._delete_markers_with_prefix_on(cur, prefix)
+
+    def _delete_markers_with_prefix_on(
+        self, cur: Cursor, prefix: str, keep: str | None = None
+    ) -> int:
+        """`delete_markers_with_prefix` inside the transaction of `cur`, sparing
+        the marker `keep` (if given)."""
+        # substr, not LIKE: no escaping of `%`/`_`, same meaning on both backends.
+        sql = "DELETE FROM markers WHERE substr(marker, 1, ?) = ?"
+        params: tuple[object, ...] = (len(prefix), prefix)
+        if keep is not None:
+            sql, params = f"{sql} AND marker <> ?", (*params, keep)
+        return int(self._x(cur, sql, params).rowcount)
 
     @operation
     def read_arrow(
@@ -823,12 +832,19 @@ class SqlStorage(ConnectedStorage):
     @operation
     def kv_delete_if_version(self, namespace: str, key: str, expected_version: int) -> None:
         with self._write() as cur:
-            deleted = self._x(
-                cur,
-                "DELETE FROM kv WHERE namespace = ? AND key = ? AND version = ?",
-                (namespace, key, expected_version),
-            ).rowcount
-            if deleted == 0:
+            if not self._kv_delete_if_version_on(cur, namespace, key, expected_version):
                 raise PreconditionFailed(
                     f"key {namespace}/{key} is not at version {expected_version}"
                 )
+
+    def _kv_delete_if_version_on(
+        self, cur: Cursor, namespace: str, key: str, expected_version: int
+    ) -> bool:
+        """`kv_delete_if_version` inside the transaction of `cur`: whether the
+        key was there at that version (and is gone now)."""
+        deleted: int = self._x(
+            cur,
+            "DELETE FROM kv WHERE namespace = ? AND key = ? AND version = ?",
+            (namespace, key, expected_version),
+        ).rowcount
+        return deleted > 0
