@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import riverbed.storage.sql
+import riverbed.storage.sql.core
 from riverbed.errors import InvalidInput
 from riverbed.log.log import Log
 from riverbed.log.topics import (
@@ -168,7 +168,7 @@ def test_an_existing_database_keeps_client_id_and_new_topics_get_the_default(
 ) -> None:
     mine = next(i for i, m in enumerate(MIGRATIONS) if any("key_mode" in s for s in m))
     with monkeypatch.context() as patch:
-        patch.setattr(riverbed.storage.sql, "MIGRATIONS", MIGRATIONS[:mine])
+        patch.setattr(riverbed.storage.sql.core, "MIGRATIONS", MIGRATIONS[:mine])
         open_storage(storage_url).close()  # the schema before key modes
     _execute(
         storage_url,

@@ -17,9 +17,11 @@ from riverbed.log.log import Log
 from riverbed.log.partitioning import key_hash, route
 from riverbed.log.retention import RetentionResult, apply_retention, run_retention
 from riverbed.model import Message, StreamId
-from riverbed.storage import Storage, open_storage, sql
+from riverbed.storage import Storage, open_storage
 from riverbed.storage.base import RetentionPolicy
 from riverbed.storage.schema import MIGRATIONS
+from riverbed.storage.sql import core as sql_core
+from riverbed.storage.sql import messages as sql_messages
 from riverbed.subscriptions.cursors import Subscriptions
 
 HOUR = 3_600_000_000
@@ -127,7 +129,7 @@ def test_a_subscription_behind_the_limit_reads_on_from_the_oldest_message_left(l
 def test_first_offset_within_bytes_across_pages(
     storage: Storage, page: int, sizes: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sql, "SIZES_PAGE", page)
+    monkeypatch.setattr(sql_messages, "SIZES_PAGE", page)
     log = Log(storage)
     try:
         log.topics.create("t", 1, retention_us=None)
@@ -241,7 +243,7 @@ def test_a_database_from_before_the_byte_limit_opens_and_takes_it(
     storage_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with monkeypatch.context() as patch:
-        patch.setattr(sql, "MIGRATIONS", MIGRATIONS[: _mine()])
+        patch.setattr(sql_core, "MIGRATIONS", MIGRATIONS[: _mine()])
         open_storage(storage_url).close()  # the schema as it was before
     with _raw(storage_url) as conn:
         for statement in (

@@ -5,8 +5,16 @@ transaction).
 `transaction(storage)` opens a write transaction on the calling thread's
 connection and hands out a `Transaction`: `execute(sql, params)` with `?`
 placeholders on both backends (rewritten to `%s` for PostgreSQL, as the
-storage's own queries are), `executemany`, and the raw DB-API `connection` for
-anything else. It commits when the block ends and rolls back if it raises.
+storage's own queries are), `executemany`, `savepoint` and
+`rollback_to_savepoint`, and the raw DB-API `connection` for anything else. It
+commits when the block ends and rolls back if it raises.
+
+The functions named `..._in(tx, ...)` below are the storage's operations
+(`Storage.append_once`, the KV writes with preconditions, marker deletions,
+cursor commits) run inside such a transaction, so that code above the storage
+composes them into one atomic change without writing SQL itself: the
+subscriptions' batch commits, DLQ replays and shard-count changes, the session
+writer, the shared-subscription leader's progress.
 
 Everything written through it commits or vanishes together with the cursor
 update the competing-consumers runner makes in the same transaction: that is
@@ -63,9 +71,33 @@ class Transaction:
         self._check_open()
         self._cursor.executemany(self._storage._sql(sql), rows)
 
+    def savepoint(self, name: str) -> None:
+        """Mark a point inside this transaction that `rollback_to_savepoint(name)`
+        goes back to (SQL `SAVEPOINT`, the same on both backends). `name`: an
+        identifier (letters, digits, `_`; not starting with a digit)."""
+        self._check_open()
+        self.execute(f"SAVEPOINT {_identifier(name)}")
+
+    def rollback_to_savepoint(self, name: str) -> None:
+        """Undo what this transaction wrote since `savepoint(name)`, keeping what
+        it wrote before. The transaction goes on, usable again on PostgreSQL
+        even after a failed statement, and the savepoint stays for another
+        rollback."""
+        self._check_open()
+        self.execute(f"ROLLBACK TO SAVEPOINT {_identifier(name)}")
+
     def _check_open(self) -> None:
         if not self._open:
             raise StorageError("the transaction has ended: use it only inside its block")
+
+
+def _identifier(name: str) -> str:
+    if not name.isascii() or not name.replace("_", "a").isalnum() or name[0].isdigit():
+        raise InvalidInput(
+            f"savepoint name {name!r} is not an identifier: use letters, digits and _,"
+            " not starting with a digit"
+        )
+    return name
 
 
 def sql_storage(storage: Storage) -> SqlStorage:
@@ -190,6 +222,29 @@ def kv_write_in(
             (value, namespace, key, expected_version),
         ).fetchone()
     return None if row is None else int(row[0])
+
+
+def kv_delete_if_version_in(tx: Transaction, namespace: str, key: str, version: int) -> bool:
+    """`Storage.kv_delete_if_version` inside `tx`: delete a KV key if it is still
+    at `version`. False, deleting nothing, if it is absent or another writer
+    changed it first (the caller rolls back)."""
+    tx._check_open()
+    return tx._storage._kv_delete_if_version_on(tx._cursor, namespace, key, version)
+
+
+def delete_marker_in(tx: Transaction, marker: str) -> bool:
+    """`Storage.delete_marker` inside `tx`: forget one marker, with everything
+    else `tx` writes; True if it was recorded. (A marker that only kept a
+    one-off transaction from being done twice while it ran.)"""
+    tx._check_open()
+    return tx._storage._delete_marker_on(tx._cursor, marker)
+
+
+def delete_markers_with_prefix_in(tx: Transaction, prefix: str, *, keep: str | None = None) -> int:
+    """`Storage.delete_markers_with_prefix` inside `tx`, sparing the marker `keep`
+    (None: none): forget the markers starting with `prefix`; return how many."""
+    tx._check_open()
+    return tx._storage._delete_markers_with_prefix_on(tx._cursor, prefix, keep)
 
 
 def subscription_exists_in(tx: Transaction, name: str) -> bool:

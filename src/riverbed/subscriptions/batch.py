@@ -39,6 +39,7 @@ from riverbed.storage.outage import ride_out
 from riverbed.storage.transactions import (
     append_once_in,
     commit_cursors_in,
+    delete_markers_with_prefix_in,
     kv_hold_in,
     kv_put_in,
     transaction,
@@ -262,10 +263,7 @@ def commit(
             )
         commit_cursors_in(tx, name, cursors)
         # One marker per shard is enough: Spark replays only its last batch.
-        tx.execute(
-            "DELETE FROM markers WHERE substr(marker, 1, ?) = ? AND marker <> ?",
-            (len(_marker_prefix(name, shard_id)), _marker_prefix(name, shard_id), marker),
-        )
+        delete_markers_with_prefix_in(tx, _marker_prefix(name, shard_id), keep=marker)
     return True
 
 

@@ -29,7 +29,12 @@ from riverbed.errors import InvalidInput, NotFound, Superseded
 from riverbed.model import MessageId, MessageIdGenerator, StreamId
 from riverbed.sessions.store import now_us as current_us
 from riverbed.storage.base import Storage, StreamHead
-from riverbed.storage.transactions import append_once_in, kv_put_in, transaction
+from riverbed.storage.transactions import (
+    append_once_in,
+    delete_marker_in,
+    kv_put_in,
+    transaction,
+)
 from riverbed.subscriptions.batch import QueueLayout, open_rows
 from riverbed.subscriptions.definition import Definitions, hold_definition
 from riverbed.subscriptions.delivering import queue_topics
@@ -329,7 +334,7 @@ def _change(
                         tx, NAMESPACE, state_key(name, shard), state.to_json(), version
                     ):
                         raise Superseded("the shard's state moved")
-                    tx.execute("DELETE FROM markers WHERE marker = ?", (marker,))
+                    delete_marker_in(tx, marker)
             except Superseded:
                 continue  # a running batch committed meanwhile: read again
             out.selected += len(chosen) - along

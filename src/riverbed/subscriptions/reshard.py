@@ -41,6 +41,8 @@ from riverbed.sessions.store import now_us
 from riverbed.storage.base import Row, Storage
 from riverbed.storage.transactions import (
     append_once_in,
+    delete_marker_in,
+    kv_delete_if_version_in,
     kv_put_in,
     transaction,
 )
@@ -250,16 +252,12 @@ def _change(storage: Storage, name: str, new_count: int, progress: Progress | No
         if firsts != expected:
             raise Superseded("the queues moved")
         for key, version in old.items():
-            deleted = tx.execute(
-                "DELETE FROM kv WHERE namespace = ? AND key = ? AND version = ?",
-                (NAMESPACE, key, version),
-            ).rowcount
-            if deleted != 1:
+            if not kv_delete_if_version_in(tx, NAMESPACE, key, version):
                 raise Superseded(f"shard state {key} moved")
         for shard, fresh in enumerate(new_states):
             if not kv_put_in(tx, NAMESPACE, state_key(name, shard), fresh.to_json(), None):
                 raise Superseded(f"shard state {shard} appeared")
-        tx.execute("DELETE FROM markers WHERE marker = ?", (marker,))
+        delete_marker_in(tx, marker)
     if progress is not None:
         progress(total, total)
     return Reshard(

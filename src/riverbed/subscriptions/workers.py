@@ -48,12 +48,13 @@ Guarantees (`Guarantee`):
       Worker(storage, "billing", handle, guarantee=Guarantee.EXACTLY_ONCE).run()
 
   `batch.tx` is a `riverbed.storage.transactions.Transaction`: `execute` and
-  `executemany` with `?` placeholders on both backends, `connection` for the raw
-  DB-API connection. Its writes commit together with the position or not at all,
-  so each message's effect is there exactly once, whatever crashes. (What the
-  handler does *outside* the transaction, such as an HTTP call, is still
-  at-least-once.) On SQLite the transaction holds the database's write lock while
-  the handler runs, so handlers of different streams run one at a time there.
+  `executemany` with `?` placeholders on both backends, `savepoint` and
+  `rollback_to_savepoint`, `connection` for the raw DB-API connection. Its
+  writes commit together with the position or not at all, so each message's
+  effect is there exactly once, whatever crashes. (What the handler does
+  *outside* the transaction, such as an HTTP call, is still at-least-once.) On
+  SQLite the transaction holds the database's write lock while the handler
+  runs, so handlers of different streams run one at a time there.
 
 Handler errors (`ErrorPolicy`): STOP (default) stops the worker (`run` raises
 `HandlerFailed`; the position stays, so the batch is handled again next time);
@@ -121,6 +122,9 @@ from riverbed.subscriptions.handling import (
 from riverbed.topics.filters import matches
 
 logger = logging.getLogger(__name__)
+
+_ATTEMPT = "riverbed_batch"
+"""The savepoint a handler's attempt rolls back to (transaction locks, EXACTLY_ONCE)."""
 
 
 class SubscriptionState(Protocol):
@@ -417,13 +421,13 @@ class Worker:
                     # The lock lives as long as the transaction: a failed attempt rolls
                     # back to here, keeping the lock through the backoff.
                     if exactly_once:
-                        tx.execute("SAVEPOINT riverbed_batch")
+                        tx.savepoint(_ATTEMPT)
                     try:
                         self._call(batch)
                         break
                     except _HandlerRaised as raised:
                         if exactly_once:
-                            tx.execute("ROLLBACK TO SAVEPOINT riverbed_batch")
+                            tx.rollback_to_savepoint(_ATTEMPT)
                         if self._should_retry(batch, raised.error):
                             batch = replace(batch, attempt=batch.attempt + 1)
                             continue

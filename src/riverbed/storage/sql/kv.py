@@ -1,0 +1,96 @@
+"""The key-value store with preconditions."""
+
+from __future__ import annotations
+
+from riverbed.errors import PreconditionFailed
+from riverbed.storage.base import KVEntry
+from riverbed.storage.connections import Cursor, operation
+from riverbed.storage.sql.core import SqlCore
+
+
+class KVQueries(SqlCore):
+    """The key-value queries of `SqlStorage`."""
+
+    # --- key-value ----------------------------------------------------------
+    @operation
+    def kv_get(self, namespace: str, key: str) -> KVEntry | None:
+        row = self._q(
+            "SELECT value, version FROM kv WHERE namespace = ? AND key = ?", (namespace, key)
+        ).fetchone()
+        return None if row is None else KVEntry(namespace, key, bytes(row[0]), int(row[1]))
+
+    @operation
+    def kv_list(self, namespace: str, prefix: str = "") -> list[KVEntry]:
+        rows = self._q(
+            "SELECT key, value, version FROM kv WHERE namespace = ? AND substr(key, 1, ?) = ?"
+            " ORDER BY key",
+            (namespace, len(prefix), prefix),
+        ).fetchall()
+        return [KVEntry(namespace, k, bytes(v), int(ver)) for k, v, ver in rows]
+
+    @operation
+    def kv_count(self, namespace: str) -> int:
+        row = self._q("SELECT count(*) FROM kv WHERE namespace = ?", (namespace,)).fetchone()
+        return int(row[0])
+
+    @operation
+    def kv_put(self, namespace: str, key: str, value: bytes) -> KVEntry:
+        with self._write() as cur:
+            row = self._x(
+                cur,
+                "INSERT INTO kv (namespace, key, value, version) VALUES (?, ?, ?, 1)"
+                " ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value,"
+                " version = kv.version + 1 RETURNING version",
+                (namespace, key, value),
+            ).fetchone()
+            return KVEntry(namespace, key, value, int(row[0]))
+
+    @operation
+    def kv_put_if_absent(self, namespace: str, key: str, value: bytes) -> KVEntry:
+        with self._write() as cur:
+            row = self._x(
+                cur,
+                "INSERT INTO kv (namespace, key, value, version) VALUES (?, ?, ?, 1)"
+                " ON CONFLICT (namespace, key) DO NOTHING RETURNING version",
+                (namespace, key, value),
+            ).fetchone()
+            if row is None:
+                raise PreconditionFailed(f"key {namespace}/{key} exists already")
+            return KVEntry(namespace, key, value, 1)
+
+    @operation
+    def kv_compare_and_set(
+        self, namespace: str, key: str, expected_version: int, value: bytes
+    ) -> KVEntry:
+        with self._write() as cur:
+            row = self._x(
+                cur,
+                "UPDATE kv SET value = ?, version = version + 1"
+                " WHERE namespace = ? AND key = ? AND version = ? RETURNING version",
+                (value, namespace, key, expected_version),
+            ).fetchone()
+            if row is None:
+                raise PreconditionFailed(
+                    f"key {namespace}/{key} is not at version {expected_version}"
+                )
+            return KVEntry(namespace, key, value, int(row[0]))
+
+    @operation
+    def kv_delete_if_version(self, namespace: str, key: str, expected_version: int) -> None:
+        with self._write() as cur:
+            if not self._kv_delete_if_version_on(cur, namespace, key, expected_version):
+                raise PreconditionFailed(
+                    f"key {namespace}/{key} is not at version {expected_version}"
+                )
+
+    def _kv_delete_if_version_on(
+        self, cur: Cursor, namespace: str, key: str, expected_version: int
+    ) -> bool:
+        """`kv_delete_if_version` inside the transaction of `cur`: whether the
+        key was there at that version (and is gone now)."""
+        deleted: int = self._x(
+            cur,
+            "DELETE FROM kv WHERE namespace = ? AND key = ? AND version = ?",
+            (namespace, key, expected_version),
+        ).rowcount
+        return deleted > 0
