@@ -47,7 +47,7 @@ from riverbed.subscriptions.definition import (  # noqa: E402
     HttpEndpoint,
     RetryPolicy,
 )
-from riverbed.subscriptions.delivering import create_delivering  # noqa: E402
+from riverbed.subscriptions.provisioning import create_delivering  # noqa: E402
 
 PUBLISHERS = 2
 MEMBERS = 3

@@ -133,6 +133,11 @@ class Superseded(StorageError):
     """Another run of the same shard committed first; this one wrote nothing."""
 
 
+class DeliveryFailed(RiverbedError):
+    """A delivering subscription's Spark query stopped with an error (a task
+    failed for good, or the job lost its lease on the subscription)."""
+
+
 class HandlerFailed(RiverbedError):
     """A worker's handler raised and the error policy said STOP; `failure` (a
     `riverbed.subscriptions.workers.Failure`, None if the worker stopped

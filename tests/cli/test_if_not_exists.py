@@ -15,7 +15,7 @@ from riverbed.log.log import Log
 from riverbed.storage.base import RetentionPolicy
 from riverbed.subscriptions.cursors import Subscriptions
 from riverbed.subscriptions.definition import Definitions, DeliveryDefinition, parse_endpoint
-from riverbed.subscriptions.delivering import create_delivering
+from riverbed.subscriptions.provisioning import create_delivering
 
 
 def _state(db: str) -> list[object]:

@@ -26,9 +26,9 @@ from riverbed.subscriptions.definition import (
     HttpEndpoint,
     RetryPolicy,
 )
-from riverbed.subscriptions.delivering import create_delivering
 from riverbed.subscriptions.endpoint import Deliverer, deliverer
 from riverbed.subscriptions.pipeline import is_idle
+from riverbed.subscriptions.provisioning import create_delivering
 from riverbed.subscriptions.queues import QueuedMessage
 from riverbed.subscriptions.shards import shard_of
 from riverbed.subscriptions.step import Attempts, StepStats

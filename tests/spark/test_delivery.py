@@ -32,7 +32,7 @@ RIVERBED = str(Path(sys.executable).with_name("riverbed"))
 
 
 def test_the_job_delivers_retries_and_parks_in_group_order(spark: Any, storage_url: str) -> None:
-    from riverbed.spark.delivery import DeliveryJob
+    from riverbed.spark.delivery_job import DeliveryJob
 
     with Endpoint() as endpoint:
         setup(storage_url, endpoint, groups=6, per_group=30)
@@ -217,7 +217,7 @@ def test_the_shard_count_changes_while_the_job_runs(spark: Any, sqlite_url: str)
     """2 -> 4 -> 1 shards under a running job, with traffic and retries in
     flight: the job takes the new shards at its next batch (its batch in
     flight loses its commit and runs again); nothing lost, order kept."""
-    from riverbed.spark.delivery import DeliveryJob
+    from riverbed.spark.delivery_job import DeliveryJob
     from riverbed.subscriptions.pipeline import is_idle
     from riverbed.subscriptions.reshard import change_shard_count
 
@@ -258,7 +258,7 @@ def test_the_shard_count_changes_while_the_job_runs(spark: Any, sqlite_url: str)
 def test_a_second_job_waits_and_takes_over(spark: Any, sqlite_url: str) -> None:
     """One job delivers a subscription at a time: a second one waits as a
     standby and takes over when the first stops; nothing lost, order kept."""
-    from riverbed.spark.delivery import DeliveryJob
+    from riverbed.spark.delivery_job import DeliveryJob
 
     with Endpoint(delay=0.002) as endpoint:
         setup(sqlite_url, endpoint, groups=10, per_group=100)
@@ -313,7 +313,7 @@ def test_the_lease_is_kept_while_spark_starts_slowly(
     and nothing renewed it meanwhile: the job stopped itself ("lost its
     lease") with no other job around. A thread renews it from the moment it is
     taken."""
-    from riverbed.spark.delivery import DeliveryJob
+    from riverbed.spark.delivery_job import DeliveryJob
 
     started = DeliveryJob._start
 

@@ -20,7 +20,7 @@ from riverbed.subscriptions.definition import (
     HttpEndpoint,
     RetryPolicy,
 )
-from riverbed.subscriptions.delivering import create_delivering
+from riverbed.subscriptions.provisioning import create_delivering
 
 
 @pytest.fixture

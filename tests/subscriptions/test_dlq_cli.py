@@ -14,7 +14,7 @@ from riverbed.log.topics import Topics
 from riverbed.model import MessageId
 from riverbed.storage import open_storage
 from riverbed.subscriptions.definition import CallableEndpoint, DeliveryDefinition
-from riverbed.subscriptions.delivering import create_delivering
+from riverbed.subscriptions.provisioning import create_delivering
 from riverbed.subscriptions.queues import QueuedMessage
 
 BASE = 1_700_000_000_000_000

@@ -36,9 +36,9 @@ from riverbed.subscriptions.definition import (
     DeliveryDefinition,
     RetryPolicy,
 )
-from riverbed.subscriptions.delivering import create_delivering
 from riverbed.subscriptions.dlq import Selection, parked, purge, replay
 from riverbed.subscriptions.endpoint import Attempt, Outcome
+from riverbed.subscriptions.provisioning import create_delivering
 from riverbed.subscriptions.shardstate import load_states
 
 MAX_ATTEMPTS = 3

@@ -32,7 +32,7 @@ from riverbed.subscriptions.definition import (
     delivery_definition,
     subscription_json,
 )
-from riverbed.subscriptions.delivering import (
+from riverbed.subscriptions.provisioning import (
     create_subscription,
     delete_subscription,
     queue_topics,
@@ -390,7 +390,7 @@ def subscription_run(
     second one waits and takes over. With --metrics,
     riverbed_delivery_messages_total{subscription,outcome} counts what it
     delivered, retried and parked."""
-    from riverbed.cli.delivery import run_delivery
+    from riverbed.cli.subscription_run import run_delivery
 
     address = None if metrics is None else metrics_address(metrics)
     run_delivery(

@@ -30,10 +30,10 @@ from riverbed.model import StreamId
 from riverbed.storage.base import StartKind, SubscriptionRecord
 from riverbed.subscriptions.cursors import Start, Subscriptions
 from riverbed.subscriptions.definition import Definitions, delivery_definition, subscription_json
-from riverbed.subscriptions.delivering import create_subscription, delete_subscription
 from riverbed.subscriptions.groups import Queue
 from riverbed.subscriptions.pipeline import queue_depths
 from riverbed.subscriptions.positions import parse_start, parse_time
+from riverbed.subscriptions.provisioning import create_subscription, delete_subscription
 from riverbed.subscriptions.reset import check_reset, reset_subscription
 from riverbed.subscriptions.reshard import change_shard_count, check_shard_change
 

@@ -12,7 +12,7 @@ to send. QoS 0 and 1 wait in a
 batch per log topic for the broker's commit pacer (`mqtt/pacer.py`), which
 commits every connection's batches for a topic together.
 
-QoS 2, exactly once across broker restarts (issue 3): the message and a marker
+QoS 2, exactly once across broker restarts: the message and a marker
 `(session id, packet id)` are committed in one transaction
 (`Appender.append_once`) before the PUBREC goes out. A PUBLISH the client sends
 again with the same packet id (DUP=1, its PUBREC lost, perhaps

@@ -1,4 +1,4 @@
-"""When the broker commits its QoS 0/1 PUBLISHes: the commit pacer (issue 3).
+"""When the broker commits its QoS 0/1 PUBLISHes: the commit pacer.
 
 A read's PUBLISHes wait in their connection's `Inbound`, one `Batch` per log
 topic, until the pacer commits them. It commits at the end of the loop turn,

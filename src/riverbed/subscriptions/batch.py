@@ -47,8 +47,8 @@ from riverbed.storage.transactions import (
 from riverbed.subscriptions.cursors import Subscriptions
 from riverbed.subscriptions.definition import NAMESPACE as DEFINITIONS
 from riverbed.subscriptions.definition import DeliveryDefinition
-from riverbed.subscriptions.delivering import queue_topics
 from riverbed.subscriptions.groups import MessageState
+from riverbed.subscriptions.provisioning import queue_topics
 from riverbed.subscriptions.queues import QueuedMessage
 from riverbed.subscriptions.shards import queue_partition, shard_partitions
 from riverbed.subscriptions.shardstate import (

@@ -37,8 +37,8 @@ from riverbed.storage.transactions import (
 )
 from riverbed.subscriptions.batch import QueueLayout, open_rows
 from riverbed.subscriptions.definition import Definitions, hold_definition
-from riverbed.subscriptions.delivering import queue_topics
 from riverbed.subscriptions.groups import MessageState, Queue
+from riverbed.subscriptions.provisioning import queue_topics
 from riverbed.subscriptions.queues import QueuedMessage
 from riverbed.subscriptions.shardstate import (
     NAMESPACE,

@@ -1,5 +1,5 @@
 """The pieces of a delivering subscription's pipeline that Spark's driver and
-tasks call (the Spark side is `riverbed.spark.delivery`).
+tasks call (the Spark side is `riverbed.spark.delivery_job`).
 
 - `run_shard` (in a task): one batch of one shard (`batch.ShardRunner`). A
   Python worker process keeps its storage connection, its event loop and
@@ -22,8 +22,8 @@ from riverbed.storage.outage import ride_out
 from riverbed.subscriptions.batch import MainRange, QueueLayout, ShardRunner, batch_marker
 from riverbed.subscriptions.cursors import Subscriptions
 from riverbed.subscriptions.definition import Definitions, DeliveryDefinition
-from riverbed.subscriptions.delivering import queue_topics
 from riverbed.subscriptions.endpoint import deliverer
+from riverbed.subscriptions.provisioning import queue_topics
 from riverbed.subscriptions.shardstate import ShardState, load_states
 from riverbed.subscriptions.step import Attempts, StepStats
 

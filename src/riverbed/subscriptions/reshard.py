@@ -49,8 +49,8 @@ from riverbed.storage.transactions import (
 from riverbed.subscriptions.batch import QueueLayout, open_rows
 from riverbed.subscriptions.definition import NAMESPACE as DEFINITIONS
 from riverbed.subscriptions.definition import Definitions, DeliveryDefinition, not_delivering
-from riverbed.subscriptions.delivering import queue_topics
 from riverbed.subscriptions.groups import GroupState, MessageState, Queue
+from riverbed.subscriptions.provisioning import queue_topics
 from riverbed.subscriptions.queues import QueuedMessage
 from riverbed.subscriptions.shards import queue_partitions, shard_of
 from riverbed.subscriptions.shardstate import NAMESPACE, ShardState, state_key

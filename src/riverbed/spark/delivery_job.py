@@ -1,4 +1,4 @@
-"""A delivering subscription's pipeline on Spark Structured Streaming (issue 7):
+"""A delivering subscription's pipeline on Spark Structured Streaming:
 what `riverbed subscription run NAME` starts.
 
 The `riverbed-delivery` source reads the subscription the way the `riverbed`
@@ -53,7 +53,7 @@ from pyspark.sql.datasource import DataSource, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows
 from pyspark.sql.types import StructType
 
-from riverbed.errors import RiverbedError
+from riverbed.errors import DeliveryFailed, RiverbedError
 from riverbed.spark.options import StreamOptions, check_shared_storage, stream_options
 from riverbed.spark.planning import next_offsets
 from riverbed.spark.source import SubscriptionStreamReader
@@ -242,10 +242,6 @@ class DeliveryStreamReader(SubscriptionStreamReader):
     def read(self, partition: InputPartition) -> Iterator[tuple[int, int, str, int]]:
         if isinstance(partition, ShardPartition):
             yield (partition.shard, partition.shards, partition.ranges_json, partition.tick)
-
-
-class DeliveryFailed(RiverbedError):
-    """The delivery query stopped with an error (a task failed for good)."""
 
 
 @dataclass(slots=True)

@@ -26,7 +26,7 @@ from riverbed.cli._metrics import serve_metrics
 from riverbed.errors import InvalidInput
 from riverbed.metrics import Exposition, outcomes_family
 from riverbed.mqtt.config import Address
-from riverbed.spark.delivery import Totals
+from riverbed.spark.delivery_job import Totals
 from riverbed.spark.options import check_shared_storage
 from riverbed.subscriptions.pipeline import definition_of
 
@@ -75,7 +75,7 @@ def run_delivery(
             ],
         )
     from riverbed.spark import session
-    from riverbed.spark.delivery import DeliveryJob
+    from riverbed.spark.delivery_job import DeliveryJob
 
     started = time.monotonic()
     click.echo(
