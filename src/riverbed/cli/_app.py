@@ -19,7 +19,14 @@ from rich.text import Text
 from riverbed.errors import DatabaseNotFound, InvalidInput, RiverbedError
 from riverbed.log.log import Log
 from riverbed.model import parse_duration
-from riverbed.storage import DEFAULT_URL, ENV_VAR, Storage, default_url, open_storage, redact_url
+from riverbed.storage import (
+    DEFAULT_URL,
+    ENV_VAR,
+    Storage,
+    StorageUrl,
+    default_url,
+    open_storage,
+)
 from riverbed.subscriptions.positions import parse_reset_target
 from riverbed.subscriptions.positions import parse_start as parse_start
 from riverbed.subscriptions.positions import parse_time as parse_time
@@ -66,10 +73,10 @@ def json_option(command: F) -> F:
     )
 
 
-def command_url() -> str:
+def command_url() -> StorageUrl:
     """The database URL this command names (`--db`, else `$RIVERBED_DB`, else the
-    default)."""
-    return click.get_current_context().meta.get(DB_KEY) or default_url()
+    default), parsed (`InvalidConfig` for one Riverbed cannot use)."""
+    return StorageUrl.parse(click.get_current_context().meta.get(DB_KEY) or default_url())
 
 
 CREATE_HINT = "create one with riverbed serve or riverbed topic create"
@@ -87,7 +94,7 @@ def open_storage_of_command(*, create: bool = False) -> Storage:
     except DatabaseNotFound as exc:
         raise DatabaseNotFound(f"{exc} ({CREATE_HINT})") from None
     if getattr(storage, "created", False):
-        click.echo(f"created a new database at {redact_url(url)}", err=True)
+        click.echo(f"created a new database at {url.shown}", err=True)
     return storage
 
 

@@ -9,8 +9,8 @@ import uuid
 import click
 
 from riverbed.cli._app import (
-    DB_KEY,
     cli,
+    command_url,
     db_option,
     json_option,
     make_console,
@@ -66,11 +66,10 @@ def admin(
     from riverbed.http.context import HttpContext, config_view
     from riverbed.http.server import HttpServer
     from riverbed.log.log import Log
-    from riverbed.storage import default_url, redact_url
 
     settings = http_config(address=http, token_file=token_file, certfile=certfile, keyfile=keyfile)
     tokens = None if settings.token_file is None else TokenFile(settings.token_file)
-    url = click.get_current_context().meta.get(DB_KEY) or default_url()
+    url = command_url()
     _configure_logging(LogConfig(level=log_level.lower()))
     node = f"admin-{uuid.uuid4().hex[:8]}"
 
@@ -80,7 +79,7 @@ def admin(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         with Log.open(url, create=False) as log:
-            view = {"storage": {"url": redact_url(url)}, "http": config_view(settings)}
+            view = {"storage": {"url": url.shown}, "http": config_view(settings)}
             server = HttpServer(settings, HttpContext(log, node, view, tokens=tokens))
             await server.start()
             click.echo(f"admin API on {server.url}/api/v1 (Ctrl-C stops it)", err=True)

@@ -18,7 +18,7 @@ from riverbed.cli._reuse import http_listener_options
 from riverbed.errors import InvalidInput
 from riverbed.log.log import Log
 from riverbed.mqtt.config import LOG_LEVELS, BrokerConfig, LogConfig
-from riverbed.storage import default_url, redact_url
+from riverbed.storage import StorageUrl, default_url
 
 if TYPE_CHECKING:
     from riverbed.http.server import HttpServer
@@ -172,7 +172,7 @@ def serve(
     check_listeners(config)  # an address in use: refused before the database is opened
     _raise_open_files_limit()
     _configure_logging(config.log)
-    url = config.storage.url or default_url()
+    url = StorageUrl.parse(config.storage.url or default_url())
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -181,7 +181,7 @@ def serve(
             loop.add_signal_handler(sig, stop.set)
         with Log.open(url) as log:
             if getattr(log.storage, "created", False):
-                logging.getLogger(__name__).info("created a new database at %s", redact_url(url))
+                logging.getLogger(__name__).info("created a new database at %s", url.shown)
             await run_broker(config, log, stop, beside=http_beside(config, log))
 
     try:

@@ -119,7 +119,7 @@ def run_delivery(
     try:
         job = DeliveryJob(
             spark,
-            url,
+            url.text,
             name,
             trigger_seconds=trigger_interval,
             max_per_trigger=max_per_trigger,

@@ -139,7 +139,7 @@ def worker(
             ],
         )
     try:
-        code = run_processes(url, subscription, handler_spec, processes, options, counted)
+        code = run_processes(url.text, subscription, handler_spec, processes, options, counted)
     finally:
         if exposition is not None:
             exposition.close()

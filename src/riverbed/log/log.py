@@ -18,7 +18,7 @@ from riverbed.log.topics import (
     stored_key_mode,
 )
 from riverbed.model import Message, MessageIdGenerator
-from riverbed.storage import open_storage
+from riverbed.storage import StorageUrl, open_storage
 from riverbed.storage.base import Storage, TopicRecord
 from riverbed.topics.filters import matches, validate_topic_name
 
@@ -59,7 +59,9 @@ class Log:
         self.appender = Appender(storage, max_batch=max_batch, linger=linger, ids=ids)
 
     @classmethod
-    def open(cls, url: str | None = None, *, create: bool = True, **options: object) -> Log:
+    def open(
+        cls, url: str | StorageUrl | None = None, *, create: bool = True, **options: object
+    ) -> Log:
         """The log of the database `url` names (`open_storage`). With
         `create=False` a missing database, or one without Riverbed's tables, is
         refused (`DatabaseNotFound`) instead of created."""

@@ -177,7 +177,7 @@ from riverbed.model import parse_duration
 from riverbed.mqtt.codec.wire import MAX_PACKET_SIZE
 from riverbed.sharedsub.config import SharedSubConfig
 from riverbed.storage import DEFAULT_URL
-from riverbed.storage.urls import redact_url
+from riverbed.storage.urls import StorageUrl, redact_url
 
 MAX_UINT16 = 0xFFFF
 SESSION_NEVER_EXPIRES = 0xFFFF_FFFF
@@ -755,22 +755,16 @@ def _is_origin(item: object) -> bool:
     )
 
 
-_URL_SCHEMES = ("sqlite", "postgresql", "postgres")
-
-
 def _storage_url(key: str, value: object) -> str:
     if not isinstance(value, str):
         raise _fail(key, value, "must be a database URL string")
-    shown = redact_url(value)
     try:
-        scheme = urlsplit(value).scheme.lower()
-    except ValueError:
-        scheme = ""
-    if scheme not in _URL_SCHEMES:
+        StorageUrl.parse(value)
+    except InvalidConfig as exc:
         # The URL may hold a password: show it redacted, never with !r of the raw value.
-        raise InvalidConfig(
-            f"{key} = {shown!r}: must be sqlite:///PATH or postgresql://USER@HOST/DB"
-        )
+        shown = redact_url(value)
+        rule = str(exc).removeprefix(f"database URL {shown!r}").removeprefix(":").strip()
+        raise InvalidConfig(f"{key} = {shown!r}: {rule}") from None
     return value
 
 

@@ -39,11 +39,11 @@ def by_stream(frame: Any, topic: str, db: str | None = None, partitions: int | N
     only keyed rows are kept apart. DataFrame operations only (Spark Connect
     too). The layout is read now: plan again after a scale-up.
     """
-    from riverbed.storage import default_url, open_storage
+    from riverbed.storage import open_storage
 
     if partitions is not None and partitions < 1:
         raise InvalidInput(f"by_stream needs at least 1 partition; got {partitions}")
-    storage = open_storage(db or default_url())
+    storage = open_storage(db)  # None: the default database
     try:
         record = storage.get_topic(topic)
         generation = storage.list_storage_topics(topic)[record.produce_pointer]

@@ -34,7 +34,7 @@ from enum import Enum
 
 from riverbed.errors import InvalidConfig, InvalidInput
 from riverbed.model import StreamId
-from riverbed.storage import default_url
+from riverbed.storage import StorageUrl, default_url
 from riverbed.topics.filters import validate_filter
 
 DEFAULT_PARTITION_MESSAGES = 250_000
@@ -50,7 +50,7 @@ def is_local(master: str | None) -> bool:
     return master is None or master == "local" or master.startswith("local[")
 
 
-def check_shared_storage(db: str, where: str | None) -> None:
+def check_shared_storage(db: str | StorageUrl, where: str | None) -> None:
     """Refuse a SQLite database for Spark tasks that may run on other machines.
 
     `where` is the master (`spark://...`) or Connect URL (`sc://...`) the tasks
@@ -58,10 +58,11 @@ def check_shared_storage(db: str, where: str | None) -> None:
     fine. A Connect server on loopback is this machine too: its own master
     decides (the delivery job asks it).
     """
-    if is_local(where) or not db.strip().lower().startswith("sqlite"):
+    url = db if isinstance(db, StorageUrl) else StorageUrl.parse(db)
+    if is_local(where) or not url.is_sqlite:
         return
     raise InvalidInput(
-        f"the database {db!r} is a SQLite file, which the machines of the Spark cluster at"
+        f"the database {url.shown!r} is a SQLite file, which the machines of the Spark cluster at"
         f" {where} cannot share: use PostgreSQL (postgresql://...) with a master other than"
         " local[...]"
     )
