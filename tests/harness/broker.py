@@ -227,6 +227,35 @@ class Received:
     """Its Subscription Identifiers (MQTT 5)."""
 
 
+class PahoClient(paho.Client):
+    """paho-mqtt's client with its QoS 2 resume made right across failed
+    reconnect attempts.
+
+    paho-mqtt (2.2.0) resets its outgoing messages at every `reconnect()`, before
+    it opens the socket: a QoS 2 message waiting for its PUBCOMP becomes "resend
+    the PUBREL". When that attempt fails (the broker is still restarting) the
+    next reset finds "resend the PUBREL", which it does not recognise, and turns
+    the message back into "send the PUBLISH": paho then publishes again a
+    message the broker has already released, under a packet id the broker was
+    told it may forget, and the broker stores it a second time, as the MQTT
+    specification makes any broker do (§4.3.3: a PUBLISH after the PUBREL is a
+    new message). Here a
+    message owed a PUBREL stays owed a PUBREL, whatever the number of resets.
+    """
+
+    def _messages_reconnect_reset_out(self) -> None:
+        with self._out_message_mutex:
+            owed = [
+                m
+                for m in self._out_messages.values()
+                if m.qos == 2 and m.state == paho.mqtt_ms_resend_pubrel
+            ]
+        super()._messages_reconnect_reset_out()
+        with self._out_message_mutex:
+            for m in owed:
+                m.state = paho.mqtt_ms_resend_pubrel
+
+
 class Client:
     """A paho-mqtt 2.x client that records what happens to it, for tests.
 
@@ -278,14 +307,14 @@ class Client:
         v5 = self.protocol == paho.MQTTv5
         transport = "tcp" if self.websocket is None else "websockets"
         if v5:
-            mqtt = paho.Client(
+            mqtt = PahoClient(
                 CallbackAPIVersion.VERSION2,
                 self.client_id,
                 protocol=self.protocol,
                 transport=transport,
             )
         else:
-            mqtt = paho.Client(
+            mqtt = PahoClient(
                 CallbackAPIVersion.VERSION2,
                 self.client_id,
                 protocol=self.protocol,
