@@ -22,7 +22,14 @@ from harness.spark_cluster import ConnectServer, serving
 from riverbed.log.topics import Topics
 from riverbed.storage import open_storage
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.xdist_group("spark-cluster")]
+# A job on the cluster may take minutes on a loaded machine: its subprocess waits
+# up to 600 s, so the test may wait longer than the suite's 300 s default.
+pytestmark = [
+    pytest.mark.spark,
+    pytest.mark.slow,
+    pytest.mark.xdist_group("spark-cluster"),
+    pytest.mark.timeout(900),
+]
 
 RIVERBED = str(Path(sys.executable).with_name("riverbed"))
 ROOT = Path(__file__).resolve().parents[2]
