@@ -250,7 +250,7 @@ class Broker:
         if shared.enabled:
             storage = self.log.storage
             # Nodes sharing a PostgreSQL database reach each other's Leaders
-            # over it (LISTEN/NOTIFY, sharedsub/pgbus.py).
+            # over it (LISTEN/NOTIFY, cluster/bus.py).
             remote = storage.url if isinstance(storage, PostgresStorage) else None
             self.shared = SharedRuntime(storage, shared.timers, self.node, remote_url=remote)
             await self.shared.start()
@@ -483,7 +483,7 @@ class Broker:
     async def _let_go_of_taken_over(self) -> None:
         """Close the connections whose session a client took over on another
         node (found at the sweep: the broker does not use the nodes' bus,
-        `sharedsub/pgbus.py`, for this yet)."""
+        `cluster/bus.py`, for this yet)."""
         mine = {
             client_id: conn.stored.version
             for client_id, conn in self.connections.items()

@@ -1,6 +1,9 @@
-"""Borrower <-> Leader messages between broker nodes over PostgreSQL.
+"""Messages between broker nodes over PostgreSQL LISTEN/NOTIFY.
 
-The bus of `bus.py` between processes: each node LISTENs on its own channel
+`PostgresBus` carries the shared subscriptions' Borrower <-> Leader messages
+(`sharedsub/protocol.py`, whose `encode` / `decode` it is given: this package
+sits below `sharedsub` and knows no message of it) between processes, as the
+in-process bus of `sharedsub/bus.py` does within one: each node LISTENs on its own channel
 (`riverbed_ss_` and 16 hex digits of a hash of the node name) and an address is
 found on its node through a directory in the storage's KV namespace
 `sharedsub.addresses` (address -> node), written when the address starts
@@ -34,11 +37,11 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
+from typing import Generic, TypeVar
 
 import psycopg
 
 from riverbed.errors import NotFound, PreconditionFailed, RiverbedError
-from riverbed.sharedsub.protocol import Address, Message, decode, encode
 from riverbed.storage.base import Storage
 from riverbed.storage.transactions import transaction
 
@@ -50,8 +53,10 @@ MAX_PAYLOAD = 7999
 RETRY_DIRECTORY = 1.0
 """Seconds before a directory write that failed is tried again."""
 
-_Work = tuple[str, Address, Message | None]
-"""What the sending thread does: ("announce" | "forget" | "send", address, message)."""
+Address = str
+"""Where a message goes: found on its node through the directory."""
+Message = TypeVar("Message")
+"""What the bus carries (the shared subscriptions' `protocol.Message`)."""
 
 
 def channel(node: str) -> str:
@@ -59,9 +64,11 @@ def channel(node: str) -> str:
     return "riverbed_ss_" + hashlib.sha256(node.encode()).hexdigest()[:16]
 
 
-class PostgresBus:
+class PostgresBus(Generic[Message]):
     """Carries messages to addresses on other nodes; hands what comes for this
-    node to `deliver(address, message)` (on its listener thread)."""
+    node to `deliver(address, message)` (on its listener thread). `encode` /
+    `decode` turn a message into bytes and back (`decode` raises for bytes
+    that are no message)."""
 
     def __init__(
         self,
@@ -70,9 +77,13 @@ class PostgresBus:
         node: str,
         deliver: Callable[[Address, Message], None],
         *,
+        encode: Callable[[Message], bytes],
+        decode: Callable[[bytes], Message],
         poll: float = 0.2,
     ) -> None:
         self.url = url
+        self._encode = encode
+        self._decode = decode
         self.storage = storage
         self.node = node
         self._deliver = deliver
@@ -85,7 +96,9 @@ class PostgresBus:
         self._thread: threading.Thread | None = None
         self.dropped = 0
         """Messages not sent: unknown address, or too large."""
-        self._work: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()
+        self._work: queue.SimpleQueue[tuple[str, Address, Message | None] | None]
+        """What the sending thread does: ("announce" | "forget" | "send", address, message)."""
+        self._work = queue.SimpleQueue()
         self._sending = threading.Thread(
             target=self._send_all, name="riverbed-shared-sends", daemon=True
         )
@@ -160,7 +173,7 @@ class PostgresBus:
         first time, then a NOTIFY). Never raises: a failure loses the message."""
         try:
             node = self.node_of(to)
-            payload = f"{to}\n{encode(message).decode()}"
+            payload = f"{to}\n{self._encode(message).decode()}"
             if node is None or len(payload.encode()) > MAX_PAYLOAD:
                 self.dropped += 1
                 return
@@ -258,7 +271,7 @@ class PostgresBus:
         if not sep:
             return
         try:
-            message = decode(raw.encode())
+            message = self._decode(raw.encode())
         except Exception:
             log.warning("node %s: an undecodable message for %s", self.node, address)
             return

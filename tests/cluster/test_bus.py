@@ -1,4 +1,4 @@
-"""The bus between nodes over PostgreSQL LISTEN/NOTIFY (sharedsub/pgbus.py),
+"""The bus between nodes over PostgreSQL LISTEN/NOTIFY (cluster/bus.py),
 with a real server: delivery in order to an announced address on another node,
 and losses the protocol tolerates (an unknown address, a payload over
 PostgreSQL's limit) counted, never raised."""
@@ -6,19 +6,26 @@ PostgreSQL's limit) counted, never raised."""
 from __future__ import annotations
 
 import queue
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
+from riverbed.cluster.bus import MAX_PAYLOAD, PostgresBus, channel
 from riverbed.model import StreamId
-from riverbed.sharedsub.pgbus import MAX_PAYLOAD, PostgresBus, channel
-from riverbed.sharedsub.protocol import Address, Disconnect, GroupId, Message, Ping
+from riverbed.sharedsub.protocol import Address, Disconnect, GroupId, Message, Ping, decode, encode
 from riverbed.storage import Storage, open_storage
 
 GROUP = GroupId("g", "t/#")
 
 
-Buses = tuple[PostgresBus, "queue.Queue[tuple[Address, Message]]"]
+Buses = tuple["PostgresBus[Message]", "queue.Queue[tuple[Address, Message]]"]
+
+
+def shared_bus(
+    url: str, storage: Storage, node: str, deliver: Callable[[Address, Message], None]
+) -> PostgresBus[Message]:
+    """A bus carrying the shared subscriptions' messages, as their runtime makes it."""
+    return PostgresBus(url, storage, node, deliver, encode=encode, decode=decode)
 
 
 @pytest.fixture
@@ -33,8 +40,8 @@ def storage(postgres_url: str) -> Iterator[Storage]:
 @pytest.fixture
 def buses(postgres_url: str, storage: Storage) -> Iterator[Buses]:
     got: queue.Queue[tuple[Address, Message]] = queue.Queue()
-    sender = PostgresBus(postgres_url, storage, "node-a", lambda a, m: None)
-    receiver = PostgresBus(postgres_url, storage, "node-b", lambda a, m: got.put((a, m)))
+    sender = shared_bus(postgres_url, storage, "node-a", lambda a, m: None)
+    receiver = shared_bus(postgres_url, storage, "node-b", lambda a, m: got.put((a, m)))
     sender.start()
     receiver.start()
     try:
@@ -47,7 +54,7 @@ def buses(postgres_url: str, storage: Storage) -> Iterator[Buses]:
 
 def test_messages_reach_an_address_on_another_node_in_order(buses: Buses, storage: Storage) -> None:
     sender, got = buses
-    PostgresBus("unused", storage, "node-b", lambda a, m: None).announce("borrower-1")
+    shared_bus("unused", storage, "node-b", lambda a, m: None).announce("borrower-1")
     pings = [Ping(GROUP, "borrower-1", "node-a/leader/x", seq) for seq in range(20)]
     for ping in pings:
         sender.send("borrower-1", ping)
@@ -59,7 +66,7 @@ def test_messages_reach_an_address_on_another_node_in_order(buses: Buses, storag
 def test_lost_messages_are_counted_not_raised(buses: Buses, storage: Storage) -> None:
     sender, got = buses
     sender.send("nobody", Ping(GROUP, "nobody", "node-a/leader/x", 1))  # never announced
-    PostgresBus("unused", storage, "node-b", lambda a, m: None).announce("big")
+    shared_bus("unused", storage, "node-b", lambda a, m: None).announce("big")
     progress = tuple((StreamId("t" * 40, 0, p), 10**12) for p in range(200))
     huge = Disconnect(GROUP, "big", None, progress)
     sender.send("big", huge)  # above MAX_PAYLOAD
