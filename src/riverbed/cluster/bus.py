@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import queue
 import threading
@@ -254,17 +255,15 @@ class PostgresBus(Generic[Message]):
     # ----------------------------------------------------------------- receiving
 
     def _listen(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                with psycopg.connect(self.url, autocommit=True, connect_timeout=10) as conn:
-                    conn.execute(f"LISTEN {channel(self.node)}")
-                    self._listening.set()
-                    while not self._stopping.is_set():
-                        for note in conn.notifies(timeout=self._poll):
-                            self._arrived(note.payload)
-            except psycopg.Error:
-                log.warning("node %s: the shared-subscription listener reconnects", self.node)
-                self._stopping.wait(1.0)
+        _listen(
+            self.url,
+            channel(self.node),
+            self._arrived,
+            self._stopping,
+            self._listening,
+            self._poll,
+            f"node {self.node}: the shared-subscription listener reconnects",
+        )
 
     def _arrived(self, payload: str) -> None:
         address, sep, raw = payload.partition("\n")
@@ -276,3 +275,123 @@ class PostgresBus(Generic[Message]):
             log.warning("node %s: an undecodable message for %s", self.node, address)
             return
         self._deliver(address, message)
+
+
+def _listen(
+    url: str,
+    name: str,
+    arrived: Callable[[str], None],
+    stopping: threading.Event,
+    listening: threading.Event,
+    poll: float,
+    reconnects: str,
+) -> None:
+    """LISTEN on channel `name` and hand each payload to `arrived` until
+    `stopping` is set (a listener thread's body); a lost connection is made
+    again a second later."""
+    while not stopping.is_set():
+        try:
+            with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
+                conn.execute(f"LISTEN {name}")
+                listening.set()
+                while not stopping.is_set():
+                    for note in conn.notifies(timeout=poll):
+                        arrived(note.payload)
+        except psycopg.Error:
+            log.warning(reconnects)
+            stopping.wait(1.0)
+
+
+def node_channel(node: str) -> str:
+    """The LISTEN channel of a node's `NodeBus` (beside its `channel`)."""
+    return "riverbed_node_" + hashlib.sha256(node.encode()).hexdigest()[:16]
+
+
+class NodeBus:
+    """Messages from one broker node to another by the node's name (the
+    session takeover's requests and answers, `mqtt/broker.py`): a JSON object
+    per NOTIFY on the receiver's `node_channel`, handed to `deliver(message)`
+    on the listener thread.
+
+    Like `PostgresBus`, a message may be lost (its node gone, or not
+    listening): whoever asks waits a bounded time for the answer. `send`
+    blocks (one NOTIFY on the sending connection; call it from a worker
+    thread) and never raises: it says whether the message went out.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        node: str,
+        deliver: Callable[[dict[str, object]], None],
+        *,
+        poll: float = 0.2,
+    ) -> None:
+        self.url = url
+        self.node = node
+        self._deliver = deliver
+        self._poll = poll
+        self._send_lock = threading.Lock()
+        self._sender: psycopg.Connection[tuple[object, ...]] | None = None
+        self._stopping = threading.Event()
+        self._listening = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, timeout: float = 10.0) -> None:
+        """Start listening; returns once the LISTEN is in place."""
+        self._thread = threading.Thread(
+            target=_listen,
+            args=(
+                self.url,
+                node_channel(self.node),
+                self._arrived,
+                self._stopping,
+                self._listening,
+                self._poll,
+                f"node {self.node}: the node bus listener reconnects",
+            ),
+            name="riverbed-node-bus",
+            daemon=True,
+        )
+        self._thread.start()
+        if not self._listening.wait(timeout):
+            raise TimeoutError(f"node {self.node}: could not LISTEN within {timeout} s")
+
+    def close(self, timeout: float = 1.0) -> None:
+        """Stop listening and close the sending connection."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        with self._send_lock:
+            if self._sender is not None:
+                self._sender.close()
+                self._sender = None
+
+    def send(self, node: str, message: dict[str, object]) -> bool:
+        """NOTIFY `node` of `message` (blocking); False if it could not be sent."""
+        payload = json.dumps(message, separators=(",", ":"))
+        if len(payload.encode()) > MAX_PAYLOAD:
+            raise ValueError(
+                f"a node message of {len(payload.encode())} bytes (at most {MAX_PAYLOAD})"
+            )
+        try:
+            with self._send_lock:
+                if self._sender is None or self._sender.closed:
+                    self._sender = psycopg.connect(self.url, autocommit=True, connect_timeout=10)
+                self._sender.execute("SELECT pg_notify(%s, %s)", (node_channel(node), payload))
+        except psycopg.Error:
+            log.warning("node %s: a message to node %s was lost", self.node, node, exc_info=True)
+            with self._send_lock:
+                if self._sender is not None and self._sender.broken:
+                    self._sender = None
+            return False
+        return True
+
+    def _arrived(self, payload: str) -> None:
+        try:
+            message = json.loads(payload)
+        except ValueError:
+            log.warning("node %s: an undecodable node message", self.node)
+            return
+        if isinstance(message, dict):
+            self._deliver(message)
