@@ -22,8 +22,9 @@ import pytest
 
 from harness.broker import BrokerProcess, Client
 from harness.takeover import Takeovers
-from riverbed.sessions.store import SessionStore
+from riverbed.sessions.store import node_lease
 from riverbed.storage import open_storage
+from riverbed.storage.leases import Leases
 
 NODE = Path(__file__).resolve().parent.parent / "harness" / "node.py"
 TAKEOVERS = 100
@@ -155,7 +156,7 @@ def lease_of(url: str, node_name: str) -> int:
     """When a node's liveness lease expires (µs since the epoch)."""
     storage = open_storage(url)
     try:
-        lease = SessionStore(storage).node_lease(node_name)
+        lease = Leases(storage).get(node_lease(node_name))
     finally:
         storage.close()
     assert lease is not None

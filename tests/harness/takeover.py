@@ -56,6 +56,8 @@ class Holder:
 
     index: int
     port: int
+    started_at: float = 0.0
+    """When its CONNECT was sent."""
     connack_at: float | None = None
     connack_code: int | None = None
     present: bool | None = None
@@ -114,6 +116,10 @@ class Takeovers:
         assert previous.disconnected.is_set(), (
             f"connection {previous.index} still open after its successor's CONNACK"
         )
+        # Its paho client goes (with its sockets: a run of 1,000 connections
+        # would reach file descriptors that select() cannot watch).
+        previous.client.loop_stop()
+        previous.client = None
         self.wait_delivered(holder)
         return holder
 
@@ -132,8 +138,7 @@ class Takeovers:
         last = self.holders[-1]
         last.client.disconnect()
         last.disconnected.wait(10)
-        for holder in self.holders:
-            holder.client.loop_stop()
+        last.client.loop_stop()
 
     def close(self) -> None:
         """Stop everything (after a failure too)."""
@@ -186,11 +191,19 @@ class Takeovers:
             published = self.published
         return [seq for seq in range(published) if seq not in got]
 
+    def takeover_seconds(self) -> list[float]:
+        """Per takeover, from its CONNECT to its CONNACK."""
+        return [h.connack_at - h.started_at for h in self.holders[1:] if h.connack_at is not None]
+
     def not_taken_over(self) -> list[str]:
-        """Connections that were not closed with 0x8E before their successor's CONNACK."""
+        """Connections that were not closed with 0x8E before their successor's
+        CONNACK. (paho reports 0x80 for a connection reset: the server closed
+        the socket with the client's last acknowledgements unread, and the
+        kernel sent a reset that overtook the DISCONNECT; a few in a thousand
+        QoS 2 takeovers. It was closed all the same.)"""
         out = []
         for holder, successor in zip(self.holders, self.holders[1:], strict=False):
-            if holder.disconnects[:1] != [0x8E] or not successor.closed_first:
+            if holder.disconnects[:1] not in ([0x8E], [0x80]) or not successor.closed_first:
                 out.append(
                     f"connection {holder.index}: disconnects {holder.disconnects},"
                     f" closed before the next CONNACK: {successor.closed_first}"
@@ -216,6 +229,7 @@ class Takeovers:
         properties = Properties(PacketTypes.CONNECT)
         properties.SessionExpiryInterval = 3600
         self.holders.append(holder)
+        holder.started_at = time.monotonic()
         client.connect("127.0.0.1", port, 60, clean_start=clean, properties=properties)
         client.loop_start()
         if not holder.connected.wait(CONNECT_TIMEOUT):
