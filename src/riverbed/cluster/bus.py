@@ -260,7 +260,7 @@ class PostgresBus(Generic[Message]):
             channel(self.node),
             self._arrived,
             self._stopping,
-            self._listening,
+            self._listening.set,
             self._poll,
             f"node {self.node}: the shared-subscription listener reconnects",
         )
@@ -282,22 +282,29 @@ def _listen(
     name: str,
     arrived: Callable[[str], None],
     stopping: threading.Event,
-    listening: threading.Event,
+    up: Callable[[], None],
     poll: float,
     reconnects: str,
+    *,
+    down: Callable[[], None] | None = None,
+    application_name: str = "",
 ) -> None:
     """LISTEN on channel `name` and hand each payload to `arrived` until
-    `stopping` is set (a listener thread's body); a lost connection is made
-    again a second later."""
+    `stopping` is set (a listener thread's body): `up()` once listening,
+    `down()` when the connection is lost, made again a second later."""
     while not stopping.is_set():
         try:
-            with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
+            with psycopg.connect(
+                url, autocommit=True, connect_timeout=10, application_name=application_name
+            ) as conn:
                 conn.execute(f"LISTEN {name}")
-                listening.set()
+                up()
                 while not stopping.is_set():
                     for note in conn.notifies(timeout=poll):
                         arrived(note.payload)
         except psycopg.Error:
+            if down is not None:
+                down()
             log.warning(reconnects)
             stopping.wait(1.0)
 
@@ -317,6 +324,12 @@ class NodeBus:
     listening): whoever asks waits a bounded time for the answer. `send`
     blocks (one NOTIFY on the sending connection; call it from a worker
     thread) and never raises: it says whether the message went out.
+
+    The listening connection is the node's presence: it carries the node's
+    `node_channel` as its application name, and `listening(node)` looks for it
+    among the server's connections. A node whose process ended is not there
+    any more (the server dropped its connections with it); `down()` (on the
+    listener thread) tells a node that it lost its own, `up()` that it is back.
     """
 
     def __init__(
@@ -325,11 +338,15 @@ class NodeBus:
         node: str,
         deliver: Callable[[dict[str, object]], None],
         *,
+        up: Callable[[], None] | None = None,
+        down: Callable[[], None] | None = None,
         poll: float = 0.2,
     ) -> None:
         self.url = url
         self.node = node
         self._deliver = deliver
+        self._up = up
+        self._down = down
         self._poll = poll
         self._send_lock = threading.Lock()
         self._sender: psycopg.Connection[tuple[object, ...]] | None = None
@@ -346,10 +363,11 @@ class NodeBus:
                 node_channel(self.node),
                 self._arrived,
                 self._stopping,
-                self._listening,
+                self._listened,
                 self._poll,
                 f"node {self.node}: the node bus listener reconnects",
             ),
+            kwargs={"down": self._down, "application_name": node_channel(self.node)},
             name="riverbed-node-bus",
             daemon=True,
         )
@@ -366,6 +384,30 @@ class NodeBus:
             if self._sender is not None:
                 self._sender.close()
                 self._sender = None
+
+    def _listened(self) -> None:
+        self._listening.set()
+        if self._up is not None:
+            self._up()
+
+    def listening(self, node: str) -> bool:
+        """Whether `node` has its listening connection to the server now
+        (blocking); True when that cannot be told (the question failed)."""
+        try:
+            with self._send_lock:
+                if self._sender is None or self._sender.closed:
+                    self._sender = psycopg.connect(self.url, autocommit=True, connect_timeout=10)
+                row = self._sender.execute(
+                    "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE application_name = %s)",
+                    (node_channel(node),),
+                ).fetchone()
+        except psycopg.Error:
+            log.warning("node %s: cannot tell whether node %s listens", self.node, node)
+            with self._send_lock:
+                if self._sender is not None and self._sender.broken:
+                    self._sender = None
+            return True
+        return bool(row and row[0])
 
     def send(self, node: str, message: dict[str, object]) -> bool:
         """NOTIFY `node` of `message` (blocking); False if it could not be sent."""

@@ -21,10 +21,12 @@ another node asks that node, over the nodes' bus (`cluster/bus.py`,
 (DISCONNECT 0x8E), saves the session and answers, and only then is the
 session read and resumed here, with what the old connection sent last. A node
 that does not answer within `RELEASE_TIMEOUT` (dead, or cut off) is waited for
-until its liveness lease has lapsed. A node that cannot renew its own lease
-fences itself: once the lease may have lapsed (`fenced`), it delivers nothing
-more and closes its connections, so a node coming back from a stall never
-sends to a session another node took meanwhile. Every write of a connection
+until its liveness lease has lapsed, unless its connection to the database
+(the bus's listening one) is gone, as it is once its process ended: then it is
+counted gone after `PRESENCE_GRACE`. A node fences itself, delivering nothing
+more and closing its connections, when its lease may have lapsed (it could not
+renew it) or its listening connection is lost (`fenced`): a node coming back
+from a stall never sends to a session another node took meanwhile. Every write of a connection
 whose session was taken is a compare-and-set that fails (`sessions/store.py`).
 The expiry sweep still closes (0x8E) any connection whose session was taken
 over without asking (a single database file shared without the bus).
@@ -101,6 +103,11 @@ so how long a client taking its session over on another node waits."""
 RELEASE_TIMEOUT = 3.0
 """Seconds a node taking a session over waits for the node holding it to
 answer that it let go, before it asks again or finds that node's lease lapsed."""
+PRESENCE_GRACE = 1.0
+"""Seconds a node taking a session over waits, once it found the holding node's
+listening connection gone from the database, before it counts that node as
+gone: time for a node that lost its connection (and not its life) to notice
+and fence itself."""
 LEASE_MARGIN = 1.0
 """Seconds before its liveness lease may lapse that a node fences itself (at
 most a quarter of the lease)."""
@@ -166,6 +173,8 @@ class Broker:
         """The bus to the other nodes on the same PostgreSQL (session takeover)."""
         self._asked: dict[str, asyncio.Future[None]] = {}
         """Takeover requests sent to other nodes and not answered yet, by id."""
+        self._bus_lost = False
+        """The nodes' bus lost its listening connection (the node's presence)."""
         self._lease_until: float | None = None
         """With `nodes`: until when (`time.monotonic`) this node's liveness lease
         surely runs, less `LEASE_MARGIN`; past it the node is fenced."""
@@ -290,7 +299,9 @@ class Broker:
             self.shared = SharedRuntime(storage, shared.timers, self.node, remote_url=remote)
             await self.shared.start()
         if isinstance(storage, PostgresStorage):
-            self.nodes = NodeBus(storage.url, self.node, self._from_node)
+            self.nodes = NodeBus(
+                storage.url, self.node, self._from_node, up=self._bus_up, down=self._bus_down
+            )
             await asyncio.to_thread(self.nodes.start)
         await asyncio.to_thread(self._take_lease)
         self._arm_fence()
@@ -506,6 +517,8 @@ class Broker:
         """Whether this node's liveness lease may have lapsed (it was not renewed
         in time): another node may have taken its sessions over, so it must
         deliver nothing more. Never on a database without the nodes' bus."""
+        if self._bus_lost:
+            return True
         until = self._lease_until
         return until is not None and time.monotonic() >= until
 
@@ -523,19 +536,24 @@ class Broker:
     def _fence_if_lapsed(self) -> None:
         self._fence_timer = None
         if self.fenced():
-            self.fence()
+            self.fence("its liveness lease was not renewed in time")
 
-    def fence(self) -> None:
+    def _bus_down(self) -> None:
+        """The bus lost its listening connection (on its thread)."""
+        self._bus_lost = True
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self.fence, "it lost its connection to the other nodes")
+
+    def _bus_up(self) -> None:
+        self._bus_lost = False
+
+    def fence(self, why: str) -> None:
         """Close every connection (DISCONNECT 0x89 Server busy; each saves its
-        session unless another node took it): the liveness lease may have
-        lapsed. CONNECTs are refused until the lease is taken again."""
+        session unless another node took it): another node may take its
+        sessions over now. CONNECTs are refused while `fenced`."""
         if not self._all:
             return
-        log.warning(
-            "node %s: liveness lease not renewed in time: closing %d connections",
-            self.node,
-            len(self._all),
-        )
+        log.warning("node %s: %s: closing %d connections", self.node, why, len(self._all))
         for connection in list(self._all):
             connection.close(DisconnectReason.SERVER_BUSY)
 
@@ -564,6 +582,13 @@ class Broker:
                         node,
                     )
                 return True
+            if not await self._present(node):
+                log.info(
+                    "client %s: node %s is gone (no connection to the database): taking over",
+                    record.client_id,
+                    node,
+                )
+                return True
             if loop.time() >= deadline:
                 log.warning(
                     "client %s: node %s holds the session and neither answers nor stops",
@@ -591,6 +616,15 @@ class Broker:
             finally:
                 self._asked.pop(ask, None)
             asked = True
+
+    async def _present(self, node: str) -> bool:
+        """Whether `node` is connected to the database (its bus listens), or
+        came back within `PRESENCE_GRACE` of being found absent."""
+        assert self.nodes is not None
+        if await asyncio.to_thread(self.nodes.listening, node):
+            return True
+        await asyncio.sleep(PRESENCE_GRACE)
+        return await asyncio.to_thread(self.nodes.listening, node)
 
     def _from_node(self, message: dict[str, object]) -> None:
         """A message from another node (on the bus's listener thread)."""
@@ -647,7 +681,7 @@ class Broker:
                     self._arm_fence()
                 else:
                     log.warning("node %s: liveness lease lapsed; taking it again", self.node)
-                    self.fence()
+                    self.fence("its liveness lease lapsed")
                     await asyncio.to_thread(self._take_lease)
                     self._arm_fence()
             except RiverbedError:
