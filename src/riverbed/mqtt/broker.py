@@ -78,7 +78,7 @@ from riverbed.mqtt.sys import SysPublisher
 from riverbed.mqtt.tls import server_context
 from riverbed.mqtt.websocket import WebSocket
 from riverbed.mqtt.wills import Wills
-from riverbed.sessions.store import SessionStore, Stored, node_lease, now_us
+from riverbed.sessions.store import SessionRecord, SessionStore, Stored, node_lease, now_us
 from riverbed.sessions.writer import SessionWriter
 from riverbed.sharedsub.runtime import SharedRuntime
 from riverbed.storage.leases import Lease, Leases
@@ -558,17 +558,25 @@ class Broker:
             connection.close(DisconnectReason.SERVER_BUSY)
 
     # --- takeover across nodes -------------------------------------------------------
-    async def claim(self, stored: Stored) -> bool:
+    async def claim(self, stored: Stored) -> Stored | None:
         """Have the node holding `stored` (marked connected on another node) let
-        go of it: True once that node answered that its connection is closed
-        and the session saved, or once its liveness lease lapsed (it stopped or
-        is fenced); False if neither happened in about the lease's TTL plus
-        `RELEASE_TIMEOUT`. Without the nodes' bus: True at once (that node
-        learns of it at its sweep)."""
+        go of it, and return the record as it is then (None: gone with its
+        connection). That node answered that its connection is closed and the
+        session saved, or it is gone from the database, or its liveness lease
+        lapsed (it stopped, or fenced itself); `PreconditionFailed` if none of
+        it happened in about the lease's TTL plus `RELEASE_TIMEOUT`. Without
+        the nodes' bus: `stored` at once (that node learns of it at its sweep)."""
         record = stored.record
         node = record.node
         if self.nodes is None or node is None:
-            return True
+            return stored
+        if await self._claimed(stored.record, node):
+            return await self.read(self.store.load, record.client_id)
+        raise PreconditionFailed(f"session of {record.client_id} held on node {node}")
+
+    async def _claimed(self, record: SessionRecord, node: str) -> bool:
+        """`claim`'s asking and waiting: whether `node` let go of the session."""
+        assert self.nodes is not None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._lease_ttl() + RELEASE_TIMEOUT
         asked = False

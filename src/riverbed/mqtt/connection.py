@@ -168,9 +168,10 @@ class Server(Services, Protocol):
 
     def connection_closed(self, connection: Connection) -> None: ...
 
-    async def claim(self, stored: Stored) -> bool:
-        """Have the node whose connection holds `stored` let go of it (True),
-        or find it gone; False: it still holds it (`mqtt/broker.py`)."""
+    async def claim(self, stored: Stored) -> Stored | None:
+        """Have the node whose connection holds `stored` let go of it, or find
+        it gone; the record as it left it (`PreconditionFailed`: it still holds
+        it; `mqtt/broker.py`)."""
         ...
 
     def fenced(self) -> bool:
@@ -728,9 +729,7 @@ class Connection(asyncio.Protocol):
         while stored is not None and store.connected_elsewhere(stored.record, broker.node):
             # Held by a connection to another node: that node lets go of it
             # first (closes it, saves it), so the two never both deliver.
-            if not await broker.claim(stored):
-                raise PreconditionFailed(f"session of {self.client_id} held elsewhere")
-            fresh = await broker.read(store.load, self.client_id)
+            fresh = await broker.claim(stored)
             if fresh is None or fresh.record.epoch == stored.record.epoch:
                 stored = fresh  # what the old connection saved last
                 break
