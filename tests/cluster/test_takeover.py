@@ -24,7 +24,7 @@ import pytest
 
 from harness.broker import BrokerProcess, Client
 from harness.takeover import Takeovers
-from riverbed.sessions.store import node_lease
+from riverbed.sessions.store import SessionStore, node_lease
 from riverbed.storage import open_storage
 from riverbed.storage.leases import Leases
 
@@ -177,3 +177,24 @@ def connected(port: int, client_id: str, *, clean: bool, timeout: float = 30) ->
     assert client.paho is not None
     client.paho._reconnect_on_failure = False  # no public setter
     return client
+
+
+def test_a_subscribe_that_finds_its_session_taken_gives_it_up(sqlite_url: str) -> None:
+    with BrokerProcess(sqlite_url) as broker:
+        client = connected(broker.port, "roaming", clean=True)
+        client.subscribe("r/1", qos=1)
+        # Another writer took the record meanwhile (as a connection elsewhere would).
+        storage = open_storage(sqlite_url)
+        try:
+            store = SessionStore(storage)
+            stored = store.load("roaming")
+            assert stored is not None
+            taken = store.write(stored.record, stored.version)
+        finally:
+            storage.close()
+        assert client.paho is not None
+        client.paho.subscribe("r/2", qos=1)
+        assert client.wait_disconnected(30)
+        assert client.disconnects == [0x8E]  # not an error: the session is elsewhere
+        assert broker.session("roaming") == taken.record  # and nothing written over it
+        client.close()

@@ -421,6 +421,11 @@ class Connection(asyncio.Protocol):
                     return
         except ProtocolError as exc:
             self._protocol_error(exc)
+        except PreconditionFailed:
+            # A session write (SUBSCRIBE, UNSUBSCRIBE) found the record taken by
+            # another connection: the session is not ours to write any more.
+            log.warning("client %s: session taken over elsewhere", self.client_id)
+            self.close(DisconnectReason.SESSION_TAKEN_OVER)
         except Exception:
             log.exception("connection %s (%s) failed", self.client_id or "-", self.peer)
             self.close(DisconnectReason.UNSPECIFIED_ERROR)
@@ -542,6 +547,11 @@ class Connection(asyncio.Protocol):
             self._end_of_read()
         except ProtocolError as exc:
             self._protocol_error(exc)
+        except PreconditionFailed:
+            # A session write (SUBSCRIBE, UNSUBSCRIBE) found the record taken by
+            # another connection: the session is not ours to write any more.
+            log.warning("client %s: session taken over elsewhere", self.client_id)
+            self.close(DisconnectReason.SESSION_TAKEN_OVER)
         except Exception:
             log.exception("connection %s (%s) failed", self.client_id or "-", self.peer)
             self.close(DisconnectReason.UNSPECIFIED_ERROR)
