@@ -10,7 +10,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from riverbed.cluster.bus import MAX_PAYLOAD, PostgresBus, channel
+from harness.waiting import eventually
+from riverbed.cluster.bus import MAX_PAYLOAD, NodeBus, PostgresBus, channel
 from riverbed.model import StreamId
 from riverbed.sharedsub.protocol import Address, Disconnect, GroupId, Message, Ping, decode, encode
 from riverbed.storage import Storage, open_storage
@@ -75,3 +76,27 @@ def test_lost_messages_are_counted_not_raised(buses: Buses, storage: Storage) ->
         got.get(timeout=0.5)
     assert MAX_PAYLOAD < 8000
     assert channel("host-1-abc").isidentifier() and len(channel("x" * 500)) < 64
+
+
+def test_a_node_message_reaches_the_node_by_name(postgres_url: str) -> None:
+    got: queue.Queue[dict[str, object]] = queue.Queue()
+    downs: list[str] = []
+    a = NodeBus(postgres_url, "node-a", lambda m: None)
+    b = NodeBus(postgres_url, "node-b", got.put, down=lambda: downs.append("b"))
+    a.start()
+    b.start()
+    try:
+        assert a.send("node-b", {"kind": "release", "client_id": "c", "epoch": 3})
+        assert got.get(timeout=10) == {"kind": "release", "client_id": "c", "epoch": 3}
+        # Presence: a node's listening connection, while it has one.
+        assert a.listening("node-b")
+        assert not a.listening("node-c")
+        # Too large for a NOTIFY: refused before anything is sent.
+        with pytest.raises(ValueError, match="node message of"):
+            a.send("node-b", {"pad": "x" * MAX_PAYLOAD})
+    finally:
+        b.close()
+    assert downs == []  # a close is no loss
+    # Its connection is gone from the server once the server saw it close.
+    eventually(lambda: not a.listening("node-b"), 10, "node-b absent")
+    a.close()

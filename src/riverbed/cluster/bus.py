@@ -27,6 +27,12 @@ A message posted after an address's announce goes out after the announce
 committed, so the address is found by the time an answer comes back.
 `close` drops what is still queued, deletes this node's addresses in one
 statement and gives up on all of it after its timeout.
+
+`NodeBus` beside it carries JSON messages to a node by its name (on the
+node's `node_channel`, no directory): the session takeover's requests and
+answers between brokers. Its listening connection is named after that
+channel, which makes it the node's presence: `listening(node)` finds it
+among the server's connections while the node's process is connected.
 """
 
 from __future__ import annotations

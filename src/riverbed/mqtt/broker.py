@@ -26,10 +26,11 @@ until its liveness lease has lapsed, unless its connection to the database
 counted gone after `PRESENCE_GRACE`. A node fences itself, delivering nothing
 more and closing its connections, when its lease may have lapsed (it could not
 renew it) or its listening connection is lost (`fenced`): a node coming back
-from a stall never sends to a session another node took meanwhile. Every write of a connection
-whose session was taken is a compare-and-set that fails (`sessions/store.py`).
-The expiry sweep still closes (0x8E) any connection whose session was taken
-over without asking (a single database file shared without the bus).
+from a stall never sends to a session another node took meanwhile. Every
+write of a connection whose session was taken is a compare-and-set that fails
+(`sessions/store.py`). The expiry sweep still closes (0x8E) any connection
+whose session was taken over without asking (nodes sharing an SQLite file,
+which have no bus).
 A thread applies the topics' retention every `[retention] interval` seconds
 (`log/retention.py: Retainer`; off with 0). What the broker does is counted
 once, in plain ints (`counts`, a `riverbed.metrics.Counts`), which two readers
