@@ -10,7 +10,7 @@ apart) while the roaming client's session is taken alternately by a new
 connection to the other node (`tests/harness/takeover.py`), each waiting for a
 delivery before the next takes over. Checked, and printed per stream: no
 message delivered to a connection after its successor's CONNACK, every old
-connection closed with 0x8E before it, nothing lost, for QoS 2 nothing
+connection closed with 0x8E by then, nothing lost, for QoS 2 nothing
 delivered twice; with the takeovers' rate and CONNECT-to-CONNACK latency.
 Exits 1 if a check fails. No peer: the numbers are Riverbed's own.
 """
@@ -56,7 +56,7 @@ def run(url: str, takeovers: int, qos: int, pace: float) -> bool:
     p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
     checks = {
         "deliveries after the successor's CONNACK": stream.overlaps(),
-        "old connections not closed with 0x8E first": stream.not_taken_over(),
+        "old connections not closed with 0x8E": stream.not_taken_over(),
         "messages lost": stream.missing(),
         "messages delivered twice": stream.duplicates() if qos == 2 else [],
     }
