@@ -23,10 +23,13 @@ session read and resumed here, with what the old connection sent last. A node
 that does not answer within `RELEASE_TIMEOUT` (dead, or cut off) is waited for
 until its liveness lease has lapsed, unless its connection to the database
 (the bus's listening one) is gone, as it is once its process ended: then it is
-counted gone after `PRESENCE_GRACE`. A node fences itself, delivering nothing
-more and closing its connections, when its lease may have lapsed (it could not
-renew it) or its listening connection is lost (`fenced`): a node coming back
-from a stall never sends to a session another node took meanwhile. Every
+counted gone after `PRESENCE_GRACE`. A node fences itself (`fenced`): when its
+lease may have lapsed (it could not renew it) it closes its connections and
+takes none until it holds the lease again; while its listening connection is
+lost it delivers nothing (a connection about to deliver is closed), and once
+it is back it first closes the connections whose session another node took
+meanwhile. So a node coming back from a stall or a cut never sends to a
+session another node took. Every
 write of a connection whose session was taken is a compare-and-set that fails
 (`sessions/store.py`). The expiry sweep still closes (0x8E) any connection
 whose session was taken over without asking (nodes sharing an SQLite file,
@@ -515,11 +518,14 @@ class Broker:
         return True
 
     def fenced(self) -> bool:
-        """Whether this node's liveness lease may have lapsed (it was not renewed
-        in time): another node may have taken its sessions over, so it must
-        deliver nothing more. Never on a database without the nodes' bus."""
-        if self._bus_lost:
-            return True
+        """Whether this node must deliver nothing: its liveness lease may have
+        lapsed (`lease_lapsed`), or its bus lost its listening connection, so
+        other nodes may count it gone. Never without the nodes' bus."""
+        return self._bus_lost or self.lease_lapsed()
+
+    def lease_lapsed(self) -> bool:
+        """Whether this node's liveness lease may have lapsed (it was not
+        renewed in time): another node may have taken its sessions over."""
         until = self._lease_until
         return until is not None and time.monotonic() >= until
 
@@ -540,18 +546,36 @@ class Broker:
             self.fence("its liveness lease was not renewed in time")
 
     def _bus_down(self) -> None:
-        """The bus lost its listening connection (on its thread)."""
+        """The bus lost its listening connection (on its thread): other nodes
+        may count this one gone and take its sessions, so nothing is delivered
+        (a connection that would deliver is closed) until it is back."""
+        if not self._bus_lost:
+            log.warning("node %s: lost its connection to the other nodes", self.node)
         self._bus_lost = True
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self.fence, "it lost its connection to the other nodes")
 
     def _bus_up(self) -> None:
+        """The bus listens again (on its thread): `_regained`."""
+        if self._bus_lost and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._regain)
+
+    def _regain(self) -> None:
+        task = asyncio.create_task(self._regained())
+        self._releasing.add(task)
+        task.add_done_callback(self._releasing.discard)
+
+    async def _regained(self) -> None:
+        """Present again: once a takeover decided while this node was absent has
+        had time to write its record, close the connections whose session
+        another node took meanwhile, then deliver again."""
+        await asyncio.sleep(2 * PRESENCE_GRACE)
+        await self._let_go_of_taken_over()
         self._bus_lost = False
+        log.info("node %s: connected to the other nodes again", self.node)
 
     def fence(self, why: str) -> None:
         """Close every connection (DISCONNECT 0x89 Server busy; each saves its
         session unless another node took it): another node may take its
-        sessions over now. CONNECTs are refused while `fenced`."""
+        sessions over now. CONNECTs are refused while `lease_lapsed`."""
         if not self._all:
             return
         log.warning("node %s: %s: closing %d connections", self.node, why, len(self._all))

@@ -175,8 +175,13 @@ class Server(Services, Protocol):
         ...
 
     def fenced(self) -> bool:
-        """Whether this node may no longer deliver: its liveness lease may have
-        lapsed, and another node may hold its sessions."""
+        """Whether this node may not deliver now: other nodes may count it gone
+        and hold its sessions (its liveness lease may have lapsed, or it lost
+        its connection to them)."""
+        ...
+
+    def lease_lapsed(self) -> bool:
+        """Whether this node's liveness lease may have lapsed: it takes no session."""
         ...
 
 
@@ -649,8 +654,8 @@ class Connection(asyncio.Protocol):
             broker.connections[client_id] = self
             refusal: ConnectReason | None = None
             try:
-                if broker.fenced():
-                    # Its liveness lease may have lapsed: nothing may be delivered here.
+                if broker.lease_lapsed():
+                    # Other nodes may have taken its sessions: it takes none.
                     raise PreconditionFailed("this node's liveness lease was not renewed")
                 present, follow = await self._open_session(effect.clean_start, effect.level)
             except PreconditionFailed:
