@@ -20,10 +20,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from harness.broker import BrokerProcess, Client
 from harness.takeover import Takeovers
+from riverbed.cluster.bus import node_channel
 from riverbed.sessions.store import SessionStore, node_lease
 from riverbed.storage import open_storage
 from riverbed.storage.leases import Leases
@@ -199,3 +201,37 @@ def test_a_subscribe_that_finds_its_session_taken_gives_it_up(sqlite_url: str) -
         assert client.disconnects == [0x8E]  # not an error: the session is elsewhere
         assert broker.session("roaming") == taken.record  # and nothing written over it
         client.close()
+
+
+def test_a_node_cut_from_the_others_delivers_nothing_until_it_is_back(
+    postgres_url: str,
+) -> None:
+    with node(postgres_url, expiry_sweep=LONG_SWEEP) as a:
+        on_a = connected(a.port, "roaming", clean=True)
+        on_a.subscribe("r/#", qos=1)
+        record = a.session("roaming")
+        assert record is not None and record.node is not None
+        # Cut its listening connection, its presence for the other nodes (who
+        # may now count it gone and take its sessions).
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            cut = admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE application_name = %s",
+                (node_channel(record.node),),
+            ).fetchall()
+        assert cut == [(True,)]
+        a.wait_logged("lost its connection to the other nodes")
+        pub = Client(a.port, "r-pub")
+        pub.connect()
+        pub.publish("r/1", b"while-cut", qos=1).wait_for_publish(30)
+        # Nothing delivered while it may count as gone: the connection closes.
+        assert on_a.wait_disconnected(30)
+        assert on_a.disconnects == [0x89]  # Server busy
+        assert on_a.received == []
+        # Back, it delivers again (the session kept the message).
+        a.wait_logged("connected to the other nodes again")
+        again = connected(a.port, "roaming", clean=False)
+        assert [r.payload for r in again.wait_for(1)] == [b"while-cut"]
+        pub.disconnect()
+        again.disconnect()
+        on_a.close()

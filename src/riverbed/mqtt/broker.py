@@ -549,9 +549,9 @@ class Broker:
         """The bus lost its listening connection (on its thread): other nodes
         may count this one gone and take its sessions, so nothing is delivered
         (a connection that would deliver is closed) until it is back."""
-        if not self._bus_lost:
+        lost, self._bus_lost = self._bus_lost, True
+        if not lost:
             log.warning("node %s: lost its connection to the other nodes", self.node)
-        self._bus_lost = True
 
     def _bus_up(self) -> None:
         """The bus listens again (on its thread): `_regained`."""
