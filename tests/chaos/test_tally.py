@@ -107,7 +107,7 @@ replaced by s1/aa/3: the Leader did not answer a ping in time
 2026-11-26 20:18:20,500 INFO riverbed.sharedsub.host: group $share/g/other/#: leading as v1/leader/c
 2026-11-26 20:18:21,000 INFO riverbed.mqtt.connection: group $share/g/chaos/#: leading as nobody
 2026-11-26 20:22:19,669 INFO riverbed.sharedsub.host: group $share/g/chaos/#: leading as v2/leader/d
-2026-11-26 20:23:41,555 WARNING riverbed.sharedsub.pgbus: node v2: the shared-subscription \
+2026-11-26 20:23:41,555 WARNING riverbed.cluster.bus: node v2: the shared-subscription \
 listener reconnects
 2026-11-26 20:23:41,604 WARNING riverbed.sharedsub.host: group $share/g/chaos/#: leader \
 v2/leader/d stops: its claim was taken

@@ -62,9 +62,12 @@ class BrokerProcess:
         port: int = 0,
         http: bool = False,
         ws: bool = False,
+        launcher: tuple[str, ...] = ("-m", "riverbed.cli"),
     ) -> None:
         self.db_url = db_url
         self.extra_args = extra_args
+        self.launcher = launcher
+        """What Python runs: the `riverbed` command, or a script that wraps it."""
         self.port = port or free_port()
         self.http_port = free_port() if http else None
         """With `http`: the admin HTTP API's port (`--http 127.0.0.1:PORT`)."""
@@ -87,8 +90,7 @@ class BrokerProcess:
                 sys.executable,
                 "-X",
                 "faulthandler",  # SIGABRT dumps every thread's stack (see `stop`)
-                "-m",
-                "riverbed.cli",
+                *self.launcher,
                 "serve",
                 "--mqtt",
                 f"127.0.0.1:{self.port}",

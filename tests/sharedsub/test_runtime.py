@@ -156,7 +156,7 @@ def test_two_sharers_split_the_streams_and_one_hands_over(log: Log) -> None:
 
 
 def test_sharers_on_two_nodes_share_one_leader_over_postgres(postgres_url: str) -> None:
-    # Nodes talk over LISTEN/NOTIFY (sharedsub/pgbus.py): the sharer on the node
+    # Nodes talk over LISTEN/NOTIFY (cluster/bus.py): the sharer on the node
     # without the Leader reaches it there, and the two split the streams.
     with Log.open(postgres_url) as log_1, Log.open(postgres_url) as log_2:
         log_1.topics.create("t", 4, binding="t/#")

@@ -4,8 +4,7 @@ transaction where they must commit together (`storage/transactions.py`).
 `lint-imports` keeps the database drivers there; this keeps the statements.
 
 The bus between broker nodes is the one exception: it talks LISTEN/NOTIFY on a
-PostgreSQL connection of its own (`sharedsub/pgbus.py`, moving to
-`riverbed.cluster`).
+PostgreSQL connection of its own (`riverbed.cluster`).
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ import riverbed
 
 SRC = Path(riverbed.__file__).parent
 
-ALLOWED = ("storage/", "cluster/", "sharedsub/pgbus.py")
+ALLOWED = ("storage/", "cluster/")
 """Paths under src/riverbed/ whose files may hold SQL."""
 
 STATEMENT = re.compile(

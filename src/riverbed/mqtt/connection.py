@@ -16,7 +16,8 @@ for SQLite (`Broker.read`).
   (`Authenticate`, in a thread when there is a password to hash) and the
   session opened (`OpenSession`): a
   connection already holding the client id is taken over (it gets DISCONNECT
-  0x8E Session taken over and saves its session first); Clean Start=1
+  0x8E Session taken over and saves its session first), on this node or,
+  over the nodes' bus, on another one (`Broker.claim`); Clean Start=1
   discards the session and mints a new session id [MQTT-3.1.2-4]; Clean
   Start=0 resumes it with Session Present=1 [MQTT-3.1.2-5] unless it expired
   [MQTT-4.1.0-2].
@@ -166,6 +167,22 @@ class Server(Services, Protocol):
     def connection_opened(self, connection: Connection) -> None: ...
 
     def connection_closed(self, connection: Connection) -> None: ...
+
+    async def claim(self, stored: Stored) -> Stored | None:
+        """Have the node whose connection holds `stored` let go of it, or find
+        it gone; the record as it left it (`PreconditionFailed`: it still holds
+        it; `mqtt/broker.py`)."""
+        ...
+
+    def fenced(self) -> bool:
+        """Whether this node may not deliver now: other nodes may count it gone
+        and hold its sessions (its liveness lease may have lapsed, or it lost
+        its connection to them)."""
+        ...
+
+    def lease_lapsed(self) -> bool:
+        """Whether this node's liveness lease may have lapsed: it takes no session."""
+        ...
 
 
 def protocol_limits(broker: Services) -> ProtocolLimits:
@@ -409,6 +426,11 @@ class Connection(asyncio.Protocol):
                     return
         except ProtocolError as exc:
             self._protocol_error(exc)
+        except PreconditionFailed:
+            # A session write (SUBSCRIBE, UNSUBSCRIBE) found the record taken by
+            # another connection: the session is not ours to write any more.
+            log.warning("client %s: session taken over elsewhere", self.client_id)
+            self.close(DisconnectReason.SESSION_TAKEN_OVER)
         except Exception:
             log.exception("connection %s (%s) failed", self.client_id or "-", self.peer)
             self.close(DisconnectReason.UNSPECIFIED_ERROR)
@@ -530,6 +552,11 @@ class Connection(asyncio.Protocol):
             self._end_of_read()
         except ProtocolError as exc:
             self._protocol_error(exc)
+        except PreconditionFailed:
+            # A session write (SUBSCRIBE, UNSUBSCRIBE) found the record taken by
+            # another connection: the session is not ours to write any more.
+            log.warning("client %s: session taken over elsewhere", self.client_id)
+            self.close(DisconnectReason.SESSION_TAKEN_OVER)
         except Exception:
             log.exception("connection %s (%s) failed", self.client_id or "-", self.peer)
             self.close(DisconnectReason.UNSPECIFIED_ERROR)
@@ -627,6 +654,9 @@ class Connection(asyncio.Protocol):
             broker.connections[client_id] = self
             refusal: ConnectReason | None = None
             try:
+                if broker.lease_lapsed():
+                    # Other nodes may have taken its sessions: it takes none.
+                    raise PreconditionFailed("this node's liveness lease was not renewed")
                 present, follow = await self._open_session(effect.clean_start, effect.level)
             except PreconditionFailed:
                 # Another node wrote the record between our read and write.
@@ -711,6 +741,14 @@ class Connection(asyncio.Protocol):
         broker = self.broker
         store = broker.store
         stored = await broker.read(store.load, self.client_id)
+        while stored is not None and store.connected_elsewhere(stored.record, broker.node):
+            # Held by a connection to another node: that node lets go of it
+            # first (closes it, saves it), so the two never both deliver.
+            fresh = await broker.claim(stored)
+            if fresh is None or fresh.record.epoch == stored.record.epoch:
+                stored = fresh  # what the old connection saved last
+                break
+            stored = fresh  # yet another connection took it meanwhile
         at = now_us()
         live = stored is not None and (
             not stored.record.expired(at)
@@ -729,6 +767,7 @@ class Connection(asyncio.Protocol):
                 disconnected_us=None,
                 will=self._will_json(),
                 node=broker.node,
+                epoch=old.epoch + 1,
             )
             self.stored = await asyncio.wrap_future(broker.writer.write(record, stored.version))
             since = old.disconnected_us if old.disconnected_us is not None else old.seen_us
@@ -750,6 +789,7 @@ class Connection(asyncio.Protocol):
             None,
             will=self._will_json(),
             node=broker.node,
+            epoch=0 if stored is None else stored.record.epoch + 1,
         )
         self.stored = await asyncio.wrap_future(
             broker.writer.write(record, None if stored is None else stored.version)
@@ -831,6 +871,10 @@ class Connection(asyncio.Protocol):
         self.loop.call_soon(self.handle, Offered(stream, messages, upto))  # type: ignore[arg-type]
 
     def _deliver(self, effect: Deliver) -> None:
+        if self.broker.fenced():
+            # Another node may hold the session now (self-fencing, `Broker.fence`).
+            self.close(DisconnectReason.SERVER_BUSY)
+            return
         if self._full and effect.qos == 0:
             # The client is not keeping up: its write buffer is over the mark.
             # A QoS 0 message may be lost (MQTT 5.0 §4.3.1: at most once); queued,

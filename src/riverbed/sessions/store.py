@@ -4,10 +4,15 @@ Record (KV namespace `sessions`, key = client id, JSON): session id, protocol
 level, expiry interval, whether a connection holds it, when it was last
 disconnected or seen, its subscriptions, the topics it has cursors on, and per
 stream the offset below which messages may have been sent (for DUP), and the
-outgoing QoS 2 window (`sessions/qos2.py`). Every write
-is a compare-and-set on the version the writer read (`PreconditionFailed`
-otherwise): the version is the session's incarnation, so a connection that was
-taken over cannot write over its successor (DESIGN.md, Sessions).
+outgoing QoS 2 window (`sessions/qos2.py`), and its epoch. Every write is a
+compare-and-set on the version the writer read (`PreconditionFailed`
+otherwise), so a connection that was taken over cannot write over its
+successor (DESIGN.md, Sessions): its checkpoint, its QoS 2 window, its save at
+disconnect all fail, and it gives up the session rather than try again. The
+epoch counts the connections that took the session: each one writes the
+epoch it found plus one, so a node asked to let go of the session can tell
+the connection that was asked about (`mqtt/broker.py`, takeover across nodes)
+from a newer one.
 
 Incoming QoS 2 markers: `mqtt.qos2/<session id>/<packet id>` in the storage's
 marker table, written with the message (`Storage.append_once`), deleted at
@@ -92,6 +97,9 @@ class SessionRecord:
     still have to be published, so a broker restart does not lose it."""
     node: str | None = None
     """The broker node whose connection holds the session (while connected)."""
+    epoch: int = 0
+    """How many connections took the session before the one that wrote this
+    (0 in records written before there was an epoch)."""
 
     def expires_us(self) -> int | None:
         """When the session expires if no connection resumes it; None for never.
@@ -136,6 +144,7 @@ class SessionRecord:
                 "qos2": [e.to_json() for e in self.qos2],
                 "will": self.will,
                 "node": self.node,
+                "epoch": self.epoch,
             },
             separators=(",", ":"),
         ).encode()
@@ -160,6 +169,7 @@ class SessionRecord:
             qos2=tuple(WindowEntry.from_json(e) for e in data.get("qos2", ())),
             will=data.get("will"),
             node=data.get("node"),
+            epoch=data.get("epoch", 0),
         )
 
 
@@ -198,6 +208,10 @@ class SessionStore:
         lease = self.leases.get(node_lease(record.node))
         return lease is not None and not lease.expired(at_us)
 
+    def node_lease(self, node: str) -> Lease | None:
+        """The liveness lease of broker node `node` (None: it holds none)."""
+        return self.leases.get(node_lease(node))
+
     def node_leases(self) -> dict[str, Lease]:
         """The liveness lease of every broker node that holds one, by node
         name, expired or not (a node that stopped cleanly released its own)."""
@@ -207,6 +221,13 @@ class SessionStore:
             if lease is not None:
                 out[entry.key.removeprefix(NODE_LEASE_PREFIX)] = lease
         return out
+
+    @staticmethod
+    def connected_elsewhere(record: SessionRecord, here: str) -> bool:
+        """Whether `record` is marked connected on another broker node than
+        `here` (read from the record alone: whether that node runs is its
+        lease's to say)."""
+        return record.connected and record.node is not None and record.node != here
 
     def online(self, record: SessionRecord, live_nodes: Container[str]) -> bool:
         """Whether a connection holds the session: marked connected on a node

@@ -18,6 +18,6 @@ progress. The pieces, from the session down:
 
 The runtime that owns the clock, the bus and storage, and executes the
 effects: `runtime.SharedRuntime` on the broker's event loop, `host.LeaderHost`
-(a node's Leaders over storage) and `pgbus` (the bus between nodes on
+(a node's Leaders over storage) and `cluster.bus` (the bus between nodes on
 PostgreSQL); docs/shared-subscriptions.md tells the whole story.
 """

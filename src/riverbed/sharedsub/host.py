@@ -18,7 +18,7 @@ effects:
 
 and renews each claim every third of `leader_claim_lease` (a renewal refused:
 the Leader is dropped). Another node's claim is not taken over until it expires:
-with a bus between nodes (`remote_leaders`, `pgbus.py`) the lookup answers with
+with a bus between nodes (`remote_leaders`, `cluster/bus.py`) the lookup answers with
 that node's Leader; without one, a Borrower here gets no Leader and asks again
 after `find_leader_retry`.
 
@@ -135,7 +135,7 @@ class LeaderHost:
         self._reads: TopicReads | None = None
         """While `tick` runs: what its Leaders read of the topics (once for all)."""
         self.remote_leaders = False
-        """Nodes share a bus (`pgbus`): another node's Leader is reachable, so
+        """Nodes share a bus (`cluster/bus.py`): another node's Leader is reachable, so
         a group led elsewhere answers with that Leader's id."""
         self._claims = {"won": 0, "lost": 0, "released": 0}
         """Leader claims taken (a Leader started here), lost (its renewal or a

@@ -30,12 +30,12 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Generic, TypeVar
 
+from riverbed.cluster.bus import PostgresBus
 from riverbed.errors import StorageUnavailable
 from riverbed.sharedsub.bus import InProcessBus, Registry
 from riverbed.sharedsub.config import SharedSubConfig
 from riverbed.sharedsub.host import LeaderHost
-from riverbed.sharedsub.pgbus import PostgresBus
-from riverbed.sharedsub.protocol import REGISTRY, Address, Message
+from riverbed.sharedsub.protocol import REGISTRY, Address, Message, decode, encode
 from riverbed.storage.base import Storage
 
 log = logging.getLogger(__name__)
@@ -135,10 +135,12 @@ class SharedRuntime:
         self._planned: float | None = None
         """The leader side's deadline last handed to the loop (leader thread)."""
         self._closed = False
-        self.remote: PostgresBus | None = None
+        self.remote: PostgresBus[Message] | None = None
         """The bus to other nodes (`remote_url`: their shared PostgreSQL)."""
         if remote_url is not None:
-            self.remote = PostgresBus(remote_url, storage, node, self._from_remote)
+            self.remote = PostgresBus(
+                remote_url, storage, node, self._from_remote, encode=encode, decode=decode
+            )
             self.host.remote_leaders = True
 
     async def start(self) -> None:

@@ -1,6 +1,9 @@
-"""Borrower <-> Leader messages between broker nodes over PostgreSQL.
+"""Messages between broker nodes over PostgreSQL LISTEN/NOTIFY.
 
-The bus of `bus.py` between processes: each node LISTENs on its own channel
+`PostgresBus` carries the shared subscriptions' Borrower <-> Leader messages
+(`sharedsub/protocol.py`, whose `encode` / `decode` it is given: this package
+sits below `sharedsub` and knows no message of it) between processes, as the
+in-process bus of `sharedsub/bus.py` does within one: each node LISTENs on its own channel
 (`riverbed_ss_` and 16 hex digits of a hash of the node name) and an address is
 found on its node through a directory in the storage's KV namespace
 `sharedsub.addresses` (address -> node), written when the address starts
@@ -24,21 +27,28 @@ A message posted after an address's announce goes out after the announce
 committed, so the address is found by the time an answer comes back.
 `close` drops what is still queued, deletes this node's addresses in one
 statement and gives up on all of it after its timeout.
+
+`NodeBus` beside it carries JSON messages to a node by its name (on the
+node's `node_channel`, no directory): the session takeover's requests and
+answers between brokers. Its listening connection is named after that
+channel, which makes it the node's presence: `listening(node)` finds it
+among the server's connections while the node's process is connected.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import queue
 import threading
 from collections.abc import Callable
+from typing import Generic, TypeVar
 
 import psycopg
 
 from riverbed.errors import NotFound, PreconditionFailed, RiverbedError
-from riverbed.sharedsub.protocol import Address, Message, decode, encode
 from riverbed.storage.base import Storage
 from riverbed.storage.transactions import transaction
 
@@ -50,8 +60,10 @@ MAX_PAYLOAD = 7999
 RETRY_DIRECTORY = 1.0
 """Seconds before a directory write that failed is tried again."""
 
-_Work = tuple[str, Address, Message | None]
-"""What the sending thread does: ("announce" | "forget" | "send", address, message)."""
+Address = str
+"""Where a message goes: found on its node through the directory."""
+Message = TypeVar("Message")
+"""What the bus carries (the shared subscriptions' `protocol.Message`)."""
 
 
 def channel(node: str) -> str:
@@ -59,9 +71,11 @@ def channel(node: str) -> str:
     return "riverbed_ss_" + hashlib.sha256(node.encode()).hexdigest()[:16]
 
 
-class PostgresBus:
+class PostgresBus(Generic[Message]):
     """Carries messages to addresses on other nodes; hands what comes for this
-    node to `deliver(address, message)` (on its listener thread)."""
+    node to `deliver(address, message)` (on its listener thread). `encode` /
+    `decode` turn a message into bytes and back (`decode` raises for bytes
+    that are no message)."""
 
     def __init__(
         self,
@@ -70,9 +84,13 @@ class PostgresBus:
         node: str,
         deliver: Callable[[Address, Message], None],
         *,
+        encode: Callable[[Message], bytes],
+        decode: Callable[[bytes], Message],
         poll: float = 0.2,
     ) -> None:
         self.url = url
+        self._encode = encode
+        self._decode = decode
         self.storage = storage
         self.node = node
         self._deliver = deliver
@@ -85,7 +103,9 @@ class PostgresBus:
         self._thread: threading.Thread | None = None
         self.dropped = 0
         """Messages not sent: unknown address, or too large."""
-        self._work: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()
+        self._work: queue.SimpleQueue[tuple[str, Address, Message | None] | None]
+        """What the sending thread does: ("announce" | "forget" | "send", address, message)."""
+        self._work = queue.SimpleQueue()
         self._sending = threading.Thread(
             target=self._send_all, name="riverbed-shared-sends", daemon=True
         )
@@ -160,7 +180,7 @@ class PostgresBus:
         first time, then a NOTIFY). Never raises: a failure loses the message."""
         try:
             node = self.node_of(to)
-            payload = f"{to}\n{encode(message).decode()}"
+            payload = f"{to}\n{self._encode(message).decode()}"
             if node is None or len(payload.encode()) > MAX_PAYLOAD:
                 self.dropped += 1
                 return
@@ -241,25 +261,185 @@ class PostgresBus:
     # ----------------------------------------------------------------- receiving
 
     def _listen(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                with psycopg.connect(self.url, autocommit=True, connect_timeout=10) as conn:
-                    conn.execute(f"LISTEN {channel(self.node)}")
-                    self._listening.set()
-                    while not self._stopping.is_set():
-                        for note in conn.notifies(timeout=self._poll):
-                            self._arrived(note.payload)
-            except psycopg.Error:
-                log.warning("node %s: the shared-subscription listener reconnects", self.node)
-                self._stopping.wait(1.0)
+        _listen(
+            self.url,
+            channel(self.node),
+            self._arrived,
+            self._stopping,
+            self._listening.set,
+            self._poll,
+            f"node {self.node}: the shared-subscription listener reconnects",
+        )
 
     def _arrived(self, payload: str) -> None:
         address, sep, raw = payload.partition("\n")
         if not sep:
             return
         try:
-            message = decode(raw.encode())
+            message = self._decode(raw.encode())
         except Exception:
             log.warning("node %s: an undecodable message for %s", self.node, address)
             return
         self._deliver(address, message)
+
+
+def _listen(
+    url: str,
+    name: str,
+    arrived: Callable[[str], None],
+    stopping: threading.Event,
+    up: Callable[[], None],
+    poll: float,
+    reconnects: str,
+    *,
+    down: Callable[[], None] | None = None,
+    application_name: str = "",
+) -> None:
+    """LISTEN on channel `name` and hand each payload to `arrived` until
+    `stopping` is set (a listener thread's body): `up()` once listening,
+    `down()` when the connection is lost, made again a second later."""
+    while not stopping.is_set():
+        try:
+            with psycopg.connect(
+                url, autocommit=True, connect_timeout=10, application_name=application_name
+            ) as conn:
+                conn.execute(f"LISTEN {name}")
+                up()
+                while not stopping.is_set():
+                    for note in conn.notifies(timeout=poll):
+                        arrived(note.payload)
+        except psycopg.Error:
+            if down is not None:
+                down()
+            log.warning(reconnects)
+            stopping.wait(1.0)
+
+
+def node_channel(node: str) -> str:
+    """The LISTEN channel of a node's `NodeBus` (beside its `channel`)."""
+    return "riverbed_node_" + hashlib.sha256(node.encode()).hexdigest()[:16]
+
+
+class NodeBus:
+    """Messages from one broker node to another by the node's name (the
+    session takeover's requests and answers, `mqtt/broker.py`): a JSON object
+    per NOTIFY on the receiver's `node_channel`, handed to `deliver(message)`
+    on the listener thread.
+
+    Like `PostgresBus`, a message may be lost (its node gone, or not
+    listening): whoever asks waits a bounded time for the answer. `send`
+    blocks (one NOTIFY on the sending connection; call it from a worker
+    thread) and never raises: it says whether the message went out.
+
+    The listening connection is the node's presence: it carries the node's
+    `node_channel` as its application name, and `listening(node)` looks for it
+    among the server's connections. A node whose process ended is not there
+    any more (the server dropped its connections with it); `down()` (on the
+    listener thread) tells a node that it lost its own, `up()` that it is back.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        node: str,
+        deliver: Callable[[dict[str, object]], None],
+        *,
+        up: Callable[[], None] | None = None,
+        down: Callable[[], None] | None = None,
+        poll: float = 0.2,
+    ) -> None:
+        self.url = url
+        self.node = node
+        self._deliver = deliver
+        self._up = up
+        self._down = down
+        self._poll = poll
+        self._send_lock = threading.Lock()
+        self._sender: psycopg.Connection[tuple[object, ...]] | None = None
+        self._stopping = threading.Event()
+        self._listening = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, timeout: float = 10.0) -> None:
+        """Start listening; returns once the LISTEN is in place."""
+        self._thread = threading.Thread(
+            target=_listen,
+            args=(
+                self.url,
+                node_channel(self.node),
+                self._arrived,
+                self._stopping,
+                self._listened,
+                self._poll,
+                f"node {self.node}: the node bus listener reconnects",
+            ),
+            kwargs={"down": self._down, "application_name": node_channel(self.node)},
+            name="riverbed-node-bus",
+            daemon=True,
+        )
+        self._thread.start()
+        if not self._listening.wait(timeout):
+            raise TimeoutError(f"node {self.node}: could not LISTEN within {timeout} s")
+
+    def close(self, timeout: float = 1.0) -> None:
+        """Stop listening and close the sending connection."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        with self._send_lock:
+            if self._sender is not None:
+                self._sender.close()
+                self._sender = None
+
+    def _listened(self) -> None:
+        self._listening.set()
+        if self._up is not None:
+            self._up()
+
+    def listening(self, node: str) -> bool:
+        """Whether `node` has its listening connection to the server now
+        (blocking); True when that cannot be told (the question failed)."""
+        try:
+            with self._send_lock:
+                if self._sender is None or self._sender.closed:
+                    self._sender = psycopg.connect(self.url, autocommit=True, connect_timeout=10)
+                row = self._sender.execute(
+                    "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE application_name = %s)",
+                    (node_channel(node),),
+                ).fetchone()
+        except psycopg.Error:
+            log.warning("node %s: cannot tell whether node %s listens", self.node, node)
+            with self._send_lock:
+                if self._sender is not None and self._sender.broken:
+                    self._sender = None
+            return True
+        return bool(row and row[0])
+
+    def send(self, node: str, message: dict[str, object]) -> bool:
+        """NOTIFY `node` of `message` (blocking); False if it could not be sent."""
+        payload = json.dumps(message, separators=(",", ":"))
+        if len(payload.encode()) > MAX_PAYLOAD:
+            raise ValueError(
+                f"a node message of {len(payload.encode())} bytes (at most {MAX_PAYLOAD})"
+            )
+        try:
+            with self._send_lock:
+                if self._sender is None or self._sender.closed:
+                    self._sender = psycopg.connect(self.url, autocommit=True, connect_timeout=10)
+                self._sender.execute("SELECT pg_notify(%s, %s)", (node_channel(node), payload))
+        except psycopg.Error:
+            log.warning("node %s: a message to node %s was lost", self.node, node, exc_info=True)
+            with self._send_lock:
+                if self._sender is not None and self._sender.broken:
+                    self._sender = None
+            return False
+        return True
+
+    def _arrived(self, payload: str) -> None:
+        try:
+            message = json.loads(payload)
+        except ValueError:
+            log.warning("node %s: an undecodable node message", self.node)
+            return
+        if isinstance(message, dict):
+            self._deliver(message)
