@@ -20,6 +20,14 @@ others are found through the storage's wake-ups and the heads table, and read
 once for all the sessions waiting on that stream. A stream nobody waits on is
 not read at all: its position just moves to the head.
 
+When the storage tells other processes' commits apart (PostgreSQL while its
+LISTEN connection is up: another node's commit), one of those makes the router
+look at the heads at once; wake-ups by this process's own commits (routed
+already, unless they came another way than `committed`) make it look at most
+every `poll_interval`. When the storage cannot tell them apart (SQLite) every
+wake-up counts the same, paced so; when it hears nothing of others (the LISTEN
+connection is down) the router looks every `poll_interval` on its own.
+
 Everything here runs on the event loop; storage calls go to threads, except the
 look at the heads of an embedded database (SQLite: a small local read).
 """
@@ -36,7 +44,7 @@ from dataclasses import dataclass, field
 
 from riverbed.errors import RiverbedError
 from riverbed.model import StoredMessage, StreamId
-from riverbed.storage.base import Storage, StreamHead
+from riverbed.storage.base import Hearing, Storage, StreamHead
 from riverbed.topics.filters import matches
 from riverbed.topics.trie import TopicTrie
 
@@ -51,9 +59,12 @@ READ_AHEAD = 1000
 """Messages per storage read for a replaying session; what it did not ask for
 yet answers its next fetches (one read kept per stream)."""
 WATCH_TIMEOUT = 1.0
-"""Seconds between looks at the heads when no wake-up comes."""
+"""Seconds between looks at the heads when no wake-up comes (and the storage
+hears other processes' commits)."""
 REFRESH_INTERVAL = 0.02
-"""Seconds between looks at the heads at most, however many wake-ups come."""
+"""The default `poll_interval`: seconds between looks at the heads at most,
+however many wake-ups by this process's own commits come; also the pace of
+the looks while the storage hears nothing of other processes' commits."""
 
 
 @dataclass(slots=True)
@@ -91,11 +102,21 @@ class Router:
     """
 
     def __init__(
-        self, storage: Storage, trie: TopicTrie[Hashable], *, buffer_size: int = 4096
+        self,
+        storage: Storage,
+        trie: TopicTrie[Hashable],
+        *,
+        buffer_size: int = 4096,
+        poll_interval: float = REFRESH_INTERVAL,
     ) -> None:
+        if not poll_interval > 0:
+            raise ValueError(f"poll_interval {poll_interval!r} must be more than 0 seconds")
         self.storage = storage
         self.trie = trie
         self.buffer_size = buffer_size
+        self.poll_interval = poll_interval
+        self.looks = 0
+        """Looks at the heads so far (`refresh`)."""
         self._streams: dict[int, _Routed] = {}
         self._keys: dict[StreamId, int] = {}
         self._ahead: dict[int, tuple[int, list[StoredMessage]]] = {}
@@ -163,6 +184,7 @@ class Router:
 
     async def refresh(self) -> dict[int, int]:
         """Look at the heads now; route what others appended. Returns the heads."""
+        self.looks += 1
         if self.storage.appends_inline:
             # An embedded database: reading the small heads table here costs
             # less than the hand-over to a thread and back (which, 50 times a
@@ -387,27 +409,35 @@ class Router:
 
     async def _watch(self) -> None:
         # Only while some session waits on a stream (`_wanted`). Our own commits
-        # wake this too (on SQLite the storage cannot tell them from other
-        # processes'), and `committed` has routed those already: so after each
-        # look at the heads the watcher rests REFRESH_INTERVAL, which bounds its
-        # cost under load and adds at most that to the latency of messages other
-        # processes append.
+        # wake this too (the storage notifies after each), and `committed` has
+        # routed those already: so after each look at the heads the watcher
+        # rests `poll_interval`, which bounds its cost under load. Another
+        # process's commit ends the rest when the storage tells it apart
+        # (`Hearing.APART`); otherwise it waits for the rest's end (MIXED: at
+        # most that much later) or for the next look of the poll (DEAF).
         wakeups = self.storage.wakeups
         seen = wakeups.version
         while not self._stopping:
             if not self._wanted.is_set():
                 await self._wanted.wait()
                 seen = wakeups.version
-            seen = await wakeups.wait_async(seen, WATCH_TIMEOUT, latency=REFRESH_INTERVAL)
+            # DEAF: the rest was the poll's pause, look now. The wait all the
+            # same: it starts the storage's watcher, which may hear again.
+            timeout = 0.0 if wakeups.hearing is Hearing.DEAF else WATCH_TIMEOUT
+            seen = await wakeups.wait_async(seen, timeout, latency=self.poll_interval)
             if not any(r.waiters for r in self._streams.values()):
                 self._wanted.clear()
                 continue
+            heard = wakeups.others  # before the look: what others commit during it ends the rest
             try:
                 await self.refresh()
             except RiverbedError:
                 log.exception("looking at the stream heads failed")
                 await asyncio.sleep(WATCH_TIMEOUT)
-            await asyncio.sleep(REFRESH_INTERVAL)
+            if wakeups.hearing is Hearing.APART:
+                await wakeups.wait_others_async(heard, self.poll_interval)
+            else:
+                await asyncio.sleep(self.poll_interval)
 
     def _spawn(self, coro: object) -> None:
         task = asyncio.ensure_future(coro)  # type: ignore[call-overload]
