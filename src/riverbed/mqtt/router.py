@@ -38,8 +38,9 @@ import asyncio
 import bisect
 import contextlib
 import logging
+import time
 from collections import deque
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from riverbed.errors import RiverbedError
@@ -116,7 +117,10 @@ class Router:
         self.buffer_size = buffer_size
         self.poll_interval = poll_interval
         self.looks = 0
-        """Looks at the heads so far (`refresh`)."""
+        """Looks at the heads table so far (`refresh`)."""
+        self.told = 0
+        """Wake-ups by other processes' commits answered from the heads they told
+        of, without a look at the heads table."""
         self._streams: dict[int, _Routed] = {}
         self._keys: dict[StreamId, int] = {}
         self._ahead: dict[int, tuple[int, list[StoredMessage]]] = {}
@@ -413,31 +417,60 @@ class Router:
         # routed those already: so after each look at the heads the watcher
         # rests `poll_interval`, which bounds its cost under load. Another
         # process's commit ends the rest when the storage tells it apart
-        # (`Hearing.APART`); otherwise it waits for the rest's end (MIXED: at
-        # most that much later) or for the next look of the poll (DEAF).
+        # (`Hearing.APART`), and is answered from the heads it told of when it
+        # did; otherwise it waits for the rest's end (MIXED: at most that much
+        # later) or for the next look of the poll (DEAF).
+        # A look at the whole heads table at least every WATCH_TIMEOUT all the
+        # same, and first thing when sessions wait again (what others told
+        # meanwhile was not kept).
         wakeups = self.storage.wakeups
-        seen = wakeups.version
+        seen, heard, _ = wakeups.take()
+        looked = -WATCH_TIMEOUT
         while not self._stopping:
             if not self._wanted.is_set():
                 await self._wanted.wait()
-                seen = wakeups.version
+                seen, heard, _ = wakeups.take()
+                looked = -WATCH_TIMEOUT
             # DEAF: the rest was the poll's pause, look now. The wait all the
             # same: it starts the storage's watcher, which may hear again.
             timeout = 0.0 if wakeups.hearing is Hearing.DEAF else WATCH_TIMEOUT
-            seen = await wakeups.wait_async(seen, timeout, latency=self.poll_interval)
+            await wakeups.wait_async(seen, timeout, latency=self.poll_interval)
+            version, others, heads = wakeups.take()
+            # Only others' commits woke us, and they told what they moved.
+            told = (
+                version != seen
+                and version - seen == others - heard
+                and heads is not None
+                and time.monotonic() - looked < WATCH_TIMEOUT
+            )
+            seen, heard = version, others
             if not any(r.waiters for r in self._streams.values()):
                 self._wanted.clear()
                 continue
-            heard = wakeups.others  # before the look: what others commit during it ends the rest
             try:
-                await self.refresh()
+                if told and heads is not None and self._heard(heads):
+                    self.told += 1
+                else:
+                    looked = time.monotonic()
+                    await self.refresh()
             except RiverbedError:
                 log.exception("looking at the stream heads failed")
                 await asyncio.sleep(WATCH_TIMEOUT)
-            if wakeups.hearing is Hearing.APART:
-                await wakeups.wait_others_async(heard, self.poll_interval)
-            else:
-                await asyncio.sleep(self.poll_interval)
+            # The rest. Only a storage that hears APART counts others' commits
+            # (a DEAF one once, when it hears again).
+            await wakeups.wait_others_async(heard, self.poll_interval)
+
+    def _heard(self, heads: Mapping[int, int]) -> bool:
+        """Move the streams to the heads another process's commits told of; False
+        (nothing moved) if one is a stream not known yet: look at them all."""
+        if any(key not in self._streams for key in heads):
+            return False
+        for key, head in heads.items():
+            routed = self._streams[key]
+            if head > routed.head:
+                routed.head = head
+                self._advance(routed)
+        return True
 
     def _spawn(self, coro: object) -> None:
         task = asyncio.ensure_future(coro)  # type: ignore[call-overload]

@@ -394,9 +394,11 @@ class Wakeups:
 
     A backend that can tell other processes' commits from its own says so
     (`hearing`, `notify(others=True)`): those bump a second counter too
-    (`others`), which `wait_others_async` waits on. A reader that learns of its
-    own process's commits some other way (the broker's router) can then answer
-    other processes' commits at once and pace its looks for the rest.
+    (`others`), which `wait_others_async` waits on, and may say which streams
+    they moved and to where (`heads`, gathered until `take` hands them over). A
+    reader that learns of its own process's commits some other way (the
+    broker's router) can then answer other processes' commits at once, without
+    reading the heads table when it was told them, and pace its looks for the rest.
     """
 
     def __init__(self, start_watcher: Callable[[], None] | None = None) -> None:
@@ -415,6 +417,9 @@ class Wakeups:
         """When a wait last began or ended."""
         self._others = 0
         self._others_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._heads: dict[int, int] | None = {}
+        """Stream key -> next offset, as told by others' commits since the last
+        `take`; None once one did not say (look at every head)."""
         self.hearing = Hearing.MIXED
         """What these wake-ups say of other processes' commits now; the backend's
         watcher keeps it up to date."""
@@ -429,9 +434,10 @@ class Wakeups:
         while `hearing` is APART)."""
         return self._others
 
-    def notify(self, *, others: bool = False) -> None:
+    def notify(self, *, others: bool = False, heads: Mapping[int, int] | None = None) -> None:
         """Something was committed; `others`: by another process (a backend
-        that hears them APART)."""
+        that hears them APART), which moved the streams in `heads` (stream key
+        -> next offset) to there; None: it did not say what it moved."""
         with self._cond:
             self._version += 1
             self._cond.notify_all()
@@ -440,8 +446,23 @@ class Wakeups:
                 self._others += 1
                 waiters += self._others_waiters
                 self._others_waiters = []
+                told = self._heads
+                if heads is None:
+                    self._heads = None
+                elif told is not None:
+                    for key, head in heads.items():
+                        if head > told.get(key, -1):
+                            told[key] = head
         for loop, future in waiters:
             loop.call_soon_threadsafe(_resolve, future)
+
+    def take(self) -> tuple[int, int, dict[int, int] | None]:
+        """(`version`, `others`, the heads others' commits told of since the
+        last `take`, None if one did not tell), at one moment; the heads are
+        handed over (the next `take` tells only of later commits)."""
+        with self._cond:
+            heads, self._heads = self._heads, {}
+            return self._version, self._others, heads
 
     def _enter_wait(self, latency: float | None) -> None:
         # Counting the waiter and checking the watcher under one lock: a watcher

@@ -5,10 +5,12 @@ appenders serialise per stream on row locks of the heads table, taken in stream
 order, so offsets stay dense across processes and nodes; metadata changes take
 one transaction-scoped advisory lock. Every append, seal and topic deletion
 NOTIFYs `riverbed_append` in its transaction, its payload the storage's token
-(a few random characters: one NOTIFY per transaction, as PostgreSQL folds equal
-ones); a LISTEN thread turns that into local wake-ups for readers in other
-processes, telling other storages' commits from its own by the token
-(`Wakeups.notify(others=)`, `Hearing.APART`). When its connection breaks the
+(a few random characters) and, for an append, the new heads of the streams it
+appended to (`KEY:NEXT_OFFSET` each, up to `NOTIFY_HEADS` streams): one NOTIFY
+per transaction, as PostgreSQL folds equal ones. A LISTEN thread turns that
+into local wake-ups for readers in other processes, telling other storages'
+commits from its own by the token and passing on the heads
+(`Wakeups.notify(others=, heads=)`, `Hearing.APART`). When its connection breaks the
 wake-ups are DEAF until it connects again (backing off from
 `LISTEN_RETRY_FIRST` to `LISTEN_RETRY_MAX` seconds) and wakes the readers once:
 a NOTIFY sent meanwhile is lost.
@@ -45,6 +47,9 @@ FALLBACK_CHUNK = 65_536
 BATCH_BYTES = 16 << 20
 """About how many bytes of rows the ADBC driver puts in one record batch of a
 streamed read (its `batch_size_hint_bytes`): bounds a Spark task's memory."""
+NOTIFY_HEADS = 64
+"""An append's NOTIFY names the new heads of at most this many streams (its
+payload stays well below PostgreSQL's 8,000 bytes); past that only the token."""
 LISTEN_RETRY_FIRST = 0.1
 LISTEN_RETRY_MAX = 5.0
 """Seconds the LISTEN thread waits before connecting again, doubling per failure."""
@@ -61,9 +66,13 @@ WITH locked AS (
     UPDATE streams AS s SET next_offset = s.next_offset + v.n
     FROM unnest(%s::bigint[], %s::bigint[]) AS v(id, n), locked
     WHERE s.id = v.id AND locked.id = v.id
-    RETURNING s.id, s.next_offset - v.n AS first
+    RETURNING s.id, s.next_offset - v.n AS first, s.next_offset AS head
 )
-SELECT id, first, pg_notify('{CHANNEL}', %s) FROM moved
+SELECT id, first, pg_notify(
+    '{CHANNEL}',
+    %s || CASE WHEN count(*) OVER () <= {NOTIFY_HEADS}
+        THEN ' ' || string_agg(id || ':' || head, ' ') OVER () ELSE '' END
+) FROM moved
 """
 
 _RESERVE_ONE = (
@@ -380,11 +389,24 @@ class PostgresStorage(SqlStorage):
         try:
             while not self._stopping.is_set():
                 for notify in conn.notifies(timeout=0.5, stop_after=1):
-                    # Our own commits woke our readers already; an empty payload
-                    # is an older node's.
-                    wakeups.notify(others=notify.payload != own)
+                    token, _, heads = notify.payload.partition(" ")
+                    if token != own:  # our own commits woke our readers already
+                        wakeups.notify(others=True, heads=parse_heads(heads))
         except psycopg.Error:
             pass  # the connection broke: the caller connects again
         finally:
             wakeups.hearing = Hearing.DEAF
         return True
+
+
+def parse_heads(text: str) -> dict[int, int] | None:
+    """The heads a NOTIFY's payload names after its token (`KEY:NEXT_OFFSET ...`);
+    None if it names none (a transaction that did not append, one that appended
+    to many streams, an older node's empty payload) or is not understood."""
+    heads: dict[int, int] = {}
+    for item in text.split():
+        key, _, head = item.partition(":")
+        if not (key.isdigit() and head.isdigit()):
+            return None
+        heads[int(key)] = int(head)
+    return heads or None
