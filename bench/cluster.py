@@ -144,7 +144,9 @@ class Cluster:
         start = first
         for i, node in enumerate(self.nodes):
             n = count - share * (len(self.nodes) - 1) if i == 0 else share
-            pubs.append(Run(node, self.args)._role("pub", first=start, count=n, timeout=900))
+            pubs.append(
+                Run(node, self.args)._role("pub", first=start, count=n, rate=0, timeout=900)
+            )
             start += n
         results = [Run.finish(proc, path) for proc, path in pubs]
         got = Run.finish(sub_proc, out)
