@@ -14,7 +14,7 @@ from harness.storage import create_topic, numbered_rows
 from harness.waiting import SLOW, eventually
 from riverbed.storage import open_storage
 from riverbed.storage.base import Hearing, Wakeups
-from riverbed.storage.postgres import LISTENER_NAME, PostgresStorage, parse_heads
+from riverbed.storage.postgres import LISTENER_NAME, NOTIFY_HEADS, PostgresStorage, parse_heads
 
 WAIT = 30.0 * SLOW
 
@@ -113,17 +113,15 @@ def test_postgres_tells_another_storages_appends_from_its_own_with_their_heads(
 
         storage.append({stream.key: numbered_rows(2)})  # its own
         other.append({stream.key: numbered_rows(3)})  # another's: heads 2 + 3
-        _, now, heads = eventually(
-            lambda: (taken := wakeups.take())[1] > others and taken, WAIT, "the other's NOTIFY"
-        )
+        eventually(lambda: wakeups.others > others, WAIT, "the other's NOTIFY")
+        _, now, heads = wakeups.take()
         assert (now, heads) == (others + 1, {stream.key: 5})
 
         # Its own NOTIFY came through the LISTEN too (before the other's), and
         # counted as its own: only the other's commit bumped `others`.
         other.append({stream.key: numbered_rows(1)})
-        _, later, heads = eventually(
-            lambda: (taken := wakeups.take())[1] > now and taken, WAIT, "the next NOTIFY"
-        )
+        eventually(lambda: wakeups.others > now, WAIT, "the next NOTIFY")
+        _, later, heads = wakeups.take()
         assert (later, heads) == (now + 1, {stream.key: 6})
     finally:
         other.close()
@@ -164,4 +162,30 @@ def test_postgres_wake_ups_are_deaf_while_the_listen_connection_is_down(
         assert now > others
         assert heads is None  # it cannot say what it missed: look at every head
     finally:
+        storage.close()
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("partitions", [3, NOTIFY_HEADS + 1])
+def test_an_append_to_many_streams_notifies_once(postgres_url: str, partitions: int) -> None:
+    storage = open_storage(postgres_url)
+    other = open_storage(postgres_url)
+    try:
+        streams = create_topic(storage, "orders", partitions)
+        wakeups = storage.wakeups
+        wakeups.wait(wakeups.version, 0.01)
+        eventually(lambda: wakeups.hearing is Hearing.APART, WAIT, "the LISTEN connection")
+        _, others, _ = wakeups.take()
+
+        other.append({s.key: numbered_rows(2) for s in streams})  # one transaction
+        other.append({streams[0].key: numbered_rows(1)})  # and the next
+        eventually(lambda: wakeups.others >= others + 2, WAIT, "two NOTIFYs")
+        _, now, heads = wakeups.take()
+        assert now == others + 2  # one per transaction, however many streams
+        if partitions <= NOTIFY_HEADS:
+            assert heads == {s.key: 3 if s is streams[0] else 2 for s in streams}
+        else:
+            assert heads is None  # too many to name: a look at every head
+    finally:
+        other.close()
         storage.close()
