@@ -213,6 +213,28 @@ def test_own_wake_ups_are_paced_when_others_are_told_apart(log: Log) -> None:
     assert looks == 2  # a look, not the told path: its heads are not known
 
 
+def test_others_commits_are_told_while_own_wake_ups_wait_for_their_look(log: Log) -> None:
+    storage = Heard(log.storage, Hearing.APART)
+
+    async def scenario() -> tuple[list[bytes], int, int]:
+        router, session = await started(storage, 8.0)
+        try:
+            storage.wakeups.notify(others=True)
+            await eventually_async(lambda: router.looks == 1, what="the first look")
+            storage.wakeups.notify()  # our own: a look within the pace
+            head = commit_elsewhere(log, b"theirs")
+            storage.wakeups.notify(others=True, heads={session.key: head})
+            await session.receive(b"theirs")
+            told, looks = router.told, router.looks
+            await eventually_async(lambda: router.looks == 2, 30 * SLOW, "the look owed")
+            return session.got, told, looks
+        finally:
+            await router.stop()
+
+    got, told, looks = asyncio.run(scenario())
+    assert (got, told, looks) == ([b"theirs"], 1, 1)
+
+
 def test_the_poll_interval_must_be_positive(log: Log) -> None:
     trie: TopicTrie[Hashable] = TopicTrie()
     with pytest.raises(ValueError, match="poll_interval 0 must be more than 0 seconds"):

@@ -414,44 +414,50 @@ class Router:
     async def _watch(self) -> None:
         # Only while some session waits on a stream (`_wanted`). Our own commits
         # wake this too (the storage notifies after each), and `committed` has
-        # routed those already: so after each look at the heads the watcher
-        # rests `poll_interval`, which bounds its cost under load. Another
-        # process's commit ends the rest when the storage tells it apart
-        # (`Hearing.APART`), and is answered from the heads it told of when it
-        # did; otherwise it waits for the rest's end (MIXED: at most that much
-        # later) or for the next look of the poll (DEAF).
-        # A look at the whole heads table at least every WATCH_TIMEOUT all the
-        # same, and first thing when sessions wait again (what others told
-        # meanwhile was not kept).
+        # routed those already: so the watcher looks at the heads table for
+        # them at most every `poll_interval`, which bounds its cost under load.
+        # Another process's commit ends the rest between looks when the storage
+        # tells it apart (`Hearing.APART`), and is answered from the heads it
+        # told of when it did (a look at the table otherwise); our own wake-ups
+        # meanwhile wait for their look. A storage that cannot tell (MIXED)
+        # has every wake-up paced so; one that hears nothing of others (DEAF)
+        # is looked at every `poll_interval`. And a look at the whole table at
+        # least every WATCH_TIMEOUT, and first thing when sessions wait again
+        # (what others told meanwhile was not kept).
         wakeups = self.storage.wakeups
         seen, heard, _ = wakeups.take()
         looked = -WATCH_TIMEOUT
+        owed = False  # wake-ups by our own commits not looked at yet
         while not self._stopping:
             if not self._wanted.is_set():
                 await self._wanted.wait()
                 seen, heard, _ = wakeups.take()
-                looked = -WATCH_TIMEOUT
-            # DEAF: the rest was the poll's pause, look now. The wait all the
-            # same: it starts the storage's watcher, which may hear again.
-            timeout = 0.0 if wakeups.hearing is Hearing.DEAF else WATCH_TIMEOUT
-            await wakeups.wait_async(seen, timeout, latency=self.poll_interval)
-            version, others, heads = wakeups.take()
-            # Only others' commits woke us, and they told what they moved.
-            told = (
-                version != seen
-                and version - seen == others - heard
-                and heads is not None
-                and time.monotonic() - looked < WATCH_TIMEOUT
+                looked, owed = -WATCH_TIMEOUT, False
+            # DEAF or owed: the rest was the pause before a look, look now. The
+            # wait all the same: it starts the storage's watcher, which may hear.
+            deaf = wakeups.hearing is Hearing.DEAF
+            await wakeups.wait_async(
+                seen, 0.0 if deaf or owed else WATCH_TIMEOUT, latency=self.poll_interval
             )
+            version, others, heads = wakeups.take()
+            woken = version != seen
+            owed = owed or version - seen > others - heard
             seen, heard = version, others
             if not any(r.waiters for r in self._streams.values()):
                 self._wanted.clear()
                 continue
+            since = time.monotonic() - looked
             try:
-                if told and heads is not None and self._heard(heads):
-                    self.told += 1
+                if (
+                    woken
+                    and heads is not None
+                    and since < WATCH_TIMEOUT
+                    and not (owed and since >= self.poll_interval)
+                    and self._heard(heads)
+                ):
+                    self.told += bool(heads)
                 else:
-                    looked = time.monotonic()
+                    looked, owed = time.monotonic(), False
                     await self.refresh()
             except RiverbedError:
                 log.exception("looking at the stream heads failed")
