@@ -97,6 +97,7 @@ def test_the_documented_example_file_loads(tmp_path: Path) -> None:
     assert config.auth == AuthConfig(False, tmp_path / "passwd", tmp_path / "acl")
     assert config.storage.url == "sqlite:///./riverbed-data/riverbed.db"
     assert config.storage.commit_interval_ms == 3
+    assert config.storage.poll_interval_ms == 20
 
 
 def test_every_key_is_a_field_and_every_field_a_key() -> None:
@@ -248,6 +249,9 @@ RULES: list[tuple[str, object, str]] = [
     ("storage.commit_interval_ms", -1, "must be an integer from 0 to 1000 ms"),
     ("storage.commit_interval_ms", 1001, "must be an integer from 0 to 1000 ms"),
     ("storage.commit_interval_ms", 0.5, "must be an integer from 0 to 1000 ms"),
+    ("storage.poll_interval_ms", 0, "must be an integer from 1 to 60000 ms"),
+    ("storage.poll_interval_ms", 60_001, "must be an integer from 1 to 60000 ms"),
+    ("storage.poll_interval_ms", "fast", "must be an integer from 1 to 60000 ms"),
     ("auth.password_file", "", "must be the name of a file"),
     ("auth.password_file", 7, "must be the name of a file"),
 ]

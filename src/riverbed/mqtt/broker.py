@@ -164,7 +164,9 @@ class Broker:
         self.retained = RetainedStore(log.storage)
         self.wills = Wills(self)
         self.trie: TopicTrie[Hashable] = TopicTrie()
-        self.router = Router(log.storage, self.trie)
+        self.router = Router(
+            log.storage, self.trie, poll_interval=config.storage.poll_interval_ms / 1000
+        )
         self.router.on_new_streams = self._streams_changed
         self.pacer = CommitPacer(log, config.storage.commit_interval_ms / 1000)
         self.authenticator, self.authorizer = load_auth(config.auth)

@@ -31,6 +31,7 @@ A complete file, with the defaults:
     [storage]
     url = "sqlite:///./riverbed-data/riverbed.db"   # default: --db, $RIVERBED_DB, else this
     commit_interval_ms = 3           # the least time between two commits of PUBLISHes
+    poll_interval_ms = 20            # the least time between two looks for others' messages
 
     [limits]
     receive_maximum = 100            # QoS 1/2 PUBLISHes a client may have unacknowledged
@@ -135,6 +136,15 @@ Why the defaults are what they are:
   is less than half what it is unpaced (0 ms), for at most 3 ms more latency
   (p50 0.3 -> 2.0 ms). 2 ms cost 20% more CPU for 0.6 ms less latency; 4 ms
   saved nothing more (docs/benchmarks.md). 0 commits every loop turn.
+- `poll_interval_ms` 20: while sessions wait for messages, the broker looks at
+  the log's stream heads for messages it did not commit itself. On PostgreSQL
+  another node's commit wakes it at once (LISTEN/NOTIFY); its own commits are
+  routed directly, and the looks they prompt (for messages that came another
+  way) are at most this often. While the LISTEN connection is down, and on
+  SQLite (which cannot tell its own commits from other processes'), it looks
+  this often whatever wakes it: other nodes' messages are then up to this
+  late. Each look is one small query; 20 ms keeps them cheap under load.
+  From 1 ms to 60 s.
 - `[retention] interval` 60 s: retention deletes what every subscription has
   consumed and is past its topic's retention time, so a pass a minute keeps a
   busy topic within a minute's messages of that, at the cost of a few cheap
@@ -355,6 +365,7 @@ class StorageConfig:
 
     url: str | None = None
     commit_interval_ms: int = 3
+    poll_interval_ms: int = 20
 
     def __post_init__(self) -> None:
         _check_fields("storage", self)
@@ -812,6 +823,11 @@ KEYS: dict[str, Key] = {
     ),
     "storage.commit_interval_ms": Key(
         _integer(0, 1000, " ms"), "the least time between two commits of PUBLISHes"
+    ),
+    "storage.poll_interval_ms": Key(
+        _integer(1, 60_000, " ms"),
+        "the least time between two looks for messages others committed"
+        " (another node's commit wakes the broker at once on PostgreSQL)",
     ),
     "limits.receive_maximum": Key(
         _integer(

@@ -20,6 +20,14 @@ others are found through the storage's wake-ups and the heads table, and read
 once for all the sessions waiting on that stream. A stream nobody waits on is
 not read at all: its position just moves to the head.
 
+When the storage tells other processes' commits apart (PostgreSQL while its
+LISTEN connection is up: another node's commit), one of those makes the router
+look at the heads at once; wake-ups by this process's own commits (routed
+already, unless they came another way than `committed`) make it look at most
+every `poll_interval`. When the storage cannot tell them apart (SQLite) every
+wake-up counts the same, paced so; when it hears nothing of others (the LISTEN
+connection is down) the router looks every `poll_interval` on its own.
+
 Everything here runs on the event loop; storage calls go to threads, except the
 look at the heads of an embedded database (SQLite: a small local read).
 """
@@ -30,13 +38,14 @@ import asyncio
 import bisect
 import contextlib
 import logging
+import time
 from collections import deque
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from riverbed.errors import RiverbedError
 from riverbed.model import StoredMessage, StreamId
-from riverbed.storage.base import Storage, StreamHead
+from riverbed.storage.base import Hearing, Storage, StreamHead
 from riverbed.topics.filters import matches
 from riverbed.topics.trie import TopicTrie
 
@@ -51,9 +60,12 @@ READ_AHEAD = 1000
 """Messages per storage read for a replaying session; what it did not ask for
 yet answers its next fetches (one read kept per stream)."""
 WATCH_TIMEOUT = 1.0
-"""Seconds between looks at the heads when no wake-up comes."""
+"""Seconds between looks at the heads when no wake-up comes (and the storage
+hears other processes' commits)."""
 REFRESH_INTERVAL = 0.02
-"""Seconds between looks at the heads at most, however many wake-ups come."""
+"""The default `poll_interval`: seconds between looks at the heads at most,
+however many wake-ups by this process's own commits come; also the pace of
+the looks while the storage hears nothing of other processes' commits."""
 
 
 @dataclass(slots=True)
@@ -91,11 +103,24 @@ class Router:
     """
 
     def __init__(
-        self, storage: Storage, trie: TopicTrie[Hashable], *, buffer_size: int = 4096
+        self,
+        storage: Storage,
+        trie: TopicTrie[Hashable],
+        *,
+        buffer_size: int = 4096,
+        poll_interval: float = REFRESH_INTERVAL,
     ) -> None:
+        if not poll_interval > 0:
+            raise ValueError(f"poll_interval {poll_interval!r} must be more than 0 seconds")
         self.storage = storage
         self.trie = trie
         self.buffer_size = buffer_size
+        self.poll_interval = poll_interval
+        self.looks = 0
+        """Looks at the heads table so far (`refresh`)."""
+        self.told = 0
+        """Wake-ups by other processes' commits answered from the heads they told
+        of, without a look at the heads table."""
         self._streams: dict[int, _Routed] = {}
         self._keys: dict[StreamId, int] = {}
         self._ahead: dict[int, tuple[int, list[StoredMessage]]] = {}
@@ -163,6 +188,7 @@ class Router:
 
     async def refresh(self) -> dict[int, int]:
         """Look at the heads now; route what others appended. Returns the heads."""
+        self.looks += 1
         if self.storage.appends_inline:
             # An embedded database: reading the small heads table here costs
             # less than the hand-over to a thread and back (which, 50 times a
@@ -387,27 +413,70 @@ class Router:
 
     async def _watch(self) -> None:
         # Only while some session waits on a stream (`_wanted`). Our own commits
-        # wake this too (on SQLite the storage cannot tell them from other
-        # processes'), and `committed` has routed those already: so after each
-        # look at the heads the watcher rests REFRESH_INTERVAL, which bounds its
-        # cost under load and adds at most that to the latency of messages other
-        # processes append.
+        # wake this too (the storage notifies after each), and `committed` has
+        # routed those already: so the watcher looks at the heads table for
+        # them at most every `poll_interval`, which bounds its cost under load.
+        # Another process's commit ends the rest between looks when the storage
+        # tells it apart (`Hearing.APART`), and is answered from the heads it
+        # told of when it did (a look at the table otherwise); our own wake-ups
+        # meanwhile wait for their look. A storage that cannot tell (MIXED)
+        # has every wake-up paced so; one that hears nothing of others (DEAF)
+        # is looked at every `poll_interval`. And a look at the whole table at
+        # least every WATCH_TIMEOUT, and first thing when sessions wait again
+        # (what others told meanwhile was not kept).
         wakeups = self.storage.wakeups
-        seen = wakeups.version
+        seen, heard, _ = wakeups.take()
+        looked = -WATCH_TIMEOUT
+        owed = False  # wake-ups by our own commits not looked at yet
         while not self._stopping:
             if not self._wanted.is_set():
                 await self._wanted.wait()
-                seen = wakeups.version
-            seen = await wakeups.wait_async(seen, WATCH_TIMEOUT, latency=REFRESH_INTERVAL)
+                seen, heard, _ = wakeups.take()
+                looked, owed = -WATCH_TIMEOUT, False
+            # DEAF or owed: the rest was the pause before a look, look now. The
+            # wait all the same: it starts the storage's watcher, which may hear.
+            deaf = wakeups.hearing is Hearing.DEAF
+            await wakeups.wait_async(
+                seen, 0.0 if deaf or owed else WATCH_TIMEOUT, latency=self.poll_interval
+            )
+            version, others, heads = wakeups.take()
+            woken = version != seen
+            owed = owed or version - seen > others - heard
+            seen, heard = version, others
             if not any(r.waiters for r in self._streams.values()):
                 self._wanted.clear()
                 continue
+            since = time.monotonic() - looked
             try:
-                await self.refresh()
+                if (
+                    woken
+                    and heads is not None
+                    and since < WATCH_TIMEOUT
+                    and not (owed and since >= self.poll_interval)
+                    and self._heard(heads)
+                ):
+                    self.told += bool(heads)
+                else:
+                    looked, owed = time.monotonic(), False
+                    await self.refresh()
             except RiverbedError:
                 log.exception("looking at the stream heads failed")
                 await asyncio.sleep(WATCH_TIMEOUT)
-            await asyncio.sleep(REFRESH_INTERVAL)
+            # The rest. Only a storage that hears APART counts others' commits
+            # (a DEAF one once, when it hears again).
+            await wakeups.wait_others_async(heard, self.poll_interval)
+
+    def _heard(self, heads: Mapping[int, int]) -> bool:
+        """Move the streams to the heads another process's commits told of; False
+        (nothing moved) if one is a stream not known yet: look at them all."""
+        if any(key not in self._streams for key in heads):
+            return False
+        for key, head in heads.items():
+            routed = self._streams[key]
+            if head > routed.head:
+                routed.head = head
+                self._advance(routed)
+        return True
 
     def _spawn(self, coro: object) -> None:
         task = asyncio.ensure_future(coro)  # type: ignore[call-overload]

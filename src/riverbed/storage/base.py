@@ -362,6 +362,20 @@ class Storage(Protocol):
         ...
 
 
+class Hearing(Enum):
+    """What a storage's wake-ups say of other processes' commits (`Wakeups.hearing`)."""
+
+    MIXED = "mixed"
+    """They wake readers, but so do this process's own: they cannot be told apart
+    (SQLite's watcher sees that the file changed, not who changed it)."""
+    APART = "apart"
+    """They wake readers at once and are told apart (`Wakeups.others`): PostgreSQL
+    while its LISTEN connection is up."""
+    DEAF = "deaf"
+    """Nothing tells of them now (PostgreSQL while its LISTEN connection is
+    down): a reader that needs them must look for itself."""
+
+
 class Wakeups:
     """Tells readers that something was appended, in this process or another.
 
@@ -377,6 +391,14 @@ class Wakeups:
     would otherwise go unnoticed. A wait may say how late it can hear of another
     process's commit (`latency`); a polling watcher polls as often as the most
     demanding wait asks (`poll_interval`).
+
+    A backend that can tell other processes' commits from its own says so
+    (`hearing`, `notify(others=True)`): those bump a second counter too
+    (`others`), which `wait_others_async` waits on, and may say which streams
+    they moved and to where (`heads`, gathered until `take` hands them over). A
+    reader that learns of its own process's commits some other way (the
+    broker's router) can then answer other processes' commits at once, without
+    reading the heads table when it was told them, and pace its looks for the rest.
     """
 
     def __init__(self, start_watcher: Callable[[], None] | None = None) -> None:
@@ -393,18 +415,54 @@ class Wakeups:
         """The `latency` of the last wait that ended: between waits, the pace."""
         self._last_wait = time.monotonic()
         """When a wait last began or ended."""
+        self._others = 0
+        self._others_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._heads: dict[int, int] | None = {}
+        """Stream key -> next offset, as told by others' commits since the last
+        `take`; None once one did not say (look at every head)."""
+        self.hearing = Hearing.MIXED
+        """What these wake-ups say of other processes' commits now; the backend's
+        watcher keeps it up to date."""
 
     @property
     def version(self) -> int:
         return self._version
 
-    def notify(self) -> None:
+    @property
+    def others(self) -> int:
+        """A counter bumped by each commit known to be another process's (only
+        while `hearing` is APART)."""
+        return self._others
+
+    def notify(self, *, others: bool = False, heads: Mapping[int, int] | None = None) -> None:
+        """Something was committed; `others`: by another process (a backend
+        that hears them APART), which moved the streams in `heads` (stream key
+        -> next offset) to there; None: it did not say what it moved."""
         with self._cond:
             self._version += 1
             self._cond.notify_all()
             waiters, self._waiters = self._waiters, []
+            if others:
+                self._others += 1
+                waiters += self._others_waiters
+                self._others_waiters = []
+                told = self._heads
+                if heads is None:
+                    self._heads = None
+                elif told is not None:
+                    for key, head in heads.items():
+                        if head > told.get(key, -1):
+                            told[key] = head
         for loop, future in waiters:
             loop.call_soon_threadsafe(_resolve, future)
+
+    def take(self) -> tuple[int, int, dict[int, int] | None]:
+        """(`version`, `others`, the heads others' commits told of since the
+        last `take`, None if one did not tell), at one moment; the heads are
+        handed over (the next `take` tells only of later commits)."""
+        with self._cond:
+            heads, self._heads = self._heads, {}
+            return self._version, self._others, heads
 
     def _enter_wait(self, latency: float | None) -> None:
         # Counting the waiter and checking the watcher under one lock: a watcher
@@ -481,15 +539,38 @@ class Wakeups:
                 if self._version != seen:
                     return self._version
                 self._waiters.append((loop, future))
-            try:
-                await asyncio.wait_for(future, timeout)
-            except TimeoutError:
+            if not await _resolved(future, timeout):
                 with self._cond:
                     if (loop, future) in self._waiters:
                         self._waiters.remove((loop, future))
             return self._version
         finally:
             self._leave_wait(latency)
+
+    async def wait_others_async(self, seen: int, timeout: float) -> int:
+        """Wait until `others` differs from `seen` or `timeout` passes; return
+        `others`. Not a wait for the watcher (it neither starts it nor sets its
+        pace): it rests between the reader's waits."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        with self._cond:
+            if self._others != seen:
+                return self._others
+            self._others_waiters.append((loop, future))
+        if not await _resolved(future, timeout):
+            with self._cond:
+                if (loop, future) in self._others_waiters:
+                    self._others_waiters.remove((loop, future))
+        return self._others
+
+
+async def _resolved(future: asyncio.Future[None], timeout: float) -> bool:
+    """Wait for `notify` to resolve `future`, at most `timeout`; False if it did not."""
+    try:
+        await asyncio.wait_for(future, timeout)
+    except TimeoutError:
+        return False
+    return True
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

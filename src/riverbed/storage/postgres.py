@@ -4,15 +4,22 @@ Appends use binary COPY (about 3x `executemany` here, DESIGN.md). Concurrent
 appenders serialise per stream on row locks of the heads table, taken in stream
 order, so offsets stay dense across processes and nodes; metadata changes take
 one transaction-scoped advisory lock. Every append, seal and topic deletion
-NOTIFYs `riverbed_append` in its transaction; a LISTEN thread turns that into
-local wake-ups for readers in other processes. When its connection breaks it
-connects again (backing off from `LISTEN_RETRY_FIRST` to `LISTEN_RETRY_MAX`
-seconds) and wakes the readers once: a NOTIFY sent meanwhile is lost.
+NOTIFYs `riverbed_append` in its transaction, its payload the storage's token
+(a few random characters) and, for an append, the new heads of the streams it
+appended to (`KEY:NEXT_OFFSET` each, up to `NOTIFY_HEADS` streams): one NOTIFY
+per transaction, as PostgreSQL folds equal ones. A LISTEN thread turns that
+into local wake-ups for readers in other processes, telling other storages'
+commits from its own by the token and passing on the heads
+(`Wakeups.notify(others=, heads=)`, `Hearing.APART`). When its connection breaks the
+wake-ups are DEAF until it connects again (backing off from
+`LISTEN_RETRY_FIRST` to `LISTEN_RETRY_MAX` seconds) and wakes the readers once:
+a NOTIFY sent meanwhile is lost.
 """
 
 from __future__ import annotations
 
 import contextlib
+import secrets
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -27,17 +34,22 @@ from riverbed.errors import (
     StreamSealed,
 )
 from riverbed.storage import arrow, bulk
-from riverbed.storage.base import Row
+from riverbed.storage.base import Hearing, Row
 from riverbed.storage.connections import Cursor, operation
 from riverbed.storage.sql import RECORD_MARKER, SqlStorage, now_us
 from riverbed.storage.urls import redact_password, redact_url
 
 CHANNEL = "riverbed_append"
+LISTENER_NAME = "riverbed-listen"
+"""The LISTEN connection's `application_name` (pg_stat_activity)."""
 FALLBACK_CHUNK = 65_536
 """Offsets per `read_arrow` when a streamed read falls back to it."""
 BATCH_BYTES = 16 << 20
 """About how many bytes of rows the ADBC driver puts in one record batch of a
 streamed read (its `batch_size_hint_bytes`): bounds a Spark task's memory."""
+NOTIFY_HEADS = 64
+"""An append's NOTIFY names the new heads of at most this many streams (its
+payload stays well below PostgreSQL's 8,000 bytes); past that only the token."""
 LISTEN_RETRY_FIRST = 0.1
 LISTEN_RETRY_MAX = 5.0
 """Seconds the LISTEN thread waits before connecting again, doubling per failure."""
@@ -54,9 +66,13 @@ WITH locked AS (
     UPDATE streams AS s SET next_offset = s.next_offset + v.n
     FROM unnest(%s::bigint[], %s::bigint[]) AS v(id, n), locked
     WHERE s.id = v.id AND locked.id = v.id
-    RETURNING s.id, s.next_offset - v.n AS first
+    RETURNING s.id, s.next_offset - v.n AS first, s.next_offset AS head
 )
-SELECT id, first, pg_notify('{CHANNEL}', '') FROM moved
+SELECT id, first, pg_notify(
+    '{CHANNEL}',
+    %s || CASE WHEN count(*) OVER () <= {NOTIFY_HEADS}
+        THEN ' ' || string_agg(id || ':' || head, ' ') OVER () ELSE '' END
+) FROM moved
 """
 
 _RESERVE_ONE = (
@@ -98,7 +114,11 @@ class PostgresStorage(SqlStorage):
     EMPTY_BLOB = "'\\x'::bytea"
 
     def __init__(self, url: str, *, create: bool = True) -> None:
+        self.token = secrets.token_hex(4)
+        """The payload of this storage's NOTIFYs: what its LISTEN thread knows
+        its own commits by."""
         super().__init__(url)
+        self.wakeups.hearing = Hearing.DEAF  # until the LISTEN thread listens
         self._watcher: threading.Thread | None = None
         self.create = create
         """Whether opening may create the schema in a database without it."""
@@ -190,7 +210,7 @@ class PostgresStorage(SqlStorage):
         # that a concurrent SwitchProduce sealed is re-read after its lock is
         # released and drops out on `sealed = 0`.
         keys = list(counts)
-        rows = cur.execute(_RESERVE, (keys, keys, [counts[k] for k in keys])).fetchall()
+        rows = cur.execute(_RESERVE, (keys, keys, [counts[k] for k in keys], self.token)).fetchall()
         return {int(key): int(first) for key, first, _ in rows}
 
     def _insert_messages(
@@ -240,7 +260,7 @@ class PostgresStorage(SqlStorage):
                 cur.adbc_ingest(
                     "messages", bulk.message_table(streams, firsts, table), mode="append"
                 )
-                cur.execute(f"SELECT pg_notify('{CHANNEL}', '')")
+                cur.execute(f"SELECT pg_notify('{CHANNEL}', '{self.token}')")
                 cur.fetchall()
             conn.commit()
             return firsts
@@ -325,7 +345,7 @@ class PostgresStorage(SqlStorage):
             yield from table.to_batches()
 
     def _notify_in_tx(self, cur: Cursor) -> None:
-        cur.execute(f"NOTIFY {CHANNEL}")
+        cur.execute(f"NOTIFY {CHANNEL}, '{self.token}'")
 
     def _start_watcher(self) -> None:
         if self.closed:
@@ -337,7 +357,12 @@ class PostgresStorage(SqlStorage):
         delay = LISTEN_RETRY_FIRST
         while not self._stopping.is_set():
             try:
-                conn = psycopg.connect(self.url, autocommit=True, connect_timeout=10)
+                conn = psycopg.connect(
+                    self.url,
+                    autocommit=True,
+                    connect_timeout=10,
+                    application_name=LISTENER_NAME,
+                )
             except psycopg.Error:
                 pass  # the server is down or restarting: try again later
             else:
@@ -355,13 +380,33 @@ class PostgresStorage(SqlStorage):
             conn.execute(f"LISTEN {CHANNEL}")
         except psycopg.Error:
             return False
+        wakeups = self.wakeups
+        wakeups.hearing = Hearing.APART
         # A NOTIFY sent before this LISTEN (before the first, or while reconnecting)
         # is lost to a reader waiting now; one wake-up makes it look.
-        self.wakeups.notify()
+        wakeups.notify(others=True)
+        own = self.token
         try:
             while not self._stopping.is_set():
-                for _ in conn.notifies(timeout=0.5, stop_after=1):
-                    self.wakeups.notify()
+                for notify in conn.notifies(timeout=0.5, stop_after=1):
+                    token, _, heads = notify.payload.partition(" ")
+                    if token != own:  # our own commits woke our readers already
+                        wakeups.notify(others=True, heads=parse_heads(heads))
         except psycopg.Error:
             pass  # the connection broke: the caller connects again
+        finally:
+            wakeups.hearing = Hearing.DEAF
         return True
+
+
+def parse_heads(text: str) -> dict[int, int] | None:
+    """The heads a NOTIFY's payload names after its token (`KEY:NEXT_OFFSET ...`);
+    None if it names none (a transaction that did not append, one that appended
+    to many streams, an older node's empty payload) or is not understood."""
+    heads: dict[int, int] = {}
+    for item in text.split():
+        key, _, head = item.partition(":")
+        if not (key.isdigit() and head.isdigit()):
+            return None
+        heads[int(key)] = int(head)
+    return heads or None
