@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness.postgres import PostgresServer
 from mqtt import TOPIC, Riverbed, Run  # bench/mqtt.py
-from riverbed.mqtt.codec import MQTT_5, Puback, Publish, encode
+from riverbed.mqtt.codec import Puback, Publish
 from sessions import Client, Refused, pct  # bench/sessions.py
 
 TARGET_P50 = 0.005
@@ -174,7 +174,7 @@ class Subscriber(Client):
                 # Not into a connection that broke (a killed node): asyncio
                 # would log each write.
                 if packet.qos and packet.packet_id is not None and not self.writer.is_closing():
-                    self.writer.write(encode(Puback(packet.packet_id), MQTT_5))
+                    self.send(Puback(packet.packet_id))
                 return
 
     async def drain(self) -> None:
@@ -183,19 +183,15 @@ class Subscriber(Client):
             while True:
                 await self.first_message()
 
-    def close(self) -> None:
-        self.writer.close()
-
 
 async def joined(port: int, client_id: str) -> tuple[Subscriber, float, float]:
     """Connect (clean start 0) and subscribe if new; (client, when its CONNACK
     came, when its first message came: `time.perf_counter()`)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    client = Subscriber(reader, writer)
-    present = await client.connect(client_id)
+    client = await Subscriber.open(port, TIMEOUT)
+    present = await client.connect_session(client_id)
     connack = time.perf_counter()
     if not present:
-        await client.subscribe(TOPIC)
+        await client.subscribe_or_refuse(TOPIC)
     await asyncio.wait_for(client.first_message(), TIMEOUT)
     return client, connack, time.perf_counter()
 
