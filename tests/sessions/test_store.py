@@ -170,3 +170,34 @@ def test_sessions_taken_over_elsewhere(storage: Storage) -> None:
     store.discard(gone)
     store.write(ours_again.record, ours_again.version)  # our own later write (a race)
     assert sorted(store.taken_over(mine, here="a")) == ["gone", "moved"]
+
+
+def test_all_decodes_only_the_records_that_changed(
+    storage: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = SessionStore(storage)
+    for i in range(3):
+        store.write(record(f"c{i}", f"s{i}"), None)
+    decoded: list[bytes] = []
+    original = SessionRecord.from_json
+
+    def counting(raw: bytes) -> SessionRecord:
+        decoded.append(raw)
+        return original(raw)
+
+    monkeypatch.setattr(SessionRecord, "from_json", staticmethod(counting))
+    assert sorted(s.record.client_id for s in store.all()) == ["c0", "c1", "c2"]
+    assert len(decoded) == 3
+    decoded.clear()
+    first = {s.record.client_id: s for s in store.all()}
+    assert decoded == []  # nothing changed: nothing decoded again
+    changed = replace(first["c1"].record, expiry_interval=77)
+    store.write(changed, first["c1"].version)
+    # Deleted and made again at the same version as before, with other contents:
+    store.discard(first["c2"])
+    store.write(replace(first["c2"].record, session_id="other"), None)
+    again = {s.record.client_id: s for s in store.all()}
+    assert len(decoded) == 2
+    assert again["c1"].record.expiry_interval == 77
+    assert again["c2"].record.session_id == "other"
+    assert again["c0"].record == first["c0"].record

@@ -326,8 +326,11 @@ class Broker:
             log.info("retention is off ([retention] interval = 0): `riverbed retention run`")
         if self.metrics is not None:
             storage = self.log.storage
+            sessions = self.store  # its decoded records shared with the sweeps
             self._refresher = Refresher(
-                self.metrics, lambda: read_storage(storage), self.config.metrics.refresh_interval
+                self.metrics,
+                lambda: read_storage(storage, sessions),
+                self.config.metrics.refresh_interval,
             )
             self._refresher.start()
         await self.wills.restore()

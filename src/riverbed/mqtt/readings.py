@@ -17,10 +17,11 @@ from riverbed.subscriptions.definition import Definitions
 from riverbed.subscriptions.pipeline import queue_depths
 
 
-def read_storage(storage: Storage) -> Readings:
+def read_storage(storage: Storage, sessions: SessionStore | None = None) -> Readings:
     """Lag of every named subscription, queue depths of the delivered ones,
     sessions not connected and retained topic names, as `riverbed status`
-    counts them."""
+    counts them. `sessions`: the store to read the sessions with (one kept
+    between refreshes decodes only the records that changed)."""
     lags: dict[str, int] = {}
     retry: dict[str, int] = {}
     parked: dict[str, int] = {}
@@ -35,6 +36,7 @@ def read_storage(storage: Storage) -> Readings:
             continue  # deleted meanwhile
         if sub.name in deliveries:
             retry[sub.name], parked[sub.name] = queue_depths(storage, sub.name)
-    offline = sum(1 for s in SessionStore(storage).all() if not s.record.connected)
+    store = sessions if sessions is not None else SessionStore(storage)
+    offline = sum(1 for s in store.all() if not s.record.connected)
     retained = len(storage.kv_list(RETAINED))
     return Readings(lags, retry, parked, offline, retained)

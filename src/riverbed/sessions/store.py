@@ -197,6 +197,9 @@ class SessionStore:
     def __init__(self, storage: Storage) -> None:
         self.storage = storage
         self.leases = Leases(storage)
+        self._decoded: dict[str, tuple[bytes, SessionRecord]] = {}
+        """What `all` decoded last time, by client id: the stored bytes and the
+        record they are."""
 
     # --- broker nodes --------------------------------------------------------------
     def held_elsewhere(self, record: SessionRecord, here: str, at_us: int) -> bool:
@@ -261,10 +264,23 @@ class SessionStore:
         return Stored(SessionRecord.from_json(entry.value), entry.version)
 
     def all(self) -> list[Stored]:
-        return [
-            Stored(SessionRecord.from_json(e.value), e.version)
-            for e in self.storage.kv_list(NAMESPACE)
-        ]
+        """Every session record. The periodic readers (the expiry sweep, the
+        orphan sweep, the metrics) call it every few seconds, and with many
+        sessions decoding them was most of a node's work: a record whose bytes
+        are the same as last time is not decoded again."""
+        known = self._decoded
+        decoded: dict[str, tuple[bytes, SessionRecord]] = {}
+        out: list[Stored] = []
+        for entry in self.storage.kv_list(NAMESPACE):
+            hit = known.get(entry.key)
+            if hit is not None and hit[0] == entry.value:
+                record = hit[1]
+            else:
+                record = SessionRecord.from_json(entry.value)
+            decoded[entry.key] = (entry.value, record)
+            out.append(Stored(record, entry.version))
+        self._decoded = decoded  # one assignment: another thread sees old or new
+        return out
 
     def write(self, record: SessionRecord, version: int | None) -> Stored:
         """Create (`version` None) or compare-and-set the record. Raises
