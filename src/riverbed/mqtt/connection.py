@@ -168,10 +168,15 @@ class Server(Services, Protocol):
     def connection_closed(self, connection: Connection) -> None: ...
 
 
+_LIMITS: dict[ProtocolLimits, ProtocolLimits] = {}
+"""One `ProtocolLimits` object for every connection granted the same."""
+
+
 def protocol_limits(broker: Services) -> ProtocolLimits:
-    """What the connection core grants each client: the broker's `limits`."""
+    """What the connection core grants each client: the broker's `limits` (the
+    same object for every connection while they stay the same)."""
     limits = broker.config.limits
-    return ProtocolLimits(
+    granted = ProtocolLimits(
         receive_maximum=limits.receive_maximum,
         topic_alias_maximum=limits.topic_alias_maximum,
         maximum_packet_size=limits.maximum_packet_size,
@@ -182,6 +187,7 @@ def protocol_limits(broker: Services) -> ProtocolLimits:
         retain_available=limits.retain_available,
         shared_subscription_available=broker.shared is not None,
     )
+    return _LIMITS.setdefault(granted, granted)
 
 
 def _assigned_client_id() -> str:
@@ -217,10 +223,13 @@ class Connection(asyncio.Protocol):
         "_dropped",
         "_dropping_since",
         "_finished",
+        "_following",
         "_full",
         "_out",
         "_paused",
         "_persisting",
+        "_quickack",
+        "_record_lock",
         "_slow_timer",
         "_sock",
         "_teardown_task",
@@ -231,11 +240,9 @@ class Connection(asyncio.Protocol):
         "closing",
         "connected_us",
         "core",
-        "following",
         "inbound",
         "loop",
         "peer",
-        "record_lock",
         "session",
         "sharing",
         "stored",
@@ -247,6 +254,10 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.peer = "-"
         self._sock: socket.socket | None = None
+        """Our socket object on the transport's descriptor, for TCP_QUICKACK
+        (made on the first `quickack`)."""
+        self._quickack = False
+        """TCP_QUICKACK applies (a TCP connection, on Linux)."""
         self.loop = asyncio.get_running_loop()
         """The event loop it runs on: its clock and timers, and its helpers' tasks."""
         self._counts = broker.counts
@@ -267,7 +278,7 @@ class Connection(asyncio.Protocol):
         self._done: asyncio.Event | None = None
         self._finished = False
         self.inbound = Inbound(broker, self.core, self._apply, self.quickack)
-        self.following = Following(self)
+        self._following: Following | None = None
         self.sharing: Sharing | None = None
         """Its shared subscriptions (made on the first: most connections have none)."""
         self._timer: asyncio.TimerHandle | None = None
@@ -275,7 +286,7 @@ class Connection(asyncio.Protocol):
         self._checkpoint: Checkpoint | None = None
         self._checkpointing: asyncio.Task[None] | None = None
         self._persisting: asyncio.Task[None] | None = None
-        self.record_lock = asyncio.Lock()
+        self._record_lock: asyncio.Lock | None = None
         self._backlog: deque[CoreEffect] = _NO_BACKLOG
         """Effects waiting behind one that is being carried out asynchronously (a
         deque of their own only while there are: idle connections share one)."""
@@ -329,6 +340,24 @@ class Connection(asyncio.Protocol):
         return self.core.connack_sent
 
     @property
+    def following(self) -> Following:
+        """Its subscriptions and followed streams (`mqtt/following.py`; made on
+        first use: an idle connection needs none)."""
+        following = self._following
+        if following is None:
+            following = self._following = Following(self)
+        return following
+
+    @property
+    def record_lock(self) -> asyncio.Lock:
+        """Held while the session record is written (one write at a time; made
+        on first use)."""
+        lock = self._record_lock
+        if lock is None:
+            lock = self._record_lock = asyncio.Lock()
+        return lock
+
+    @property
     def done(self) -> asyncio.Event:
         """Set once the connection is torn down and its session saved (made on
         first use: most connections never need one)."""
@@ -348,15 +377,12 @@ class Connection(asyncio.Protocol):
     # --- asyncio.Protocol ------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self.peer = peer_text(transport.get_extra_info("peername"))
+        peername = transport.get_extra_info("peername")
+        self.peer = peer_text(peername)
+        # An IP address and port: TCP (a Unix socket's peer is a path).
+        self._quickack = _QUICKACK is not None and isinstance(peername, tuple)
         limit = self.broker.config.limits.write_buffer_limit
         self.transport.set_write_buffer_limits(high=limit, low=limit // 4)  # type: ignore[union-attr]
-        sock = transport.get_extra_info("socket")
-        if _QUICKACK is not None and sock is not None and sock.family in _TCP:
-            # Our own object on the transport's descriptor (uvloop's makes a
-            # socket object per setsockopt); detached, never closed, when the
-            # connection is lost.
-            self._sock = socket.socket(sock.family, sock.type, sock.proto, sock.fileno())
         self.broker.connection_opened(self)
         self._arm_alive()
 
@@ -981,7 +1007,8 @@ class Connection(asyncio.Protocol):
             if handle is not None:
                 handle.cancel()
         self._alive = None
-        self.following.cancel()
+        if self._following is not None:
+            self._following.cancel()
         broker = self.broker
         # Its PUBLISHes committed before its Will can be.
         self.inbound.flush(now=True)
@@ -1035,9 +1062,24 @@ class Connection(asyncio.Protocol):
         """Have the kernel acknowledge the bytes received so far now, not with
         our next write (Linux TCP_QUICKACK)."""
         sock = self._sock
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 1)  # type: ignore[arg-type]
+        if sock is None:
+            if not self._quickack or self.closing or self.transport is None:
+                return
+            sock = self._sock = self._quickack_socket(self.transport)
+            if sock is None:
+                return
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 1)  # type: ignore[arg-type]
+
+    def _quickack_socket(self, transport: asyncio.Transport) -> socket.socket | None:
+        """Our own object on the transport's descriptor (uvloop's makes a socket
+        object per setsockopt); detached, never closed, when the connection is
+        lost. Made on the first `quickack`: most connections never publish."""
+        sock = transport.get_extra_info("socket")
+        if sock is None or sock.family not in _TCP:
+            self._quickack = False
+            return None
+        return socket.socket(sock.family, sock.type, sock.proto, sock.fileno())
 
     # --- writing --------------------------------------------------------------------------
     def send(self, packet: Packet, level: int | None = None) -> None:
