@@ -225,6 +225,7 @@ class Connection(asyncio.Protocol):
         "_finished",
         "_following",
         "_full",
+        "_inbound",
         "_out",
         "_paused",
         "_persisting",
@@ -240,7 +241,6 @@ class Connection(asyncio.Protocol):
         "closing",
         "connected_us",
         "core",
-        "inbound",
         "loop",
         "peer",
         "session",
@@ -277,7 +277,7 @@ class Connection(asyncio.Protocol):
         self.closing = False
         self._done: asyncio.Event | None = None
         self._finished = False
-        self.inbound = Inbound(broker, self.core, self._apply, self.quickack)
+        self._inbound: Inbound | None = None
         self._following: Following | None = None
         self.sharing: Sharing | None = None
         """Its shared subscriptions (made on the first: most connections have none)."""
@@ -292,9 +292,11 @@ class Connection(asyncio.Protocol):
         deque of their own only while there are: idle connections share one)."""
         self._worker: asyncio.Task[None] | None = None
         self._paused = False
-        self._acked: list[Event] = []
-        """PUBACK/PUBREC/PUBCOMP of the current read, handed to the session together."""
-        self._out: list[bytes] = []
+        self._acked: list[Event] | None = None
+        """PUBACK/PUBREC/PUBCOMP of the current read, handed to the session
+        together (a list only while there are)."""
+        self._out: list[bytes] | None = None
+        """What this turn of the event loop writes (a list only while there is)."""
         self._full = False
         """The transport's write buffer is over its high-water mark (`pause_writing`)."""
         self._slow_timer: asyncio.TimerHandle | None = None
@@ -338,6 +340,17 @@ class Connection(asyncio.Protocol):
     @property
     def connack_sent(self) -> bool:
         return self.core.connack_sent
+
+    @property
+    def inbound(self) -> Inbound:
+        """Its PUBLISHes on their way to the log (`mqtt/inbound.py`; made on the
+        first: many connections never publish)."""
+        inbound = self._inbound
+        if inbound is None:
+            inbound = self._inbound = Inbound(self.broker, self.core, self._apply, self.quickack)
+            if self.stored is not None:
+                inbound.session_id = self.stored.record.session_id
+        return inbound
 
     @property
     def following(self) -> Following:
@@ -420,16 +433,19 @@ class Connection(asyncio.Protocol):
         if self._worker is not None:
             self._backlog.extend(effects)
             return
-        append_now = self.inbound.append_now
+        inbound = self._inbound
+        append_now = None if inbound is None else inbound.append_now
         try:
             for i, effect in enumerate(effects):
                 kind = type(effect)
                 # The hot path first: a QoS 0/1 PUBLISH into this read's batch,
                 # a PUBACK for the session.
                 if kind is Publish:
+                    if append_now is None:
+                        append_now = self.inbound.append_now
                     append_now(effect, effect.topic)  # type: ignore[arg-type, union-attr]
                 elif kind is Puback:
-                    self._acked.append(Acked(effect.packet_id))  # type: ignore[arg-type, union-attr]
+                    self._to_session(Acked(effect.packet_id))  # type: ignore[arg-type, union-attr]
                 elif not self._now(effect):
                     self._start_worker(effect, effects[i + 1 :])
                     return
@@ -474,13 +490,13 @@ class Connection(asyncio.Protocol):
                 self.inbound.append_now(publish, topic)
                 return True
             case Puback(packet_id):
-                self._acked.append(Acked(packet_id))
+                self._to_session(Acked(packet_id))
                 return True
             case Pubrec(packet_id, reason_code):
-                self._acked.append(Received(packet_id, reason_code < 0x80))
+                self._to_session(Received(packet_id, reason_code < 0x80))
                 return True
             case Pubcomp(packet_id):
-                self._acked.append(Completed(packet_id))
+                self._to_session(Completed(packet_id))
                 return True
             case ToSession(packet):
                 if type(packet) is Subscribe:
@@ -525,11 +541,21 @@ class Connection(asyncio.Protocol):
                 assert_never(effect)
         return core.resume(self.loop.time())
 
+    def _to_session(self, acked: Event) -> None:
+        """An acknowledgement read now, for the session at the end of the read."""
+        pending = self._acked
+        if pending is None:
+            self._acked = [acked]
+        else:
+            pending.append(acked)
+
     def _end_of_read(self) -> None:
         """Commit the read's PUBLISHes as a batch; give the session its acknowledgements."""
-        self.inbound.flush()
-        if self._acked:
-            acked, self._acked = self._acked, []
+        if self._inbound is not None:
+            self._inbound.flush()
+        acked = self._acked
+        if acked is not None:
+            self._acked = None
             session = self.session
             if session is not None and not self.closing:
                 try:
@@ -604,7 +630,8 @@ class Connection(asyncio.Protocol):
         """The core closes the connection (its last bytes are queued before this)."""
         if close.by_client:
             # DISCONNECT: its PUBLISHes acknowledged before the connection closes.
-            self.inbound.flush(now=True)
+            if self._inbound is not None:
+                self._inbound.flush(now=True)
             self._end_of_read()
         elif close.error:
             self._log_protocol_error(close.error)
@@ -669,7 +696,6 @@ class Connection(asyncio.Protocol):
                 broker.connections.pop(client_id, None)
                 return self.core.handle(SessionRefused(refusal), self.loop.time())
         assert self.stored is not None
-        self.inbound.session_id = self.stored.record.session_id
         subscriptions = self.stored.record.subscriptions
         self.session = Session(
             client_id,
@@ -989,7 +1015,7 @@ class Connection(asyncio.Protocol):
             if self._full:
                 # Nothing more gets through a full buffer (not even a DISCONNECT),
                 # and a graceful close would wait for it to drain, perhaps forever.
-                self._out.clear()
+                self._out = None
                 transport.abort()
                 return
             self._flush()
@@ -1011,7 +1037,8 @@ class Connection(asyncio.Protocol):
             self._following.cancel()
         broker = self.broker
         # Its PUBLISHes committed before its Will can be.
-        self.inbound.flush(now=True)
+        if self._inbound is not None:
+            self._inbound.flush(now=True)
         try:
             if self._worker is not None:
                 # It stops after the packet at hand (closing is set).
@@ -1088,17 +1115,19 @@ class Connection(asyncio.Protocol):
     def _write(self, data: bytes) -> None:
         """Queue bytes; what a turn of the event loop queues goes out in one write."""
         out = self._out
-        out.append(data)
-        if len(out) == 1:
+        if out is None:
+            self._out = [data]
             self.loop.call_soon(self._flush)
+        else:
+            out.append(data)
 
     def _flush(self) -> None:
         out = self._out
-        if not out:
+        if out is None:
             return
+        self._out = None
         transport = self.transport
         data = out[0] if len(out) == 1 else b"".join(out)
-        out.clear()
         if transport is not None and not transport.is_closing():
             transport.write(data)
             self._counts.bytes_out += len(data)
@@ -1167,7 +1196,7 @@ class Connection(asyncio.Protocol):
             self.broker.config.limits.slow_consumer_timeout,
         )
         self.closing = True
-        self._out.clear()
+        self._out = None
         transport.abort()
 
     def _stop_slow_consumer_timers(self) -> None:

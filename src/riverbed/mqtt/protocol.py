@@ -284,8 +284,11 @@ class ConnectionCore:
         """The reason the store refused a commit: what is read after is refused too."""
         self._will_scheduled = False
         self._requested_expiry = 0
-        self._effects: list[Effect] = []
-        self._out: list[bytes] = []
+        self._effects: list[Effect] | None = None
+        """What the current call returns so far (a list only while it has some)."""
+        self._out: list[bytes] | None = None
+        """Bytes for the client, sent with the next effect or at the end of the
+        call (a list only while there are)."""
 
     # ----------------------------------------------------------------- the runtime's calls
 
@@ -413,7 +416,7 @@ class ConnectionCore:
                     ids.append(packet_id)
                     continue
                 if ids:
-                    self._out.append(encode_pubacks(ids))
+                    self._write(encode_pubacks(ids))
                     ids = []
                 if self.qos2 is _NO_IDS:
                     self.qos2 = set()
@@ -425,12 +428,12 @@ class ConnectionCore:
                 if closing:
                     continue
                 if ids:
-                    self._out.append(encode_pubacks(ids))
+                    self._write(encode_pubacks(ids))
                     ids = []
                 qos, packet_id, reason = entry  # type: ignore[misc]
                 self._ack(qos, packet_id, reason)
         if ids:
-            self._out.append(encode_pubacks(ids) if len(ids) > 1 else encode_puback(ids[0]))
+            self._write(encode_pubacks(ids) if len(ids) > 1 else encode_puback(ids[0]))
         if self._refused is not None and not queue and not closing:
             self._close(DisconnectReason.QUOTA_EXCEEDED)
 
@@ -489,7 +492,7 @@ class ConnectionCore:
     def connection_lost(self) -> list[Effect]:
         """The transport is gone (whoever closed it)."""
         self._goto("lost")
-        self._out.clear()
+        self._out = None
         will = self.will
         if will is not None and not self.normal and self.connack_sent and not self._will_scheduled:
             # Not DISCONNECT 0x00 (0x04 asks for the Will): after its delay, or
@@ -581,10 +584,13 @@ class ConnectionCore:
         elif kind is Puback or kind is Pubcomp:
             done = cast(Puback | Pubcomp, packet)
             self.outbound.discard(done.packet_id)
+            effects = self._effects
             if self._out:
                 self._emit(done)
+            elif effects is None:
+                self._effects = [done]  # the session's, as it is
             else:
-                self._effects.append(done)  # the session's, as it is
+                effects.append(done)
         elif kind is Pubrec:
             received = cast(Pubrec, packet)
             if received.reason_code >= 0x80:
@@ -614,6 +620,7 @@ class ConnectionCore:
 
     def _connect(self, packet: Connect) -> None:
         self._goto("connect")
+        self._deadline = None  # the CONNECT came in time
         limits = self._limits
         self.level = level = self._decoder.protocol_level or 4
         v5 = level == MQTT_5
@@ -760,7 +767,11 @@ class ConnectionCore:
             self._emit(Append(packet, topic, True))
         elif topic is packet.topic and not self._out:
             # The hot path: the PUBLISH itself is the effect (no object per message).
-            self._effects.append(packet)
+            effects = self._effects
+            if effects is None:
+                self._effects = [packet]
+            else:
+                effects.append(packet)
         elif topic is packet.topic:
             self._emit(packet)
         else:
@@ -802,9 +813,9 @@ class ConnectionCore:
         # The codec writes them from their fields: no packet object per message.
         v5 = self.level == MQTT_5
         if qos == 1:
-            self._out.append(encode_puback(packet_id, reason, v5))
+            self._write(encode_puback(packet_id, reason, v5))
         else:
-            self._out.append(encode_pubrec(packet_id, reason, v5))
+            self._write(encode_pubrec(packet_id, reason, v5))
 
     def _released(self, packet_id: int, known: bool) -> None:
         """PUBREL's marker is gone: PUBCOMP (§4.3.3). It counted toward Receive
@@ -814,12 +825,12 @@ class ConnectionCore:
         known = packet_id in self.qos2 or known
         self.qos2.discard(packet_id)
         if known or self.level != MQTT_5:
-            self._out.append(encode_pubcomp(packet_id, 0, self.level == MQTT_5))
+            self._write(encode_pubcomp(packet_id, 0, self.level == MQTT_5))
         else:
             # Nothing awaits release under that id (a PUBREL resent after our
             # PUBCOMP was lost, or a stray one): MQTT 5 says so, 3.1.1 cannot.
             not_found = PubcompReason.PACKET_IDENTIFIER_NOT_FOUND
-            self._out.append(encode_pubcomp(packet_id, not_found))
+            self._write(encode_pubcomp(packet_id, not_found))
 
     # ----------------------------------------------------------------- closing
 
@@ -867,22 +878,34 @@ class ConnectionCore:
         raise LocalProtocolError(f"{type(event).__name__} in state {self.state.value}")
 
     def _send(self, packet: Packet) -> None:
-        self._out.append(encode(packet, self.level))
+        self._write(encode(packet, self.level))
+
+    def _write(self, data: bytes) -> None:
+        out = self._out
+        if out is None:
+            self._out = [data]
+        else:
+            out.append(data)
 
     def _emit(self, effect: Effect) -> None:
+        effects = self._effects
+        if effects is None:
+            effects = self._effects = []
         out = self._out
-        if out:
-            self._effects.append(Send(out[0] if len(out) == 1 else b"".join(out)))
-            out.clear()
-        self._effects.append(effect)
+        if out is not None:
+            self._out = None
+            effects.append(Send(out[0] if len(out) == 1 else b"".join(out)))
+        effects.append(effect)
 
     def _done(self) -> list[Effect]:
         out = self._out
         effects = self._effects
-        if out:
+        if out is not None:
+            self._out = None
+            if effects is None:
+                effects = []
             effects.append(Send(out[0] if len(out) == 1 else b"".join(out)))
-            out.clear()
         if not effects:
             return []
-        self._effects = []
+        self._effects = None
         return effects

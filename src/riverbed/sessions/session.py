@@ -67,7 +67,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import assert_never
+from typing import Any, NoReturn, assert_never
 
 from riverbed.model import StoredMessage
 from riverbed.sessions.qos2 import Phase, WindowEntry
@@ -82,6 +82,21 @@ window like any other, never fetched, never checkpointed, not replayed."""
 _NO_IDS: set[int] = set()
 """The `_reserved` packet ids of every session that restored none (never added
 to): an idle session holds no containers it does not use."""
+
+
+class _NoEntries(dict[Any, Any]):
+    """The empty mapping every session shares for what it has none of yet
+    (subscriptions, streams, packet ids in flight, a QoS 2 window, leases): a
+    session makes a dict of its own before its first entry. Writing into the
+    shared one would be a bug, so it raises."""
+
+    __slots__ = ()
+
+    def __setitem__(self, key: object, value: object) -> NoReturn:
+        raise TypeError("the shared empty mapping of sessions is never written to")
+
+
+_NONE = _NoEntries()
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,11 +362,14 @@ class Session:
         self.checkpoint_interval = checkpoint_interval
         self._publisher = publisher
         self._readable = readable
-        self._subscriptions: dict[str, Subscription] = {s.topic_filter: s for s in subscriptions}
-        self._streams: dict[int, _Stream] = {}
+        # Dicts of their own once they have entries (`_NONE` until then).
+        self._subscriptions: dict[str, Subscription] = {
+            s.topic_filter: s for s in subscriptions
+        } or _NONE
+        self._streams: dict[int, _Stream] = _NONE
         self._ready: deque[int] | None = None
         """Streams with pending messages, in turn order (made on the first)."""
-        self._inflight: dict[int, tuple[int, int]] = {}
+        self._inflight: dict[int, tuple[int, int]] = _NONE
         """packet id -> (stream, offset) of QoS 1 messages sent, not acknowledged."""
         self._next_packet_id = 1
         self._acks = 0
@@ -364,7 +382,7 @@ class Session:
         self._check_all = True
         """The set of streams changed: look at them all."""
         # QoS 2 out (sessions/qos2.py).
-        self._window: dict[tuple[int, int], WindowEntry] = {}
+        self._window: dict[tuple[int, int], WindowEntry] = _NONE
         self._reserved: set[int] = _NO_IDS
         """Packet ids of restored SENT entries not yet sent again."""
         self._held: list[tuple[int, Deliver | Release]] | None = None
@@ -374,10 +392,12 @@ class Session:
         self._persisting = False
         self._dirty = False
         self._resend: tuple[Release, ...] = ()
-        self._leases: dict[int, _Stream] = {}
+        self._leases: dict[int, _Stream] = _NONE
         """The leases' streams (also in `_streams`)."""
         self._next_lease_key = min((e.stream for e in qos2_window), default=0)
         self._next_lease_key = min(self._next_lease_key, RETAINED) - 1
+        restored: dict[tuple[int, int], WindowEntry] = {}
+        inflight: dict[int, tuple[int, int]] = {}
         reserved: set[int] = set()
         resend: list[Release] = []
         for entry in qos2_window:
@@ -385,13 +405,17 @@ class Session:
                 # Neither a retained message nor a lease's (its stream is the
                 # group's now) is sent again after a restart.
                 continue
-            self._window[(entry.stream, entry.offset)] = entry
+            restored[(entry.stream, entry.offset)] = entry
             if entry.phase is Phase.SENT:
                 reserved.add(entry.packet_id)
             elif entry.phase is Phase.RELEASED:
                 # [MQTT-4.4.0-1]: PUBRELs go again on the new connection.
-                self._inflight[entry.packet_id] = (entry.stream, entry.offset)
+                inflight[entry.packet_id] = (entry.stream, entry.offset)
                 resend.append(Release(entry.packet_id))
+        if restored:
+            self._window = restored
+        if inflight:
+            self._inflight = inflight
         if reserved:
             self._reserved = reserved
         self._resend = tuple(resend)
@@ -405,6 +429,8 @@ class Session:
         """Add or replace the subscription with this filter; True if it existed
         (MQTT 5.0 §3.8.4: a SUBSCRIBE with an existing filter replaces it)."""
         existed = subscription.topic_filter in self._subscriptions
+        if self._subscriptions is _NONE:
+            self._subscriptions = {}
         self._subscriptions[subscription.topic_filter] = subscription
         return existed
 
@@ -440,6 +466,10 @@ class Session:
         """Start fetching a lease's stream (key from `lease_key`) from `offset`,
         matching `subscription` only."""
         state = _Stream(key, offset, offset, 0, offset, lease=subscription, reported=offset)
+        if self._streams is _NONE:
+            self._streams = {}
+        if self._leases is _NONE:
+            self._leases = {}
         self._streams[key] = state
         self._leases[key] = state
         self._check_all = True
@@ -574,6 +604,8 @@ class Session:
                 self._offered(stream, messages, upto)
             case Follow(stream, cursor, dup_below):
                 if stream not in self._streams:
+                    if self._streams is _NONE:
+                        self._streams = {}
                     self._streams[stream] = _Stream(stream, cursor, cursor, dup_below, cursor)
                     self._check_all = True
                     if self._window:
@@ -604,6 +636,8 @@ class Session:
         flag [MQTT-3.3.1-9] and the lower of the two QoS, after what is queued."""
         state = self._streams.get(RETAINED)
         if state is None:
+            if self._streams is _NONE:
+                self._streams = {}
             state = self._streams[RETAINED] = _Stream(RETAINED, 0, 0, 0, 0, fetching=True)
             self._check_all = True
         was_empty = not state.pending
@@ -803,8 +837,12 @@ class Session:
                     packet_id = self._packet_id()
                     if item.qos == 2:
                         entry = WindowEntry(key, item.offset, packet_id, Phase.SENT)
+                        if self._window is _NONE:
+                            self._window = {}
                         self._window[(key, item.offset)] = entry
                         hold = True
+                if self._inflight is _NONE:
+                    self._inflight = {}
                 self._inflight[packet_id] = (key, item.offset)
                 state.outstanding[item.offset] = None
                 if state.lease is not None:
