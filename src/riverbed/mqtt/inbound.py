@@ -41,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from riverbed.errors import RiverbedError
@@ -116,14 +116,12 @@ class Inbound:
         self._quickack = quickack
         self.session_id = ""
         """The session's id, for the QoS 2 markers (set once the session is open)."""
-        # The containers are made on the first PUBLISH: a connection that only
-        # subscribes, or is idle, holds none.
-        self._acks: deque[Batch | asyncio.Future[Any]] | None = None
+        self._acks: deque[Batch | asyncio.Future[Any]] = deque()
         """The commit of each append not yet reported to the core, in arrival
         order (a batch once per message it holds)."""
-        self._batches: dict[str, Batch] | None = None
+        self._batches: dict[str, Batch] = {}
         """QoS 0/1 PUBLISHes by topic that the pacer has not taken yet."""
-        self._taken: Sequence[Batch] = ()
+        self._taken: list[Batch] = []
         """The batches the pacer took last: until they are done, it takes no more."""
         self._refused: BaseException | None = None
         """Why the store refused a commit of this connection: the batches not
@@ -138,26 +136,13 @@ class Inbound:
         # message's key mode, both remembered by the log (`Log.route`).
         route = self._broker.log.route(topic)
         log_topic = route.topic
-        batches, acks = self._batches, self._acks
-        if batches is None or acks is None:
-            batches, acks = self._containers()
-        batch = batches.get(log_topic)
+        batch = self._batches.get(log_topic)
         if batch is None:
-            batch = batches[log_topic] = Batch(self, log_topic)
+            batch = self._batches[log_topic] = Batch(self, log_topic)
         batch.messages.append(
             message_from_publish(packet, topic, self._core.client_id, route.key_mode)
         )
-        acks.append(batch)
-
-    def _containers(
-        self,
-    ) -> tuple[dict[str, Batch], deque[Batch | asyncio.Future[Any]]]:
-        """`_batches` and `_acks`, made on the first PUBLISH."""
-        if self._batches is None:
-            self._batches = {}
-        if self._acks is None:
-            self._acks = deque()
-        return self._batches, self._acks
+        self._acks.append(batch)
 
     def _message(self, append: Append) -> tuple[str, Message]:
         """The log topic and message of an accepted PUBLISH (`Log.route`)."""
@@ -186,9 +171,6 @@ class Inbound:
         for batch in self._taken:
             if not batch.done():
                 return []
-        if not self._batches:
-            self._taken = ()
-            return []
         batches = list(self._batches.values())
         self._batches.clear()
         self._taken = batches
@@ -207,12 +189,11 @@ class Inbound:
         if packet.qos == 2:
             await self._publish_exactly_once(append, log_topic, message)
             return
-        batches, acks = self._containers()
-        batch = batches.get(log_topic)
+        batch = self._batches.get(log_topic)
         if batch is None:
-            batch = batches[log_topic] = Batch(self, log_topic)
+            batch = self._batches[log_topic] = Batch(self, log_topic)
         batch.messages.append(message)
-        acks.append(batch)
+        self._acks.append(batch)
         self.flush(now=True)
 
     async def _publish_exactly_once(self, append: Append, log_topic: str, message: Message) -> None:
@@ -223,8 +204,7 @@ class Inbound:
         packet_id = append.publish.packet_id
         assert packet_id is not None
         loop = asyncio.get_running_loop()
-        _, acks = self._containers()
-        while any(not f.done() for f in acks):
+        while any(not f.done() for f in self._acks):
             self._progress = loop.create_future()
             await self._progress  # `_send_acks` wakes it when a commit is done
         if self._refused is not None:  # one before it was refused meanwhile
@@ -235,7 +215,7 @@ class Inbound:
         once = loop.run_in_executor(
             None, append_exactly_once, self._broker.log, log_topic, message, marker
         )
-        acks.append(once)
+        self._acks.append(once)
 
         def exactly_once(f: asyncio.Future[Position | None]) -> None:
             ok = not f.cancelled() and f.exception() is None
@@ -339,7 +319,6 @@ class Inbound:
         """The store refused a commit: the batches not yet taken are refused with
         it (never committed)."""
         self._refused = error
-        if self._batches:
-            for batch in self._batches.values():
-                batch.error = error
-            self._batches.clear()
+        for batch in self._batches.values():
+            batch.error = error
+        self._batches.clear()
