@@ -9,6 +9,12 @@ growth per connection and Riverbed / mosquitto. Kernel socket buffers are not
 in either figure.
 
     .venv/bin/python bench/idle_connections.py [--count 10000] [--brokers riverbed,mosquitto]
+
+`--sites N`: where Riverbed's bytes go instead. It runs the broker under
+tracemalloc (`bench/_idle_trace.py`), opens N idle connections after the
+warm-up ones and prints the Python heap's growth per connection by allocation
+site (file:line), largest first. tracemalloc makes the broker slower and
+larger, so this mode prints no RSS.
 """
 
 from __future__ import annotations
@@ -20,12 +26,77 @@ import shutil
 import sys
 import tempfile
 import time
+import tracemalloc
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from harness.idle import close_all, open_idle, raise_open_files_limit
 from mqtt import Broker, Mosquitto, Riverbed  # bench/mqtt.py, next to this file
+
+HERE = Path(__file__).resolve().parent
+
+
+class TracedRiverbed(Riverbed):
+    """Riverbed under tracemalloc: `snapshot` asks it for its heap."""
+
+    name = "riverbed-traced"
+
+    def command(self) -> list[str]:
+        python, _, _, *arguments = super().command()  # python -m riverbed.cli serve ...
+        return [python, str(HERE / "_idle_trace.py"), *arguments]
+
+    def snapshot(self, name: str, timeout: float = 120.0) -> tracemalloc.Snapshot:
+        (self.workdir / f"snap-{name}").touch()
+        deadline = time.monotonic() + timeout
+        while not (self.workdir / f"{name}.done").exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no heap snapshot from the broker within {timeout} s")
+            time.sleep(0.1)
+        return tracemalloc.Snapshot.load(str(self.workdir / f"{name}.snap"))
+
+
+def short(filename: str) -> str:
+    """A source file's name from where its package starts."""
+    for marker in ("/site-packages/", "/src/"):
+        if marker in filename:
+            return filename.split(marker, 1)[1]
+    if "/lib/python3" in filename:  # the standard library: asyncio/runners.py
+        return filename.split("/lib/python3", 1)[1].partition("/")[2]
+    return filename
+
+
+def sites(count: int, warm_up: int, top: int) -> None:
+    """Print the Python heap's growth per idle connection by allocation site."""
+    workdir = Path(tempfile.mkdtemp(prefix="bench-idle-sites-"))
+    os.environ["RIVERBED_TRACE_DIR"] = str(workdir)  # the broker inherits it
+    broker = TracedRiverbed(workdir)
+    try:
+        broker.start(timeout=120.0)
+        warm = open_idle(broker.port, warm_up, prefix="warm-")
+        time.sleep(0.5)
+        before = broker.snapshot("before")
+        idle = open_idle(broker.port, count)
+        time.sleep(1.0)
+        after = broker.snapshot("after")
+        close_all(idle)
+        close_all(warm)
+    finally:
+        broker.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    ours = [
+        tracemalloc.Filter(False, tracemalloc.__file__),
+        tracemalloc.Filter(False, str(HERE / "_idle_trace.py")),
+    ]
+    grown = after.filter_traces(ours).compare_to(before.filter_traces(ours), "lineno")
+    total = sum(stat.size_diff for stat in grown)
+    print(f"  Python heap: +{total / count:.0f} bytes per connection; by site:", flush=True)
+    for stat in grown[:top]:
+        frame = stat.traceback[0]
+        print(
+            f"  {stat.size_diff / count:7.0f} B {stat.count_diff / count:5.2f} blocks"
+            f"  {short(frame.filename)}:{frame.lineno}"
+        )
 
 
 def rss_kib(broker: Broker) -> int:
@@ -66,15 +137,27 @@ def main() -> None:
     p.add_argument("--count", type=int, default=10_000)
     p.add_argument("--warm-up", type=int, default=200)
     p.add_argument("--brokers", default="riverbed,mosquitto")
+    p.add_argument(
+        "--sites",
+        type=int,
+        default=0,
+        metavar="N",
+        help="Riverbed's heap growth by allocation site over N idle connections (tracemalloc)",
+    )
+    p.add_argument("--top", type=int, default=25, help="how many sites --sites prints")
     args = p.parse_args()
     # this process holds every client socket; the brokers inherit the limit
-    limit = raise_open_files_limit(args.count + args.warm_up + 100)
+    limit = raise_open_files_limit(max(args.count, args.sites) + args.warm_up + 100)
+    count = args.sites or args.count
     print(
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()},"
-        f" load {os.getloadavg()[0]:.2f}; {args.count:,} idle connections"
+        f" load {os.getloadavg()[0]:.2f}; {count:,} idle connections"
         f" after {args.warm_up} warm-up ones; open files limit {limit}",
         flush=True,
     )
+    if args.sites:
+        sites(args.sites, args.warm_up, args.top)
+        return
     kinds: dict[str, type[Broker]] = {"riverbed": Riverbed, "mosquitto": Mosquitto}
     per: dict[str, float] = {}
     for name in args.brokers.split(","):

@@ -185,10 +185,15 @@ class Server(Services, Protocol):
         ...
 
 
+_LIMITS: dict[ProtocolLimits, ProtocolLimits] = {}
+"""One `ProtocolLimits` object for every connection granted the same."""
+
+
 def protocol_limits(broker: Services) -> ProtocolLimits:
-    """What the connection core grants each client: the broker's `limits`."""
+    """What the connection core grants each client: the broker's `limits` (the
+    same object for every connection while they stay the same)."""
     limits = broker.config.limits
-    return ProtocolLimits(
+    granted = ProtocolLimits(
         receive_maximum=limits.receive_maximum,
         topic_alias_maximum=limits.topic_alias_maximum,
         maximum_packet_size=limits.maximum_packet_size,
@@ -199,6 +204,7 @@ def protocol_limits(broker: Services) -> ProtocolLimits:
         retain_available=limits.retain_available,
         shared_subscription_available=broker.shared is not None,
     )
+    return _LIMITS.setdefault(granted, granted)
 
 
 def _assigned_client_id() -> str:
@@ -234,10 +240,14 @@ class Connection(asyncio.Protocol):
         "_dropped",
         "_dropping_since",
         "_finished",
+        "_following",
         "_full",
+        "_inbound",
         "_out",
         "_paused",
         "_persisting",
+        "_quickack",
+        "_record_lock",
         "_slow_timer",
         "_sock",
         "_teardown_task",
@@ -248,11 +258,8 @@ class Connection(asyncio.Protocol):
         "closing",
         "connected_us",
         "core",
-        "following",
-        "inbound",
         "loop",
         "peer",
-        "record_lock",
         "session",
         "sharing",
         "stored",
@@ -264,6 +271,10 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.peer = "-"
         self._sock: socket.socket | None = None
+        """Our socket object on the transport's descriptor, for TCP_QUICKACK
+        (made on the first `quickack`)."""
+        self._quickack = False
+        """TCP_QUICKACK applies (a TCP connection, on Linux)."""
         self.loop = asyncio.get_running_loop()
         """The event loop it runs on: its clock and timers, and its helpers' tasks."""
         self._counts = broker.counts
@@ -283,8 +294,8 @@ class Connection(asyncio.Protocol):
         self.closing = False
         self._done: asyncio.Event | None = None
         self._finished = False
-        self.inbound = Inbound(broker, self.core, self._apply, self.quickack)
-        self.following = Following(self)
+        self._inbound: Inbound | None = None
+        self._following: Following | None = None
         self.sharing: Sharing | None = None
         """Its shared subscriptions (made on the first: most connections have none)."""
         self._timer: asyncio.TimerHandle | None = None
@@ -292,15 +303,17 @@ class Connection(asyncio.Protocol):
         self._checkpoint: Checkpoint | None = None
         self._checkpointing: asyncio.Task[None] | None = None
         self._persisting: asyncio.Task[None] | None = None
-        self.record_lock = asyncio.Lock()
+        self._record_lock: asyncio.Lock | None = None
         self._backlog: deque[CoreEffect] = _NO_BACKLOG
         """Effects waiting behind one that is being carried out asynchronously (a
         deque of their own only while there are: idle connections share one)."""
         self._worker: asyncio.Task[None] | None = None
         self._paused = False
-        self._acked: list[Event] = []
-        """PUBACK/PUBREC/PUBCOMP of the current read, handed to the session together."""
-        self._out: list[bytes] = []
+        self._acked: list[Event] | None = None
+        """PUBACK/PUBREC/PUBCOMP of the current read, handed to the session
+        together (a list only while there are)."""
+        self._out: list[bytes] | None = None
+        """What this turn of the event loop writes (a list only while there is)."""
         self._full = False
         """The transport's write buffer is over its high-water mark (`pause_writing`)."""
         self._slow_timer: asyncio.TimerHandle | None = None
@@ -346,6 +359,35 @@ class Connection(asyncio.Protocol):
         return self.core.connack_sent
 
     @property
+    def inbound(self) -> Inbound:
+        """Its PUBLISHes on their way to the log (`mqtt/inbound.py`; made on the
+        first: many connections never publish)."""
+        inbound = self._inbound
+        if inbound is None:
+            inbound = self._inbound = Inbound(self.broker, self.core, self._apply, self.quickack)
+            if self.stored is not None:
+                inbound.session_id = self.stored.record.session_id
+        return inbound
+
+    @property
+    def following(self) -> Following:
+        """Its subscriptions and followed streams (`mqtt/following.py`; made on
+        first use: an idle connection needs none)."""
+        following = self._following
+        if following is None:
+            following = self._following = Following(self)
+        return following
+
+    @property
+    def record_lock(self) -> asyncio.Lock:
+        """Held while the session record is written (one write at a time; made
+        on first use)."""
+        lock = self._record_lock
+        if lock is None:
+            lock = self._record_lock = asyncio.Lock()
+        return lock
+
+    @property
     def done(self) -> asyncio.Event:
         """Set once the connection is torn down and its session saved (made on
         first use: most connections never need one)."""
@@ -365,15 +407,12 @@ class Connection(asyncio.Protocol):
     # --- asyncio.Protocol ------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self.peer = peer_text(transport.get_extra_info("peername"))
+        peername = transport.get_extra_info("peername")
+        self.peer = peer_text(peername)
+        # An IP address and port: TCP (a Unix socket's peer is a path).
+        self._quickack = _QUICKACK is not None and isinstance(peername, tuple)
         limit = self.broker.config.limits.write_buffer_limit
         self.transport.set_write_buffer_limits(high=limit, low=limit // 4)  # type: ignore[union-attr]
-        sock = transport.get_extra_info("socket")
-        if _QUICKACK is not None and sock is not None and sock.family in _TCP:
-            # Our own object on the transport's descriptor (uvloop's makes a
-            # socket object per setsockopt); detached, never closed, when the
-            # connection is lost.
-            self._sock = socket.socket(sock.family, sock.type, sock.proto, sock.fileno())
         self.broker.connection_opened(self)
         self._arm_alive()
 
@@ -411,16 +450,19 @@ class Connection(asyncio.Protocol):
         if self._worker is not None:
             self._backlog.extend(effects)
             return
-        append_now = self.inbound.append_now
+        inbound = self._inbound
+        append_now = None if inbound is None else inbound.append_now
         try:
             for i, effect in enumerate(effects):
                 kind = type(effect)
                 # The hot path first: a QoS 0/1 PUBLISH into this read's batch,
                 # a PUBACK for the session.
                 if kind is Publish:
+                    if append_now is None:
+                        append_now = self.inbound.append_now
                     append_now(effect, effect.topic)  # type: ignore[arg-type, union-attr]
                 elif kind is Puback:
-                    self._acked.append(Acked(effect.packet_id))  # type: ignore[arg-type, union-attr]
+                    self._to_session(Acked(effect.packet_id))  # type: ignore[arg-type, union-attr]
                 elif not self._now(effect):
                     self._start_worker(effect, effects[i + 1 :])
                     return
@@ -470,13 +512,13 @@ class Connection(asyncio.Protocol):
                 self.inbound.append_now(publish, topic)
                 return True
             case Puback(packet_id):
-                self._acked.append(Acked(packet_id))
+                self._to_session(Acked(packet_id))
                 return True
             case Pubrec(packet_id, reason_code):
-                self._acked.append(Received(packet_id, reason_code < 0x80))
+                self._to_session(Received(packet_id, reason_code < 0x80))
                 return True
             case Pubcomp(packet_id):
-                self._acked.append(Completed(packet_id))
+                self._to_session(Completed(packet_id))
                 return True
             case ToSession(packet):
                 if type(packet) is Subscribe:
@@ -521,11 +563,21 @@ class Connection(asyncio.Protocol):
                 assert_never(effect)
         return core.resume(self.loop.time())
 
+    def _to_session(self, acked: Event) -> None:
+        """An acknowledgement read now, for the session at the end of the read."""
+        pending = self._acked
+        if pending is None:
+            self._acked = [acked]
+        else:
+            pending.append(acked)
+
     def _end_of_read(self) -> None:
         """Commit the read's PUBLISHes as a batch; give the session its acknowledgements."""
-        self.inbound.flush()
-        if self._acked:
-            acked, self._acked = self._acked, []
+        if self._inbound is not None:
+            self._inbound.flush()
+        acked = self._acked
+        if acked is not None:
+            self._acked = None
             session = self.session
             if session is not None and not self.closing:
                 try:
@@ -605,7 +657,8 @@ class Connection(asyncio.Protocol):
         """The core closes the connection (its last bytes are queued before this)."""
         if close.by_client:
             # DISCONNECT: its PUBLISHes acknowledged before the connection closes.
-            self.inbound.flush(now=True)
+            if self._inbound is not None:
+                self._inbound.flush(now=True)
             self._end_of_read()
         elif close.error:
             self._log_protocol_error(close.error)
@@ -673,7 +726,6 @@ class Connection(asyncio.Protocol):
                 broker.connections.pop(client_id, None)
                 return self.core.handle(SessionRefused(refusal), self.loop.time())
         assert self.stored is not None
-        self.inbound.session_id = self.stored.record.session_id
         subscriptions = self.stored.record.subscriptions
         self.session = Session(
             client_id,
@@ -1007,7 +1059,7 @@ class Connection(asyncio.Protocol):
             if self._full:
                 # Nothing more gets through a full buffer (not even a DISCONNECT),
                 # and a graceful close would wait for it to drain, perhaps forever.
-                self._out.clear()
+                self._out = None
                 transport.abort()
                 return
             self._flush()
@@ -1025,10 +1077,12 @@ class Connection(asyncio.Protocol):
             if handle is not None:
                 handle.cancel()
         self._alive = None
-        self.following.cancel()
+        if self._following is not None:
+            self._following.cancel()
         broker = self.broker
         # Its PUBLISHes committed before its Will can be.
-        self.inbound.flush(now=True)
+        if self._inbound is not None:
+            self._inbound.flush(now=True)
         try:
             if self._worker is not None:
                 # It stops after the packet at hand (closing is set).
@@ -1079,9 +1133,24 @@ class Connection(asyncio.Protocol):
         """Have the kernel acknowledge the bytes received so far now, not with
         our next write (Linux TCP_QUICKACK)."""
         sock = self._sock
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 1)  # type: ignore[arg-type]
+        if sock is None:
+            if not self._quickack or self.closing or self.transport is None:
+                return
+            sock = self._sock = self._quickack_socket(self.transport)
+            if sock is None:
+                return
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 1)  # type: ignore[arg-type]
+
+    def _quickack_socket(self, transport: asyncio.Transport) -> socket.socket | None:
+        """Our own object on the transport's descriptor (uvloop's makes a socket
+        object per setsockopt); detached, never closed, when the connection is
+        lost. Made on the first `quickack`: most connections never publish."""
+        sock = transport.get_extra_info("socket")
+        if sock is None or sock.family not in _TCP:
+            self._quickack = False
+            return None
+        return socket.socket(sock.family, sock.type, sock.proto, sock.fileno())
 
     # --- writing --------------------------------------------------------------------------
     def send(self, packet: Packet, level: int | None = None) -> None:
@@ -1090,17 +1159,19 @@ class Connection(asyncio.Protocol):
     def _write(self, data: bytes) -> None:
         """Queue bytes; what a turn of the event loop queues goes out in one write."""
         out = self._out
-        out.append(data)
-        if len(out) == 1:
+        if out is None:
+            self._out = [data]
             self.loop.call_soon(self._flush)
+        else:
+            out.append(data)
 
     def _flush(self) -> None:
         out = self._out
-        if not out:
+        if out is None:
             return
+        self._out = None
         transport = self.transport
         data = out[0] if len(out) == 1 else b"".join(out)
-        out.clear()
         if transport is not None and not transport.is_closing():
             transport.write(data)
             self._counts.bytes_out += len(data)
@@ -1169,7 +1240,7 @@ class Connection(asyncio.Protocol):
             self.broker.config.limits.slow_consumer_timeout,
         )
         self.closing = True
-        self._out.clear()
+        self._out = None
         transport.abort()
 
     def _stop_slow_consumer_timers(self) -> None:

@@ -167,6 +167,12 @@ class ProtocolLimits:
     connect_timeout: float = CONNECT_TIMEOUT
 
 
+_NO_IDS: set[int] = set()
+"""The packet ids of a connection with none: its `outbound` and `qos2` until
+the first one (never added to; the first id makes the connection a set of its
+own). An idle connection holds no containers of its own."""
+
+
 def _anyone_may_publish(username: str | None, client_id: str, topic: str) -> bool:
     return True
 
@@ -248,25 +254,28 @@ class ConnectionCore:
         self.connack_sent = False
         self.normal = False
         """The client sent DISCONNECT 0x00 (its Will is discarded [MQTT-3.1.2-10])."""
-        self.outbound: set[int] = set()
+        self.outbound: set[int] = _NO_IDS
         """Packet ids of QoS 1/2 deliveries not yet acknowledged (PUBACK, PUBCOMP)."""
-        self.qos2: set[int] = set()
+        self.qos2: set[int] = _NO_IDS
         """Inbound QoS 2 packet ids committed, PUBREC sent, PUBREL not yet read."""
         self._deadline: float | None = now + limits.connect_timeout
         self._last_read = now
         self._client_max_packet: int | None = None
         self._alias_maximum = 0
-        self._aliases_in: dict[int, str] = {}
-        self._aliases_out: dict[str, int] = {}
-        self._held: deque[Packet] = deque()
-        """Packets read while authenticating or `waiting`, handled in order later."""
+        self._aliases_in: dict[int, str] | None = None
+        self._aliases_out: dict[str, int] | None = None
+        """Topic aliases each way (made on the first: most clients use none)."""
+        self._held: deque[Packet] | None = None
+        """Packets read while authenticating or `waiting`, handled in order later
+        (a deque only while there are)."""
         self._waiting = False
         """An effect that must finish before the next packet is handled is being
         carried out (`resume` ends it)."""
-        self._queue: deque[Publish | tuple[int, int, int]] = deque()
+        self._queue: deque[Publish | tuple[int, int, int]] | None = None
         """Inbound PUBLISHes in arrival order, not yet acknowledged: a `Publish`
         appended and not yet reported committed, or (qos, packet id, reason) for
-        one answered on arrival that waits behind those [MQTT-4.6.0-2]."""
+        one answered on arrival that waits behind those [MQTT-4.6.0-2]. Made on
+        the first PUBLISH (a client that only subscribes never needs one)."""
         self._pending = 0
         """How many of `_queue` are appends whose commit is not reported yet."""
         self._unacked = 0
@@ -275,8 +284,11 @@ class ConnectionCore:
         """The reason the store refused a commit: what is read after is refused too."""
         self._will_scheduled = False
         self._requested_expiry = 0
-        self._effects: list[Effect] = []
-        self._out: list[bytes] = []
+        self._effects: list[Effect] | None = None
+        """What the current call returns so far (a list only while it has some)."""
+        self._out: list[bytes] | None = None
+        """Bytes for the client, sent with the next effect or at the end of the
+        call (a list only while there are)."""
 
     # ----------------------------------------------------------------- the runtime's calls
 
@@ -287,12 +299,14 @@ class ConnectionCore:
         if self.state is State.CLOSING:
             return []
         try:
-            held = self._held
             for packet in self._decoder.feed(data):
                 state = self.state
                 if state is State.CONNECTED and not self._waiting:
                     self._packet(packet)
                 elif state is State.CONNECTED or state is State.AUTHENTICATING:
+                    held = self._held
+                    if held is None:
+                        held = self._held = deque()
                     held.append(packet)
                 elif state is State.AWAITING_CONNECT:
                     # The decoder lets nothing but a CONNECT come first [MQTT-3.1.0-1].
@@ -313,7 +327,7 @@ class ConnectionCore:
     def held(self) -> int:
         """How many packets wait to be handled (the runtime stops reading when
         there are many)."""
-        return len(self._held)
+        return 0 if self._held is None else len(self._held)
 
     def resume(self, now: float) -> list[Effect]:
         """The effect the core waited for is done: handle the packets held
@@ -325,11 +339,15 @@ class ConnectionCore:
 
     def _handle_held(self) -> None:
         held = self._held
+        if held is None:
+            return
         try:
             while held and not self._waiting and self.state is State.CONNECTED:
                 self._packet(held.popleft())
         except ProtocolError as exc:
             self._protocol_error(exc)
+        if not held:
+            self._held = None  # none held most of the time: no deque kept for it
 
     def handle(self, event: Event, now: float) -> list[Effect]:
         """An answer to an effect, or news only the runtime has."""
@@ -398,8 +416,10 @@ class ConnectionCore:
                     ids.append(packet_id)
                     continue
                 if ids:
-                    self._out.append(encode_pubacks(ids))
+                    self._write(encode_pubacks(ids))
                     ids = []
+                if self.qos2 is _NO_IDS:
+                    self.qos2 = set()
                 self.qos2.add(packet_id)
                 self._ack(2, packet_id, 0)
             else:
@@ -408,12 +428,12 @@ class ConnectionCore:
                 if closing:
                     continue
                 if ids:
-                    self._out.append(encode_pubacks(ids))
+                    self._write(encode_pubacks(ids))
                     ids = []
                 qos, packet_id, reason = entry  # type: ignore[misc]
                 self._ack(qos, packet_id, reason)
         if ids:
-            self._out.append(encode_pubacks(ids) if len(ids) > 1 else encode_puback(ids[0]))
+            self._write(encode_pubacks(ids) if len(ids) > 1 else encode_puback(ids[0]))
         if self._refused is not None and not queue and not closing:
             self._close(DisconnectReason.QUOTA_EXCEEDED)
 
@@ -427,6 +447,7 @@ class ConnectionCore:
             raise LocalProtocolError("a refused commit reported, none pending")
         self._send_acks(0)  # the refusals decided on arrival before it
         self._pending -= 1
+        assert self._queue is not None  # made by the append now refused
         entry = self._queue.popleft()
         assert type(entry) is Publish
         qos = entry.qos
@@ -471,7 +492,7 @@ class ConnectionCore:
     def connection_lost(self) -> list[Effect]:
         """The transport is gone (whoever closed it)."""
         self._goto("lost")
-        self._out.clear()
+        self._out = None
         will = self.will
         if will is not None and not self.normal and self.connack_sent and not self._will_scheduled:
             # Not DISCONNECT 0x00 (0x04 asks for the Will): after its delay, or
@@ -504,16 +525,19 @@ class ConnectionCore:
         v5 = self.level == MQTT_5
         new_alias = 0
         wire_topic = topic
+        aliases = self._aliases_out
         if v5 and self._alias_maximum:
             # §3.3.2.3.4, up to the client's Topic Alias Maximum [MQTT-3.3.2-10]:
             # a topic's first PUBLISH names it and sets an alias, later ones
             # send only the alias.
-            alias = self._aliases_out.get(topic)
+            if aliases is None:
+                aliases = self._aliases_out = {}
+            alias = aliases.get(topic)
             if alias is not None:
                 properties = replace(properties, topic_alias=alias)
                 wire_topic = ""
-            elif len(self._aliases_out) < self._alias_maximum:
-                new_alias = len(self._aliases_out) + 1
+            elif len(aliases) < self._alias_maximum:
+                new_alias = len(aliases) + 1
                 properties = replace(properties, topic_alias=new_alias)
         if not v5:
             properties = NO_PUBLISH_PROPERTIES
@@ -535,13 +559,17 @@ class ConnectionCore:
                     raise LocalProtocolError(
                         f"delivery {packet_id} beyond the in-flight window of {self.window}"
                     )
+                if outbound is _NO_IDS:
+                    outbound = self.outbound = set()
                 outbound.add(packet_id)
-        if new_alias:
-            self._aliases_out[topic] = new_alias
+        if new_alias and aliases is not None:
+            aliases[topic] = new_alias
         return data
 
     def pubrel(self, packet_id: int) -> bytes:
         """A PUBREL for an outbound QoS 2 delivery (in flight until its PUBCOMP)."""
+        if self.outbound is _NO_IDS:
+            self.outbound = set()
         self.outbound.add(packet_id)
         return encode_pubrel(packet_id, 0, self.level == MQTT_5)
 
@@ -556,10 +584,13 @@ class ConnectionCore:
         elif kind is Puback or kind is Pubcomp:
             done = cast(Puback | Pubcomp, packet)
             self.outbound.discard(done.packet_id)
+            effects = self._effects
             if self._out:
                 self._emit(done)
+            elif effects is None:
+                self._effects = [done]  # the session's, as it is
             else:
-                self._effects.append(done)  # the session's, as it is
+                effects.append(done)
         elif kind is Pubrec:
             received = cast(Pubrec, packet)
             if received.reason_code >= 0x80:
@@ -589,6 +620,7 @@ class ConnectionCore:
 
     def _connect(self, packet: Connect) -> None:
         self._goto("connect")
+        self._deadline = None  # the CONNECT came in time
         limits = self._limits
         self.level = level = self._decoder.protocol_level or 4
         v5 = level == MQTT_5
@@ -721,7 +753,10 @@ class ConnectionCore:
                 # 3.1.1 has no refusal to send: the PUBACK/PUBREC says success.
                 self._answer(qos, packet_id, PubackReason.NOT_AUTHORIZED if v5 else 0)
             return
-        self._queue.append(packet)
+        queue = self._queue
+        if queue is None:
+            queue = self._queue = deque()
+        queue.append(packet)
         self._pending += 1
         if qos:
             self._unacked += 1
@@ -732,7 +767,11 @@ class ConnectionCore:
             self._emit(Append(packet, topic, True))
         elif topic is packet.topic and not self._out:
             # The hot path: the PUBLISH itself is the effect (no object per message).
-            self._effects.append(packet)
+            effects = self._effects
+            if effects is None:
+                self._effects = [packet]
+            else:
+                effects.append(packet)
         elif topic is packet.topic:
             self._emit(packet)
         else:
@@ -745,10 +784,13 @@ class ConnectionCore:
                 DisconnectReason.TOPIC_ALIAS_INVALID,
                 f"Topic Alias {alias} above the maximum {maximum} [MQTT-3.3.2-9]",
             )
+        aliases = self._aliases_in
         if topic:
-            self._aliases_in[alias] = topic
+            if aliases is None:
+                aliases = self._aliases_in = {}
+            aliases[alias] = topic
             return topic
-        found = self._aliases_in.get(alias)
+        found = None if aliases is None else aliases.get(alias)
         if found is None:
             raise ProtocolError(
                 DisconnectReason.PROTOCOL_ERROR,
@@ -760,8 +802,9 @@ class ConnectionCore:
         """Acknowledge with `reason`, decided on arrival, in arrival order: at
         once if nothing before it waits for a commit, else behind that
         [MQTT-4.6.0-2]."""
-        if self._queue:
-            self._queue.append((qos, packet_id or 0, reason))
+        queue = self._queue
+        if queue:
+            queue.append((qos, packet_id or 0, reason))
             self._unacked += 1
         else:
             self._ack(qos, packet_id or 0, reason)
@@ -770,9 +813,9 @@ class ConnectionCore:
         # The codec writes them from their fields: no packet object per message.
         v5 = self.level == MQTT_5
         if qos == 1:
-            self._out.append(encode_puback(packet_id, reason, v5))
+            self._write(encode_puback(packet_id, reason, v5))
         else:
-            self._out.append(encode_pubrec(packet_id, reason, v5))
+            self._write(encode_pubrec(packet_id, reason, v5))
 
     def _released(self, packet_id: int, known: bool) -> None:
         """PUBREL's marker is gone: PUBCOMP (§4.3.3). It counted toward Receive
@@ -782,12 +825,12 @@ class ConnectionCore:
         known = packet_id in self.qos2 or known
         self.qos2.discard(packet_id)
         if known or self.level != MQTT_5:
-            self._out.append(encode_pubcomp(packet_id, 0, self.level == MQTT_5))
+            self._write(encode_pubcomp(packet_id, 0, self.level == MQTT_5))
         else:
             # Nothing awaits release under that id (a PUBREL resent after our
             # PUBCOMP was lost, or a stray one): MQTT 5 says so, 3.1.1 cannot.
             not_found = PubcompReason.PACKET_IDENTIFIER_NOT_FOUND
-            self._out.append(encode_pubcomp(packet_id, not_found))
+            self._write(encode_pubcomp(packet_id, not_found))
 
     # ----------------------------------------------------------------- closing
 
@@ -835,22 +878,34 @@ class ConnectionCore:
         raise LocalProtocolError(f"{type(event).__name__} in state {self.state.value}")
 
     def _send(self, packet: Packet) -> None:
-        self._out.append(encode(packet, self.level))
+        self._write(encode(packet, self.level))
+
+    def _write(self, data: bytes) -> None:
+        out = self._out
+        if out is None:
+            self._out = [data]
+        else:
+            out.append(data)
 
     def _emit(self, effect: Effect) -> None:
+        effects = self._effects
+        if effects is None:
+            effects = self._effects = []
         out = self._out
-        if out:
-            self._effects.append(Send(out[0] if len(out) == 1 else b"".join(out)))
-            out.clear()
-        self._effects.append(effect)
+        if out is not None:
+            self._out = None
+            effects.append(Send(out[0] if len(out) == 1 else b"".join(out)))
+        effects.append(effect)
 
     def _done(self) -> list[Effect]:
         out = self._out
         effects = self._effects
-        if out:
+        if out is not None:
+            self._out = None
+            if effects is None:
+                effects = []
             effects.append(Send(out[0] if len(out) == 1 else b"".join(out)))
-            out.clear()
         if not effects:
             return []
-        self._effects = []
+        self._effects = None
         return effects

@@ -67,7 +67,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import assert_never
+from typing import Any, NoReturn, assert_never
 
 from riverbed.clock import Tick
 from riverbed.model import StoredMessage
@@ -80,6 +80,24 @@ REFILL_DELAY = 0.005
 RETAINED = -1
 """The pseudo stream of retained messages sent for a new subscription: in the
 window like any other, never fetched, never checkpointed, not replayed."""
+_NO_IDS: set[int] = set()
+"""The `_reserved` packet ids of every session that restored none (never added
+to): an idle session holds no containers it does not use."""
+
+
+class _NoEntries(dict[Any, Any]):
+    """The empty mapping every session shares for what it has none of yet
+    (subscriptions, streams, packet ids in flight, a QoS 2 window, leases): a
+    session makes a dict of its own before its first entry. Writing into the
+    shared one would be a bug, so it raises."""
+
+    __slots__ = ()
+
+    def __setitem__(self, key: object, value: object) -> NoReturn:
+        raise TypeError("the shared empty mapping of sessions is never written to")
+
+
+_NONE = _NoEntries()
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,47 +358,63 @@ class Session:
         self.checkpoint_interval = checkpoint_interval
         self._publisher = publisher
         self._readable = readable
-        self._subscriptions: dict[str, Subscription] = {s.topic_filter: s for s in subscriptions}
-        self._streams: dict[int, _Stream] = {}
-        self._ready: deque[int] = deque()
-        """Streams with pending messages, in turn order."""
-        self._inflight: dict[int, tuple[int, int]] = {}
+        # Dicts of their own once they have entries (`_NONE` until then).
+        self._subscriptions: dict[str, Subscription] = {
+            s.topic_filter: s for s in subscriptions
+        } or _NONE
+        self._streams: dict[int, _Stream] = _NONE
+        self._ready: deque[int] | None = None
+        """Streams with pending messages, in turn order (made on the first)."""
+        self._inflight: dict[int, tuple[int, int]] = _NONE
         """packet id -> (stream, offset) of QoS 1 messages sent, not acknowledged."""
         self._next_packet_id = 1
         self._acks = 0
         self._last_checkpoint = now
         self._moved = False
         """A cursor may have moved since the last checkpoint."""
-        self._check: set[int] = set()
-        """Streams that may have become ready to fetch since the last look."""
+        self._check: set[int] | None = None
+        """Streams that may have become ready to fetch since the last look (made
+        on the first)."""
         self._check_all = True
         """The set of streams changed: look at them all."""
         # QoS 2 out (sessions/qos2.py).
-        self._window: dict[tuple[int, int], WindowEntry] = {}
-        self._reserved: set[int] = set()
+        self._window: dict[tuple[int, int], WindowEntry] = _NONE
+        self._reserved: set[int] = _NO_IDS
         """Packet ids of restored SENT entries not yet sent again."""
-        self._held: list[tuple[int, Deliver | Release]] = []
-        """Effects waiting for the `Persist` with that number."""
+        self._held: list[tuple[int, Deliver | Release]] | None = None
+        """Effects waiting for the `Persist` with that number (a list only while
+        there are)."""
         self._persist_seq = 0
         self._persisting = False
         self._dirty = False
-        self._resend: list[Release] = []
-        self._leases: dict[int, _Stream] = {}
+        self._resend: tuple[Release, ...] = ()
+        self._leases: dict[int, _Stream] = _NONE
         """The leases' streams (also in `_streams`)."""
         self._next_lease_key = min((e.stream for e in qos2_window), default=0)
         self._next_lease_key = min(self._next_lease_key, RETAINED) - 1
+        restored: dict[tuple[int, int], WindowEntry] = {}
+        inflight: dict[int, tuple[int, int]] = {}
+        reserved: set[int] = set()
+        resend: list[Release] = []
         for entry in qos2_window:
             if entry.stream <= RETAINED and entry.phase is not Phase.RELEASED:
                 # Neither a retained message nor a lease's (its stream is the
                 # group's now) is sent again after a restart.
                 continue
-            self._window[(entry.stream, entry.offset)] = entry
+            restored[(entry.stream, entry.offset)] = entry
             if entry.phase is Phase.SENT:
-                self._reserved.add(entry.packet_id)
+                reserved.add(entry.packet_id)
             elif entry.phase is Phase.RELEASED:
                 # [MQTT-4.4.0-1]: PUBRELs go again on the new connection.
-                self._inflight[entry.packet_id] = (entry.stream, entry.offset)
-                self._resend.append(Release(entry.packet_id))
+                inflight[entry.packet_id] = (entry.stream, entry.offset)
+                resend.append(Release(entry.packet_id))
+        if restored:
+            self._window = restored
+        if inflight:
+            self._inflight = inflight
+        if reserved:
+            self._reserved = reserved
+        self._resend = tuple(resend)
 
     # --- subscriptions ---------------------------------------------------------
     @property
@@ -391,6 +425,8 @@ class Session:
         """Add or replace the subscription with this filter; True if it existed
         (MQTT 5.0 §3.8.4: a SUBSCRIBE with an existing filter replaces it)."""
         existed = subscription.topic_filter in self._subscriptions
+        if self._subscriptions is _NONE:
+            self._subscriptions = {}
         self._subscriptions[subscription.topic_filter] = subscription
         return existed
 
@@ -409,8 +445,7 @@ class Session:
                 continue
             state.dropped = True
             state.pending.clear()
-            if key in self._ready:
-                self._ready.remove(key)
+            self._not_ready(key)
             if not state.outstanding and not state.released:
                 del self._streams[key]
                 self._check_all = True
@@ -427,6 +462,10 @@ class Session:
         """Start fetching a lease's stream (key from `lease_key`) from `offset`,
         matching `subscription` only."""
         state = _Stream(key, offset, offset, 0, offset, lease=subscription, reported=offset)
+        if self._streams is _NONE:
+            self._streams = {}
+        if self._leases is _NONE:
+            self._leases = {}
         self._streams[key] = state
         self._leases[key] = state
         self._check_all = True
@@ -443,8 +482,7 @@ class Session:
         if state.pending:
             state.fetched = state.pending[0].offset
             state.pending.clear()
-        if key in self._ready:
-            self._ready.remove(key)
+        self._not_ready(key)
         return self.handle(Tick(), now)
 
     def forget_lease(self, key: int) -> None:
@@ -454,8 +492,7 @@ class Session:
         if state is None:
             return
         del self._streams[key]
-        if key in self._ready:
-            self._ready.remove(key)
+        self._not_ready(key)
         self._check_all = True
 
     @property
@@ -525,7 +562,7 @@ class Session:
         effects: list[Effect] = []
         if self._resend:
             effects.extend(self._resend)
-            self._resend = []
+            self._resend = ()
         for event in events:
             self._apply(event, effects)
         self._pump(effects, now)
@@ -563,6 +600,8 @@ class Session:
                 self._offered(stream, messages, upto)
             case Follow(stream, cursor, dup_below):
                 if stream not in self._streams:
+                    if self._streams is _NONE:
+                        self._streams = {}
                     self._streams[stream] = _Stream(stream, cursor, cursor, dup_below, cursor)
                     self._check_all = True
                     if self._window:
@@ -580,7 +619,7 @@ class Session:
                             effects.append(effect)
                         else:
                             keep.append((needs, effect))
-                    self._held = keep
+                    self._held = keep or None
             case Tick():
                 pass
             case _:
@@ -593,6 +632,8 @@ class Session:
         flag [MQTT-3.3.1-9] and the lower of the two QoS, after what is queued."""
         state = self._streams.get(RETAINED)
         if state is None:
+            if self._streams is _NONE:
+                self._streams = {}
             state = self._streams[RETAINED] = _Stream(RETAINED, 0, 0, 0, 0, fetching=True)
             self._check_all = True
         was_empty = not state.pending
@@ -613,7 +654,7 @@ class Session:
             queued = _Queued(offset, message._replace(offset=offset), qos, True, identifiers)
             state.pending.append(queued)
         if was_empty and state.pending:
-            self._ready.append(RETAINED)
+            self._make_ready(RETAINED)
         return self.handle(Tick(), now)
 
     def checkpoint(self, now: float) -> Checkpoint:
@@ -628,10 +669,32 @@ class Session:
         return Checkpoint(cursors, self.sent())
 
     # --- internals -------------------------------------------------------------
+    def _make_ready(self, key: int) -> None:
+        """The stream has pending messages now: its turn comes."""
+        ready = self._ready
+        if ready is None:
+            ready = self._ready = deque()
+        ready.append(key)
+
+    def _not_ready(self, key: int) -> None:
+        ready = self._ready
+        if ready and key in ready:
+            ready.remove(key)
+
+    def _look_at(self, key: int) -> None:
+        """The stream may have become ready to fetch (`_fetch` looks)."""
+        check = self._check
+        if check is None:
+            check = self._check = set()
+        check.add(key)
+
     def _hold(self, effect: Deliver | Release) -> None:
         """Send `effect` once the window as it is now is persisted."""
         self._dirty = True
-        self._held.append((self._persist_seq + 1, effect))
+        held = self._held
+        if held is None:
+            held = self._held = []
+        held.append((self._persist_seq + 1, effect))
 
     def _restore_released(self, key: int) -> None:
         state = self._streams[key]
@@ -680,7 +743,7 @@ class Session:
         if state is None:
             return
         state.fetching = False
-        self._check.add(key)
+        self._look_at(key)
         if state.dropped:
             return
         if upto <= state.fetched:
@@ -703,7 +766,7 @@ class Session:
         state.fetched = upto
         self._moved = True
         if was_empty and state.pending:
-            self._ready.append(key)
+            self._make_ready(key)
 
     def _match(self, message: StoredMessage) -> _Queued | None:
         topic = message.mqtt_topic
@@ -742,11 +805,16 @@ class Session:
             if now < refill_at:
                 return
         self._refill_at = None
+        if not ready:
+            return
+        check = self._check
+        if check is None:
+            check = self._check = set()
         while ready and len(self._inflight) < self.window:
             key = ready.popleft()
             state = self._streams[key]
             item = state.pending.popleft()
-            self._check.add(key)
+            check.add(key)
             packet_id: int | None = None
             dup = item.offset < state.dup_below
             hold = False
@@ -765,8 +833,12 @@ class Session:
                     packet_id = self._packet_id()
                     if item.qos == 2:
                         entry = WindowEntry(key, item.offset, packet_id, Phase.SENT)
+                        if self._window is _NONE:
+                            self._window = {}
                         self._window[(key, item.offset)] = entry
                         hold = True
+                if self._inflight is _NONE:
+                    self._inflight = {}
                 self._inflight[packet_id] = (key, item.offset)
                 state.outstanding[item.offset] = None
                 if state.lease is not None:
@@ -795,8 +867,10 @@ class Session:
                 return packet_id
 
     def _fetch(self, effects: list[Effect]) -> None:
+        check = self._check
         if not self._streams:
-            self._check.clear()
+            if check:
+                check.clear()
             return
         share = max(1, self.queue_limit // len(self._streams))
         # Only streams whose pending queue shrank or whose fetch was answered can
@@ -804,10 +878,13 @@ class Session:
         if self._check_all:
             self._check_all = False
             candidates = list(self._streams.values())
-        else:
+        elif check:
             streams = self._streams
-            candidates = [streams[k] for k in self._check if k in streams]
-        self._check.clear()
+            candidates = [streams[k] for k in check if k in streams]
+        else:
+            candidates = []
+        if check:
+            check.clear()
         for state in candidates:
             if state.fetching or state.dropped or len(state.pending) * 2 > share:
                 continue
