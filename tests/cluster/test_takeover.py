@@ -235,3 +235,18 @@ def test_a_node_cut_from_the_others_delivers_nothing_until_it_is_back(
         pub.disconnect()
         again.disconnect()
         on_a.close()
+
+
+def test_a_sweep_slower_than_the_lease_does_not_fence_the_node(postgres_url: str) -> None:
+    """The liveness lease is renewed on a thread of its own, never behind the
+    expiry sweep's read of every session (with 100,000 sessions a sweep took
+    longer than the lease, and the node fenced itself: every client closed
+    with 0x89)."""
+    with node(
+        postgres_url, expiry_sweep=1.0, node_lease_ttl=SHORT_LEASE, sweep_delay=2 * SHORT_LEASE
+    ) as a:
+        client = connected(a.port, "steady", clean=True)
+        a.wait_logged("slow expiry sweep done", count=2, timeout=120)
+        assert not client.disconnects, client.disconnects
+        assert a.logged("lease lapsed|fenc") == 0, a.tail()
+        client.disconnect()

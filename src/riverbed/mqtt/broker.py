@@ -62,6 +62,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Hashable
+from concurrent.futures import ThreadPoolExecutor
 from ssl import SSLContext
 from typing import Protocol, TypeVar, cast
 
@@ -196,6 +197,9 @@ class Broker:
         self._tls_server: asyncio.Server | None = None
         self._ws_server: asyncio.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        self._renewer: asyncio.Task[None] | None = None
+        self._lease_thread = ThreadPoolExecutor(1, thread_name_prefix="riverbed-node-lease")
+        """Where the liveness lease is renewed (`_renew`)."""
         self._orphans_at = 0.0
         """When the expiry sweep next looks for orphaned session cursors."""
         self.shared: SharedRuntime | None = None
@@ -311,6 +315,7 @@ class Broker:
             await asyncio.to_thread(self.nodes.start)
         await asyncio.to_thread(self._take_lease)
         self._arm_fence()
+        self._renewer = asyncio.create_task(self._renew(), name="riverbed-node-lease")
         self._sweeper = asyncio.create_task(self._sweep(), name="riverbed-session-expiry")
         self._summarizer = asyncio.create_task(self._summarize(), name="riverbed-client-summary")
         retention = self.config.retention
@@ -379,7 +384,7 @@ class Broker:
             self._tls_server.close()
         if self._ws_server is not None:
             self._ws_server.close()
-        for task in (self._sweeper, self._summarizer):
+        for task in (self._renewer, self._sweeper, self._summarizer):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -405,6 +410,7 @@ class Broker:
             with contextlib.suppress(RiverbedError):
                 await asyncio.to_thread(self._leases.release, self._lease)
             self._lease = None
+        self._lease_thread.shutdown(wait=False)
         if self.nodes is not None:
             await asyncio.to_thread(self.nodes.close)
         for server in (self._server, self._tls_server, self._ws_server):
@@ -711,19 +717,29 @@ class Broker:
                 )  # fmt: skip
                 self._arrived = self._left = 0
 
-    async def _sweep(self) -> None:
+    async def _renew(self) -> None:
+        """Renew this node's liveness lease every `expiry_sweep` seconds, on a
+        thread of its own: never behind the sweeps' reads of every session
+        record, nor behind whatever fills the default executor (with 100,000
+        sessions a sweep took longer than the lease, and the node fenced itself
+        with every client connected)."""
+        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self.expiry_sweep)
             try:
-                if await asyncio.to_thread(self._keep_lease):
+                if await loop.run_in_executor(self._lease_thread, self._keep_lease):
                     self._arm_fence()
                 else:
                     log.warning("node %s: liveness lease lapsed; taking it again", self.node)
                     self.fence("its liveness lease lapsed")
-                    await asyncio.to_thread(self._take_lease)
+                    await loop.run_in_executor(self._lease_thread, self._take_lease)
                     self._arm_fence()
             except RiverbedError:
                 log.exception("node %s: renewing the liveness lease failed", self.node)
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(self.expiry_sweep)
             try:
                 gone = await asyncio.to_thread(
                     self.store.expire, now_us(), set(self.connections), self.node
