@@ -42,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -379,13 +380,20 @@ def main() -> None:
         f" load {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
         flush=True,
     )
-    workdir = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
+    on_postgres("cluster", args, lambda cluster, _url: run(cluster, args))
+
+
+def on_postgres(name: str, args: argparse.Namespace, body: Callable[[Cluster, str], None]) -> None:
+    """Run `body(cluster, database URL)` with a throwaway PostgreSQL server and
+    a `Cluster` of no nodes yet on one database of it; stop everything after
+    (`args.keep`: keep the work directory, with the nodes' logs)."""
+    workdir = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
     server = PostgresServer()
     server.start()
-    Riverbed.db_url = server.new_database("bench_cluster")
+    url = Riverbed.db_url = server.new_database(f"bench_{name}")
     cluster = Cluster(workdir, args)
     try:
-        run(cluster, args)
+        body(cluster, url)
     finally:
         cluster.stop()
         server.stop()

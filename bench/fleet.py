@@ -33,9 +33,7 @@ import contextlib
 import os
 import platform
 import resource
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -44,10 +42,8 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cluster import Cluster, Node  # bench/cluster.py
-from harness.postgres import PostgresServer
+from cluster import Cluster, Node, on_postgres  # bench/cluster.py
 from harness.raw_mqtt import AsyncRawClient
-from mqtt import Riverbed  # bench/mqtt.py
 from riverbed.mqtt.codec import Puback, Publish
 
 EXPIRY = 86_400
@@ -236,24 +232,13 @@ def main() -> None:
         f" {args.stored:,} stored sessions, {args.connected:,} connected",
         flush=True,
     )
-    workdir = Path(tempfile.mkdtemp(prefix="bench-fleet-"))
-    server = PostgresServer()
-    server.start()
-    url = server.new_database("bench_fleet")
-    Riverbed.db_url = url
-    cluster = Cluster(workdir, args)
-    try:
+
+    def body(cluster: Cluster, url: str) -> None:
         for _ in range(args.nodes):
             cluster.add()
         asyncio.run(run(cluster, args, url))
-    finally:
-        cluster.stop()
-        server.stop()
-        print(f"\nload after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-        if args.keep:
-            print(f"logs in {workdir}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
+
+    on_postgres("fleet", args, body)
 
 
 if __name__ == "__main__":
