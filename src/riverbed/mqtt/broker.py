@@ -162,7 +162,6 @@ class Broker:
         self.writer = SessionWriter(self.store)
         """Session writes of all connections, group-committed (`sessions/writer.py`)."""
         self.retained = RetainedStore(log.storage)
-        self.wills = Wills(self)
         self.trie: TopicTrie[Hashable] = TopicTrie()
         self.router = Router(
             log.storage, self.trie, poll_interval=config.storage.poll_interval_ms / 1000
@@ -170,9 +169,13 @@ class Broker:
         self.router.on_new_streams = self._streams_changed
         self.pacer = CommitPacer(log, config.storage.commit_interval_ms / 1000)
         self.authenticator, self.authorizer = load_auth(config.auth)
-        self.node = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.node = (
+            config.cluster.node_name
+            or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        )
         """This broker node's name: in the session records of its connections,
         and in its liveness lease (`sessions.store.node_lease`)."""
+        self.wills = Wills(self, self.node, cluster=isinstance(log.storage, PostgresStorage))
         self._leases = Leases(log.storage)
         self._lease: Lease | None = None
         self.nodes: NodeBus | None = None
@@ -730,6 +733,11 @@ class Broker:
                 continue
             for client_id in gone:
                 log.info("session of client %s expired", client_id)
+            try:
+                # The Wills of nodes that died (their lease lapsed) are ours now.
+                await self.wills.adopt()
+            except RiverbedError:
+                log.exception("looking for the wills of nodes that are gone failed")
             await self._let_go_of_taken_over()
             if time.monotonic() >= self._orphans_at:
                 self._orphans_at = time.monotonic() + ORPHAN_SWEEP

@@ -11,8 +11,21 @@ its topic, retained if it asks to be (and retain is available), with its QoS.
 Durable: the Will is in the session record (`SessionRecord.will`) from CONNECT
 until a DISCONNECT 0x00 or until it is published. A broker that starts finds
 the Wills its predecessor left pending (or that a crash left behind: a record
-still marked connected) and publishes them when they are due. A crash between
-publishing a Will and clearing it publishes it again: at least once.
+still marked connected) and publishes them when they are due.
+
+Several nodes (docs/cluster.md): a node whose liveness lease lapsed (it died)
+publishes no Will any more; at each expiry sweep the other nodes adopt the
+Wills in its records (`adopt`) and publish them when due: the Will Delay
+counted from when the record was last seen, and not before the lease lapsed.
+
+Exactly once, whoever publishes it: a Will found in its session record is
+appended with a marker naming that connection (`will_marker`: the session id
+and the record's epoch) in the same transaction (`Storage.append_once`), then
+cleared from the record by a compare-and-set. Two survivors, or a dead node
+coming back, racing for one Will: one appends it, the others find its marker
+(or the Will cleared, or a new connection in the record) and publish nothing.
+A Will whose session record is already gone (a session expiry of 0 ends with
+its connection) is appended without a marker: nobody else can find it.
 """
 
 from __future__ import annotations
@@ -25,11 +38,15 @@ import logging
 from dataclasses import replace
 
 from riverbed.errors import PreconditionFailed, RiverbedError
+from riverbed.log.appender import Position
+from riverbed.log.log import Log
+from riverbed.model import Message, encode_properties
 from riverbed.mqtt.codec import Publish, PublishProperties, Will, WillProperties
 from riverbed.mqtt.messages import committed_row, message_from_publish
 from riverbed.mqtt.ports import Services
 from riverbed.mqtt.sys import is_sys_topic
-from riverbed.sessions.store import NEVER_EXPIRES, now_us
+from riverbed.sessions.store import NEVER_EXPIRES, SessionRecord, Stored, now_us, will_marker
+from riverbed.storage.base import Row
 
 log = logging.getLogger(__name__)
 
@@ -98,20 +115,62 @@ def will_from_json(text: str) -> tuple[Will, str | None]:
     return will, data["username"]
 
 
-class Wills:
-    """The Wills waiting for their delay, by client id."""
+def append_will_once(bus: Log, log_topic: str, message: Message, marker: str) -> Position | None:
+    """Append a Will's message with its `marker` (blocking), as an incoming QoS
+    2 PUBLISH is (`mqtt/inbound.py`); its (stream, offset), or None if the
+    marker was recorded before (published already)."""
+    bus.check(log_topic, message)
+    ((id_bytes, ts),) = bus.appender.ids.reserve(1)
+    row: Row = (
+        id_bytes,
+        ts,
+        message.mqtt_topic,
+        message.key,
+        message.payload,
+        encode_properties(message.properties) if message.properties else None,
+        message.qos,
+        int(message.retain),
+    )
+    firsts = bus.appender.append_once(log_topic, [row], marker)
+    if firsts is None:
+        return None
+    ((key, offset),) = firsts.items()
+    stream = bus.appender.stream_of(log_topic, key)
+    return None if stream is None else (stream, offset)
 
-    def __init__(self, broker: Services) -> None:
+
+class Wills:
+    """The Wills waiting for their delay, by client id. `node`: this broker
+    node's name (the Wills of records connected to it are its own); `cluster`:
+    other nodes may run beside it, so a record of another node whose lease
+    runs is left to that node, even at the start."""
+
+    def __init__(self, broker: Services, node: str, *, cluster: bool = False) -> None:
         self.broker = broker
-        self._pending: dict[str, tuple[asyncio.TimerHandle, str | None, Will]] = {}
+        self.node = node
+        self.cluster = cluster
+        """Whether other nodes may run beside this one (PostgreSQL)."""
+        self._pending: dict[str, tuple[asyncio.TimerHandle, str | None, Will, int | None]] = {}
+        """Client id -> its timer, user name, Will and, for a Will adopted from
+        its record, that record's epoch."""
+        self._publishing: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def schedule(self, client_id: str, username: str | None, will: Will, delay: float) -> None:
-        """Publish `will` in `delay` seconds unless the client comes back first."""
+    def schedule(
+        self,
+        client_id: str,
+        username: str | None,
+        will: Will,
+        delay: float,
+        epoch: int | None = None,
+    ) -> None:
+        """Publish `will` in `delay` seconds unless the client comes back first.
+        `epoch`: the Will was found in the session record at this epoch
+        (`adopt`), and is published only if the record still holds it then."""
         self.cancel(client_id)
         loop = asyncio.get_running_loop()
         handle = loop.call_later(max(delay, 0.0), self._fire, client_id)
-        self._pending[client_id] = (handle, username, will)
+        self._pending[client_id] = (handle, username, will, epoch)
         if delay <= 0:
             # Now, not on a later turn: a connection taking this one over must not
             # cancel a Will without delay (MQTT 5.0 §3.1.4, takeover).
@@ -136,63 +195,147 @@ class Wills:
         pending = self._pending.pop(client_id, None)
         if pending is None:
             return
-        _handle, username, will = pending
-        task = asyncio.get_running_loop().create_task(self.publish(client_id, username, will))
+        _handle, username, will, epoch = pending
+        self._publishing.add(client_id)
+        task = asyncio.get_running_loop().create_task(
+            self.publish(client_id, username, will, epoch)
+        )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda _: self._publishing.discard(client_id))
 
     async def restore(self) -> None:
         """At start: schedule the Wills that stored sessions still hold (their
-        broker stopped or crashed before publishing them)."""
+        broker stopped or crashed before publishing them), this node's
+        predecessor's and those of nodes that died."""
+        await self.adopt(starting=True)
+
+    async def adopt(self, *, starting: bool = False) -> int:
+        """Schedule the Wills in session records that no running node will
+        publish: those of nodes whose liveness lease lapsed (or that hold none),
+        and (`starting`) this node's own from before it started. Returns how
+        many were adopted. Called at start and at each expiry sweep."""
         broker = self.broker
+        store = broker.store
+        records, leases = await asyncio.to_thread(lambda: (store.all(), store.node_leases()))
         at = now_us()
-        for stored in await asyncio.to_thread(broker.store.all):
+        live = {node for node, lease in leases.items() if not lease.expired(at)}
+        adopted = 0
+        for stored in records:
             record = stored.record
-            if record.will is None or record.client_id in broker.connections:
+            client_id = record.client_id
+            if (
+                record.will is None
+                or client_id in broker.connections
+                or client_id in self._pending
+                or client_id in self._publishing
+            ):
                 continue
+            mine = record.node is None or record.node == self.node
+            if starting and not self.cluster:
+                # One node (SQLite): whatever node name its predecessor had,
+                # no other node runs to publish them (its lease may still run).
+                mine = True
+            if (mine and not starting) or (not mine and record.node in live):
+                continue  # pending here already, or another running node's
             will, username = will_from_json(record.will)
             since = record.disconnected_us if record.disconnected_us is not None else record.seen_us
             delay = will.properties.will_delay_interval or 0
             if record.expiry_interval != NEVER_EXPIRES:
                 delay = min(delay, record.expiry_interval)
             due_in = (since + delay * 1_000_000 - at) / 1_000_000
-            log.info("client %s: will pending from before the start", record.client_id)
-            self.schedule(record.client_id, username, will, due_in)
+            if mine:
+                log.info("client %s: will pending from before the start", client_id)
+            else:
+                log.info("client %s: will left by node %s, which is gone", client_id, record.node)
+            self.schedule(client_id, username, will, due_in, epoch=record.epoch)
+            adopted += 1
+        return adopted
 
-    async def publish(self, client_id: str, username: str | None, will: Will) -> None:
+    async def publish(
+        self, client_id: str, username: str | None, will: Will, epoch: int | None = None
+    ) -> None:
         """Commit the Will like a PUBLISH from `client_id`, route it, and clear
-        it from the session record."""
-        await self._publish(client_id, username, will)
+        it from the session record: once, if the record holds it (see the
+        module's docstring); not at all if the record no longer does. `epoch`:
+        the Will was adopted from the record at this epoch."""
+        text = will_to_json(will, username)
         try:
-            await asyncio.to_thread(self._clear, client_id, will_to_json(will, username))
+            stored = await asyncio.to_thread(self.broker.store.load, client_id)
+            marker: str | None = None
+            if stored is not None:
+                if not await asyncio.to_thread(self._still_pending, stored.record, text, epoch):
+                    log.info("client %s: will no longer pending: not published", client_id)
+                    return
+                marker = will_marker(stored.record.session_id, stored.record.epoch)
+            elif epoch is not None:
+                log.info("client %s: session gone: its will is not published", client_id)
+                return
+        except RiverbedError:
+            log.exception("client %s: reading its session before its will failed", client_id)
+            return
+        if not await self._publish(client_id, username, will, marker):
+            return
+        if stored is None:
+            return
+        try:
+            await asyncio.to_thread(self._clear, stored)
         except RiverbedError:
             log.exception("client %s: clearing its published will failed", client_id)
 
-    def _clear(self, client_id: str, will: str) -> None:
-        store = self.broker.store
-        stored = store.load(client_id)
-        if stored is None or stored.record.will != will or stored.record.connected:
-            return  # gone, or a new connection holds the session now
-        with contextlib.suppress(PreconditionFailed):
-            store.write(replace(stored.record, will=None), stored.version)
+    def _still_pending(self, record: SessionRecord, will: str, epoch: int | None) -> bool:
+        """Whether `record` still holds the Will `will` for a connection that is
+        gone: not published meanwhile (cleared), not replaced by a newer
+        connection's (here, or on a running node), and the same connection's
+        (`epoch`) if adopted from the record."""
+        if record.will != will or (epoch is not None and record.epoch != epoch):
+            return False
+        if record.client_id in self.broker.connections:
+            return False
+        return not self.broker.store.held_elsewhere(record, self.node, now_us())
 
-    async def _publish(self, client_id: str, username: str | None, will: Will) -> None:
+    def _clear(self, stored: Stored) -> None:
+        """Clear the published Will from the record it was read from (a
+        compare-and-set: a record rewritten since, by a new connection, keeps
+        that connection's Will)."""
+        with contextlib.suppress(PreconditionFailed):
+            self.broker.store.write(replace(stored.record, will=None), stored.version)
+
+    async def _publish(
+        self, client_id: str, username: str | None, will: Will, marker: str | None
+    ) -> bool:
+        """Append and route the Will (with `marker`: unless it was before).
+        False if it could not be appended (an error, logged): it stays in the
+        record, and is tried again at a start or once this node is gone."""
         broker = self.broker
         if is_sys_topic(will.topic) or not broker.authorizer.can_publish(
             username, client_id, will.topic
         ):
             # Like its PUBLISH would be (mqtt/inbound.py): $SYS is the broker's.
             log.info("client %s: not authorized to publish its will to %r", client_id, will.topic)
-            return
+            return True
         try:
             log_topic, key_mode = broker.log.route(will.topic)
             message = message_from_publish(will_publish(will), will.topic, client_id, key_mode)
+            if marker is None:
+                positions = await asyncio.wrap_future(
+                    broker.log.produce_async(log_topic, [message])
+                )
+                position: Position | None = positions[0]
+            else:
+                position = await asyncio.to_thread(
+                    append_will_once, broker.log, log_topic, message, marker
+                )
+                if position is None:
+                    log.info("client %s: will published already (by another node)", client_id)
+                    return True
             if will.retain and broker.config.limits.retain_available:
                 await asyncio.to_thread(broker.retained.put, message, now_us())
-            positions = await asyncio.wrap_future(broker.log.produce_async(log_topic, [message]))
         except Exception:
             log.exception("client %s: publishing its will failed", client_id)
-            return
-        stream, offset = positions[0]
+            return False
+        assert position is not None
+        stream, offset = position
         broker.router.committed(stream, offset, [committed_row(message, offset)])
         log.info("client %s: will published to %r", client_id, will.topic)
+        return True
