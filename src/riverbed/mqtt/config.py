@@ -83,6 +83,10 @@ A complete file, with the defaults:
     # certfile = "server.pem"        # serve HTTPS (with keyfile)
     # keyfile = "server.key"
 
+    [cluster]                        # several nodes on one PostgreSQL (docs/cluster.md)
+    # node_name = "node-1"           # unset: host-pid-random, new at every start
+    # server_reference = "lb:1883"   # a drained node's MQTT 5 clients are sent there
+
     [log]                            # the broker's log, on stderr
     level = "info"                   # debug, info, warning or error (debug: every connection)
     format = "text"                  # text, or json: one JSON object per line

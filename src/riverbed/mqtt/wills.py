@@ -139,6 +139,12 @@ def append_will_once(bus: Log, log_topic: str, message: Message, marker: str) ->
     return None if stream is None else (stream, offset)
 
 
+RESCAN = 60.0
+"""Seconds between two looks at every session record for Wills to adopt while
+no node went (a look costs a read of every record; a node that dies or
+stops makes the next sweep look at once)."""
+
+
 class Wills:
     """The Wills waiting for their delay, by client id. `node`: this broker
     node's name (the Wills of records connected to it are its own); `cluster`:
@@ -155,6 +161,10 @@ class Wills:
         its record, that record's epoch."""
         self._publishing: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._live: frozenset[str] = frozenset()
+        """The nodes whose lease ran at the last look at the records (`adopt`)."""
+        self._rescan_us = 0
+        """When `adopt` looks at the records again even if no node went."""
 
     def schedule(
         self,
@@ -217,9 +227,16 @@ class Wills:
         many were adopted. Called at start and at each expiry sweep."""
         broker = self.broker
         store = broker.store
-        records, leases = await asyncio.to_thread(lambda: (store.all(), store.node_leases()))
+        leases = await asyncio.to_thread(store.node_leases)
         at = now_us()
-        live = {node for node, lease in leases.items() if not lease.expired(at)}
+        live = frozenset(node for node, lease in leases.items() if not lease.expired(at))
+        if not starting and live == self._live and at < self._rescan_us:
+            # No node died or stopped since the last look: no record was left
+            # to us since (a dead node writes none).
+            return 0
+        self._live = live
+        self._rescan_us = at + int(RESCAN * 1_000_000)
+        records = await asyncio.to_thread(store.all)
         adopted = 0
         for stored in records:
             record = stored.record
