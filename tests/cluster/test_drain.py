@@ -94,26 +94,35 @@ def test_a_drained_node_sends_its_clients_away_and_exits_with_nothing_lost(
     a, b = nodes
     v5, v5_disconnect = mover(a.port, "mover-5", paho.MQTTv5)
     v3, _ = mover(a.port, "mover-3", paho.MQTTv311)
+    # A shared subscription whose Leader runs on A (its first member is there).
+    member_a = Client(a.port, "member-a")
+    member_a.connect()
+    member_a.subscribe("$share/g/sh/#", qos=1)
     stream = Stream(b.port)
     v5.wait_for(3, timeout=30 * SLOW)
     v3.wait_for(3, timeout=30 * SLOW)
 
     def before() -> dict[str, dict[str, Any]] | None:
         view = cluster_status(postgres_url)
-        ok = view["node-a"]["connections"] == 2 and view["node-a"]["sessions"] == 2
+        a_view = view["node-a"]
+        ok = (a_view["connections"], a_view["sessions"], a_view["leaders"]) == (3, 3, 1)
         return view if ok else None
 
-    view = eventually(before, 30 * SLOW, "node-a's connections and sessions in the status")
+    view = eventually(before, 30 * SLOW, "node-a's connections, sessions and Leader")
     assert view["node-a"]["alive"] and view["node-b"]["alive"]
     assert view["node-a"]["addresses"] == [f"mqtt://127.0.0.1:{a.port}"]
     assert a.process is not None and view["node-a"]["pid"] == a.process.pid
-    assert view["node-b"]["sessions"] == 1  # the stream's publisher
+    assert (view["node-b"]["sessions"], view["node-b"]["leaders"]) == (1, 0)  # the publisher
+    member_b = Client(b.port, "member-b")
+    member_b.connect()
+    member_b.subscribe("$share/g/sh/#", qos=1)
 
     result = CliRunner().invoke(
         cli, ["cluster", "drain", "node-a", "--timeout", str(60 * SLOW), "--db", postgres_url]
     )
     assert result.exit_code == 0, result.output
-    assert "node node-a drained: 2 client connections asked to move" in result.output
+    assert "node node-a drained: 3 client connections asked to move" in result.output
+    assert "1 shared-subscription Leader handed over" in result.output
     assert a.process.wait(60 * SLOW) == 0
     assert v5.wait_disconnected(30) and v3.wait_disconnected(30)
     assert v5.disconnects[:1] == [0x9C]  # Use another server
@@ -135,11 +144,22 @@ def test_a_drained_node_sends_its_clients_away_and_exits_with_nothing_lost(
 
         eventually(lambda: not missing(), 60 * SLOW, f"{old.client_id} got every message")
 
-    view = cluster_status(postgres_url)
+    # The group found a new Leader (on B): its member there gets what comes.
+    sender = Client(b.port, "sender")
+    sender.connect()
+    sender.publish("sh/1", b"after-drain", qos=1).wait_for_publish(30)
+    member_b.wait_payloads(b"after-drain", timeout=60 * SLOW)
+
+    def after() -> dict[str, dict[str, Any]] | None:
+        view = cluster_status(postgres_url)
+        b_view = view["node-b"]
+        # The movers, the group's member and the sender (the stream left).
+        return view if (b_view["sessions"], b_view["leaders"]) == (4, 1) else None
+
+    view = eventually(after, 30 * SLOW, "node-b's sessions and Leader")
     assert "node-a" not in view  # lease released, entry gone
     assert view["node-b"]["alive"]
-    assert view["node-b"]["sessions"] == 2
-    for client in (again5, again3, v5, v3):
+    for client in (again5, again3, v5, v3, member_a, member_b, sender):
         client.close()
 
 

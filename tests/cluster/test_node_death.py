@@ -19,7 +19,7 @@ from harness.waiting import SLOW, eventually
 from riverbed.sessions.store import SessionRecord, SessionStore
 from riverbed.storage import open_storage
 
-DELAY = 8
+DELAY = 12
 """A Will Delay (s) longer than the lease and a few sweeps: due after the lapse."""
 LONG_DELAY = 40
 """A Will Delay (s) its client comes back within."""

@@ -21,8 +21,10 @@ from riverbed.storage.leases import Leases
 NODE = Path(__file__).resolve().parent / "node.py"
 SWEEP = 1.0
 """Seconds between two expiry sweeps (each renews the node's lease)."""
-SHORT_LEASE = 3.0
-"""Seconds a node's liveness lease lasts unrenewed."""
+SHORT_LEASE = 6.0
+"""Seconds a node's liveness lease lasts unrenewed: short enough to wait out,
+long enough that a loaded machine renews it in time (a node that cannot
+fences itself and refuses CONNECTs with 0x89)."""
 
 
 def named_node(

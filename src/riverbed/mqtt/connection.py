@@ -487,7 +487,8 @@ class Connection(asyncio.Protocol):
                 self._close_for(effect)
                 return True
             case ScheduleWill(client_id, username, will, delay):
-                self.broker.wills.schedule(client_id, username, will, delay)
+                # With the record as this connection left it: whose Will it is.
+                self.broker.wills.schedule(client_id, username, will, delay, self.stored)
                 return True
             case Authenticate() | OpenSession() | ForgetPacketId():
                 return False

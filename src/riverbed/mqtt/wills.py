@@ -18,12 +18,15 @@ publishes no Will any more; at each expiry sweep the other nodes adopt the
 Wills in its records (`adopt`) and publish them when due: the Will Delay
 counted from when the record was last seen, and not before the lease lapsed.
 
-Exactly once, whoever publishes it: a Will found in its session record is
-appended with a marker naming that connection (`will_marker`: the session id
-and the record's epoch) in the same transaction (`Storage.append_once`), then
-cleared from the record by a compare-and-set. Two survivors, or a dead node
-coming back, racing for one Will: one appends it, the others find its marker
-(or the Will cleared, or a new connection in the record) and publish nothing.
+Exactly once, whoever publishes it: a Will belongs to one connection
+(`Owner`: its session id and the record's epoch, as the connection left the
+record or as `adopt` found it) and is appended with a marker naming it
+(`will_marker`) in the same transaction (`Storage.append_once`), then cleared
+from the record by a compare-and-set. Two survivors, or a dead node coming
+back, racing for one Will: one appends it, the others find its marker (or the
+Will cleared) and publish nothing. A Will that waited for its delay (or was
+adopted) goes only if the record still holds it for that connection: a newer
+connection in the record, on any node, resumed the session within the delay.
 A Will whose session record is already gone (a session expiry of 0 ends with
 its connection) is appended without a marker: nobody else can find it.
 """
@@ -35,7 +38,7 @@ import base64
 import contextlib
 import json
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from riverbed.errors import PreconditionFailed, RiverbedError
 from riverbed.log.appender import Position
@@ -145,6 +148,33 @@ no node went (a look costs a read of every record; a node that dies or
 stops makes the next sweep look at once)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """Whose Will it is: the connection of session `session_id` that wrote the
+    record at `epoch`. `adopted`: found in the record (`Wills.adopt`), not
+    left by a connection to this node."""
+
+    session_id: str
+    epoch: int
+    adopted: bool = False
+
+    def marker(self) -> str:
+        return will_marker(self.session_id, self.epoch)
+
+    def wrote(self, record: SessionRecord) -> bool:
+        """Whether `record` is still this connection's (no newer one took it)."""
+        return record.session_id == self.session_id and record.epoch == self.epoch
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    timer: asyncio.TimerHandle
+    username: str | None
+    will: Will
+    owner: Owner | None
+    delayed: bool
+
+
 class Wills:
     """The Wills waiting for their delay, by client id. `node`: this broker
     node's name (the Wills of records connected to it are its own); `cluster`:
@@ -156,9 +186,7 @@ class Wills:
         self.node = node
         self.cluster = cluster
         """Whether other nodes may run beside this one (PostgreSQL)."""
-        self._pending: dict[str, tuple[asyncio.TimerHandle, str | None, Will, int | None]] = {}
-        """Client id -> its timer, user name, Will and, for a Will adopted from
-        its record, that record's epoch."""
+        self._pending: dict[str, _Pending] = {}
         self._publishing: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._live: frozenset[str] = frozenset()
@@ -172,15 +200,21 @@ class Wills:
         username: str | None,
         will: Will,
         delay: float,
-        epoch: int | None = None,
+        stored: Stored | None = None,
+        *,
+        adopted: bool = False,
     ) -> None:
         """Publish `will` in `delay` seconds unless the client comes back first.
-        `epoch`: the Will was found in the session record at this epoch
-        (`adopt`), and is published only if the record still holds it then."""
+        `stored`: the session record of the connection whose Will it is, as
+        that connection left it (None: the session ended with it) or as
+        `adopt` found it (`adopted`)."""
         self.cancel(client_id)
+        owner = None if stored is None else Owner(stored.record.session_id, stored.record.epoch)
+        if owner is not None and adopted:
+            owner = replace(owner, adopted=True)
         loop = asyncio.get_running_loop()
         handle = loop.call_later(max(delay, 0.0), self._fire, client_id)
-        self._pending[client_id] = (handle, username, will, epoch)
+        self._pending[client_id] = _Pending(handle, username, will, owner, delay > 0)
         if delay <= 0:
             # Now, not on a later turn: a connection taking this one over must not
             # cancel a Will without delay (MQTT 5.0 §3.1.4, takeover).
@@ -192,23 +226,24 @@ class Wills:
         pending = self._pending.pop(client_id, None)
         if pending is None:
             return False
-        pending[0].cancel()
+        pending.timer.cancel()
         return True
 
     def fire_now(self, client_id: str) -> None:
         """The session ended (a clean start): publish a pending Will now."""
-        if client_id in self._pending:
-            self._pending[client_id][0].cancel()
+        pending = self._pending.get(client_id)
+        if pending is not None:
+            pending.timer.cancel()
+            self._pending[client_id] = replace(pending, delayed=False)
             self._fire(client_id)
 
     def _fire(self, client_id: str) -> None:
         pending = self._pending.pop(client_id, None)
         if pending is None:
             return
-        _handle, username, will, epoch = pending
         self._publishing.add(client_id)
         task = asyncio.get_running_loop().create_task(
-            self.publish(client_id, username, will, epoch)
+            self.publish(client_id, pending.username, pending.will, pending.owner, pending.delayed)
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -265,47 +300,57 @@ class Wills:
                 log.info("client %s: will pending from before the start", client_id)
             else:
                 log.info("client %s: will left by node %s, which is gone", client_id, record.node)
-            self.schedule(client_id, username, will, due_in, epoch=record.epoch)
+            self.schedule(client_id, username, will, due_in, stored, adopted=True)
             adopted += 1
         return adopted
 
     async def publish(
-        self, client_id: str, username: str | None, will: Will, epoch: int | None = None
+        self,
+        client_id: str,
+        username: str | None,
+        will: Will,
+        owner: Owner | None = None,
+        delayed: bool = False,
     ) -> None:
         """Commit the Will like a PUBLISH from `client_id`, route it, and clear
-        it from the session record: once, if the record holds it (see the
-        module's docstring); not at all if the record no longer does. `epoch`:
-        the Will was adopted from the record at this epoch."""
+        it from the session record (see the module's docstring). A Will that
+        waited (`delayed`, or `adopted`) is published only if its connection's
+        record still holds it: not if a newer connection took the session
+        meanwhile (on any node), nor if another node published it already."""
         text = will_to_json(will, username)
-        try:
-            stored = await asyncio.to_thread(self.broker.store.load, client_id)
-            marker: str | None = None
-            if stored is not None:
-                if not await asyncio.to_thread(self._still_pending, stored.record, text, epoch):
+        stored: Stored | None = None
+        if owner is not None:
+            try:
+                stored = await asyncio.to_thread(self.broker.store.load, client_id)
+                check = owner.adopted or delayed
+                if check and not await asyncio.to_thread(self._pending_in, stored, text, owner):
                     log.info("client %s: will no longer pending: not published", client_id)
                     return
-                marker = will_marker(stored.record.session_id, stored.record.epoch)
-            elif epoch is not None:
-                log.info("client %s: session gone: its will is not published", client_id)
+            except RiverbedError:
+                log.exception("client %s: reading its session before its will failed", client_id)
                 return
-        except RiverbedError:
-            log.exception("client %s: reading its session before its will failed", client_id)
-            return
+        marker = None if owner is None else owner.marker()
         if not await self._publish(client_id, username, will, marker):
             return
-        if stored is None:
+        if stored is None or owner is None:
             return
-        try:
-            await asyncio.to_thread(self._clear, stored)
-        except RiverbedError:
-            log.exception("client %s: clearing its published will failed", client_id)
+        if owner.wrote(stored.record) and stored.record.will == text:
+            try:
+                await asyncio.to_thread(self._clear, stored)
+            except RiverbedError:
+                log.exception("client %s: clearing its published will failed", client_id)
 
-    def _still_pending(self, record: SessionRecord, will: str, epoch: int | None) -> bool:
-        """Whether `record` still holds the Will `will` for a connection that is
-        gone: not published meanwhile (cleared), not replaced by a newer
-        connection's (here, or on a running node), and the same connection's
-        (`epoch`) if adopted from the record."""
-        if record.will != will or (epoch is not None and record.epoch != epoch):
+    def _pending_in(self, stored: Stored | None, will: str, owner: Owner) -> bool:
+        """Whether the record `stored` still holds the Will `will` of the
+        connection `owner`, which is gone: not published meanwhile (cleared),
+        its session not taken by a newer connection (here, or on a running node)."""
+        if stored is None:
+            # The session ended (it expired): its end is when a Will left here
+            # is due [MQTT-3.1.3-9]. One adopted from a record that is gone
+            # since is not: its session was ended elsewhere (deleted).
+            return not owner.adopted
+        record = stored.record
+        if record.will != will or not owner.wrote(record):
             return False
         if record.client_id in self.broker.connections:
             return False
