@@ -6,6 +6,7 @@ nothing changed. Two nodes on PostgreSQL: tests/cluster/test_drain.py."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -105,3 +106,28 @@ def test_the_one_node_on_sqlite_drains_at_its_sweep(sqlite_url: str) -> None:
         client.close()
     finally:
         broker.stop()
+
+
+@pytest.mark.parametrize(
+    ("text", "rule"),
+    [
+        ('node_name = ""', "must be 1 to 63 letters, digits"),
+        ('node_name = "node a"', "must be 1 to 63 letters, digits"),
+        ('node_name = "-node"', "starting with a letter or digit"),
+        ("node_name = 7", "must be 1 to 63 letters, digits"),
+        ('server_reference = ""', "must be a non-empty string"),
+        ('server_reference = "a\\nb"', "must be a non-empty string"),
+    ],
+)
+def test_a_bad_cluster_setting_stops_serve_before_it_starts(
+    tmp_path: Path, sqlite_url: str, text: str, rule: str
+) -> None:
+    config = tmp_path / "riverbed.toml"
+    config.write_text(f"[cluster]\n{text}\n")
+    key = text.partition(" =")[0]
+    result = CliRunner().invoke(
+        cli, ["serve", "--config", str(config), "--db", sqlite_url, "--mqtt", "127.0.0.1:0"]
+    )
+    assert result.exit_code == 2, result.output
+    assert f"cluster.{key}" in result.output and rule in result.output
+    assert not Path(sqlite_url.removeprefix("sqlite:///")).exists()  # nothing created
