@@ -1,4 +1,4 @@
-"""A session taken over across broker nodes (docs/broker.md, "Several nodes"):
+"""A session taken over across broker nodes (docs/cluster.md, "Takeover across nodes"):
 held by one connection at a time.
 
 The node taking a session asks the node holding it, over the nodes' bus, to let

@@ -15,6 +15,7 @@ from harness.admin_api import AdminApi
 from harness.broker import BrokerProcess, Client
 from harness.raw_mqtt import RawClient
 from harness.waiting import eventually
+from riverbed import __version__
 from riverbed.cli import cli
 from riverbed.mqtt.codec import Puback, Publish, Suback, Subscribe, SubscribeTopic
 from riverbed.mqtt.retained import RetainedStore
@@ -228,9 +229,16 @@ def test_nodes_are_the_broker_node_leases_alive_or_lapsed(
     here = nodes[node]
     assert (here["alive"], here["here"], here["owner"]) == (True, True, node)
     assert parse_time(here["expires_at"]) > time.time()
+    # What the node says about itself (the node directory).
+    assert f"mqtt://127.0.0.1:{broker.port}" in here["addresses"]
+    assert broker.process is not None and here["pid"] == broker.process.pid
+    assert parse_time(here["started_at"]) <= time.time()
+    assert isinstance(here["connections"], int) and here["connections"] >= 0
+    assert (here["leaders"], here["version"]) == (0, __version__)
     crashed = nodes["node-crashed"]
     assert (crashed["alive"], crashed["here"], crashed["sessions"]) == (False, False, 1)
     assert parse_time(crashed["expires_at"]) < time.time()
+    assert (crashed["addresses"], crashed["connections"], crashed["pid"]) == ([], None, None)
 
 
 def test_missing_sessions_are_404_and_bad_input_is_422(api: httpx.Client) -> None:

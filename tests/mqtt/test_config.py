@@ -495,7 +495,7 @@ def test_unknown_keys_are_refused_with_the_known_ones(tmp_path: Path) -> None:
         ("[listener]\nmqtt = 'a:1'\n", "unknown section [listener] (did you mean [listeners]?)"),
         (
             "[tls]\n",
-            "known sections: [auth], [http], [limits], [listeners], [listeners.tls],"
+            "known sections: [auth], [cluster], [http], [limits], [listeners], [listeners.tls],"
             " [listeners.ws], [log],"
             " [metrics], [retention], [shared_subscriptions], [storage]",
         ),

@@ -21,6 +21,7 @@ from __future__ import annotations
 from riverbed.cli import (
     admin,
     broker,
+    cluster,
     config,
     demo,
     dlq,
@@ -40,6 +41,7 @@ __all__ = [
     "admin",
     "broker",
     "cli",
+    "cluster",
     "config",
     "demo",
     "dlq",

@@ -63,10 +63,13 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from ssl import SSLContext
 from typing import Protocol, TypeVar, cast
 
+from riverbed import __version__
 from riverbed.cluster.bus import NodeBus
+from riverbed.cluster.directory import Directory, DrainRequest, NodeInfo
 from riverbed.errors import CannotListen, LeaseHeld, PreconditionFailed, RiverbedError
 from riverbed.log.log import Log
 from riverbed.log.retention import Retainer
@@ -163,7 +166,6 @@ class Broker:
         self.writer = SessionWriter(self.store)
         """Session writes of all connections, group-committed (`sessions/writer.py`)."""
         self.retained = RetainedStore(log.storage)
-        self.wills = Wills(self)
         self.trie: TopicTrie[Hashable] = TopicTrie()
         self.router = Router(
             log.storage, self.trie, poll_interval=config.storage.poll_interval_ms / 1000
@@ -171,9 +173,13 @@ class Broker:
         self.router.on_new_streams = self._streams_changed
         self.pacer = CommitPacer(log, config.storage.commit_interval_ms / 1000)
         self.authenticator, self.authorizer = load_auth(config.auth)
-        self.node = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.node = (
+            config.cluster.node_name
+            or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        )
         """This broker node's name: in the session records of its connections,
         and in its liveness lease (`sessions.store.node_lease`)."""
+        self.wills = Wills(self, self.node, cluster=isinstance(log.storage, PostgresStorage))
         self._leases = Leases(log.storage)
         self._lease: Lease | None = None
         self.nodes: NodeBus | None = None
@@ -188,6 +194,16 @@ class Broker:
         self._fence_timer: asyncio.TimerHandle | None = None
         self._releasing: set[asyncio.Task[None]] = set()
         """Another node's takeover requests being carried out here."""
+        self.directory = Directory(log.storage)
+        """Where this node says what it is (`cluster/directory.py`)."""
+        self.started_us = now_us()
+        self.drained = asyncio.Event()
+        """Set once a drain (`drain`) has closed the listeners: `serve` then
+        stops the broker, which sends its clients elsewhere."""
+        self._drain: DrainRequest | None = None
+        """The drain request being carried out (`drain`)."""
+        self._urls: list[str] = []
+        """`listener_urls` once listening (a drain closes the sockets)."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self.connections: dict[str, Connection] = {}
         """Client id -> the connection holding its session."""
@@ -353,11 +369,42 @@ class Broker:
             scheme = "wss" if ws.secure else "ws"
             listening += [f"{scheme}://{name}{ws.path}" for name in _names(self._ws_server)]
         log.info("listening for MQTT on %s", ", ".join(listening))
+        self._urls = self.listener_urls()
+        try:
+            await asyncio.to_thread(self.directory.publish, self._node_info())
+        except RiverbedError:
+            log.exception("node %s: writing its entry in the node directory failed", self.node)
 
     def addresses(self) -> list[str]:
         """HOST:PORT of each socket listened on for MQTT and MQTT over TLS."""
         servers = (self._server, self._tls_server)
         return [name for server in servers if server is not None for name in _names(server)]
+
+    def listener_urls(self) -> list[str]:
+        """Every listener as a URL: `mqtt://HOST:PORT`, `mqtts://...`, `ws://HOST:PORT/PATH`."""
+        out: list[str] = []
+        if self._server is not None:
+            out += [f"mqtt://{name}" for name in _names(self._server)]
+        if self._tls_server is not None:
+            out += [f"mqtts://{name}" for name in _names(self._tls_server)]
+        ws = self.config.listeners.ws
+        if self._ws_server is not None and ws is not None:
+            scheme = "wss" if ws.secure else "ws"
+            out += [f"{scheme}://{name}{ws.path}" for name in _names(self._ws_server)]
+        return out
+
+    def _node_info(self) -> NodeInfo:
+        """This node's entry in the node directory, as of now."""
+        return NodeInfo(
+            self.node,
+            tuple(self._urls),
+            self.started_us,
+            os.getpid(),
+            socket.gethostname(),
+            __version__,
+            len(self._all),
+            now_us(),
+        )
 
     def serving(self) -> bool:
         """Whether the MQTT listener takes clients (started and not stopping)."""
@@ -392,19 +439,38 @@ class Broker:
         if self.sys is not None:
             await self.sys.stop()
         connections = list(self._all)
+        drain = self._drain
         for connection in connections:
-            connection.close(DisconnectReason.SERVER_SHUTTING_DOWN)
+            if drain is None:
+                connection.close(DisconnectReason.SERVER_SHUTTING_DOWN)
+            else:
+                # MQTT 5 clients are told to move (with where, if configured);
+                # MQTT 3.1.1 ones only see the connection close.
+                connection.close(
+                    DisconnectReason.USE_ANOTHER_SERVER, self.config.cluster.server_reference
+                )
         for connection in connections:
             await connection.done.wait()
+        leaders = 0
         if self.shared is not None:
+            leaders = len(self.shared.host.leaders)
             # After the members left (their progress is with the Leaders): save
-            # and release this node's Leaders' claims.
+            # and release this node's Leaders' claims, so that another node's
+            # Borrowers find a new Leader at once.
             await self.shared.close()
         self.pacer.commit_now()
         await asyncio.to_thread(self.writer.close)
         await self.router.stop()
         if self._fence_timer is not None:
             self._fence_timer.cancel()
+        with contextlib.suppress(RiverbedError):
+            await asyncio.to_thread(self.directory.forget, self.node)
+            if drain is not None:
+                # Before the lease goes: the command waiting for it reads this.
+                done = replace(
+                    drain, done_us=now_us(), connections=len(connections), leaders=leaders
+                )
+                await asyncio.to_thread(self.directory.drained, done)
         if self._lease is not None:
             # Its sessions are marked disconnected now: nobody needs the lease.
             with contextlib.suppress(RiverbedError):
@@ -417,7 +483,10 @@ class Broker:
             if server is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(server.wait_closed(), 1.0)
-        log.info("stopped; %d sessions saved", len(connections))
+        if drain is not None:
+            log.info("drained; %d clients asked to move, their sessions saved", len(connections))
+        else:
+            log.info("stopped; %d sessions saved", len(connections))
 
     async def read(self, read: Callable[..., T], *args: object) -> T:
         """A storage read for a connection: on an embedded database right here
@@ -681,6 +750,10 @@ class Broker:
             task = asyncio.create_task(self._release(message))
             self._releasing.add(task)
             task.add_done_callback(self._releasing.discard)
+        elif kind == "drain":
+            task = asyncio.create_task(self._drain_if_asked())
+            self._releasing.add(task)
+            task.add_done_callback(self._releasing.discard)
         elif kind == "released":
             answered = self._asked.get(str(message.get("id")))
             if answered is not None and not answered.done():
@@ -706,6 +779,35 @@ class Broker:
         assert self.nodes is not None
         answer = {"kind": "released", "id": message.get("id"), "from": self.node}
         await asyncio.to_thread(self.nodes.send, asker, answer)
+
+    # --- drain ---------------------------------------------------------------------
+    async def _drain_if_asked(self) -> None:
+        """Drain if `riverbed cluster drain` asked this node to since it
+        started (told over the bus, or found at the sweep)."""
+        if self._drain is not None:
+            return
+        try:
+            request = await asyncio.to_thread(self.directory.drain_request, self.node)
+        except RiverbedError:
+            log.exception("node %s: reading its drain request failed", self.node)
+            return
+        if request is None or request.done_us is not None or request.requested_us < self.started_us:
+            return
+        self.drain(request)
+
+    def drain(self, request: DrainRequest) -> None:
+        """Stop taking clients (the listeners close now) and have `serve` stop
+        the broker: its clients are asked to use another server (DISCONNECT
+        0x9C, with `[cluster] server_reference`), their sessions saved, its
+        shared-subscription Leaders handed over and its lease released."""
+        if self._drain is not None:
+            return
+        self._drain = request
+        log.info("node %s: draining (asked by riverbed cluster drain)", self.node)
+        for server in (self._server, self._tls_server, self._ws_server):
+            if server is not None:
+                server.close()
+        self.drained.set()
 
     async def _summarize(self) -> None:
         while True:
@@ -749,6 +851,16 @@ class Broker:
                 continue
             for client_id in gone:
                 log.info("session of client %s expired", client_id)
+            await self._drain_if_asked()
+            try:
+                await asyncio.to_thread(self.directory.publish, self._node_info())
+            except RiverbedError:
+                log.exception("node %s: writing its entry in the node directory failed", self.node)
+            try:
+                # The Wills of nodes that died (their lease lapsed) are ours now.
+                await self.wills.adopt()
+            except RiverbedError:
+                log.exception("looking for the wills of nodes that are gone failed")
             await self._let_go_of_taken_over()
             if time.monotonic() >= self._orphans_at:
                 self._orphans_at = time.monotonic() + ORPHAN_SWEEP
@@ -904,7 +1016,13 @@ async def serve(
         if beside is not None:
             companion = beside(broker)
             await companion.start()
-        await stop.wait()
+        stopped = asyncio.ensure_future(stop.wait())
+        drained = asyncio.ensure_future(broker.drained.wait())
+        try:
+            await asyncio.wait([stopped, drained], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiting in (stopped, drained):
+                waiting.cancel()
     finally:
         if companion is not None:
             await companion.stop()

@@ -83,6 +83,10 @@ A complete file, with the defaults:
     # certfile = "server.pem"        # serve HTTPS (with keyfile)
     # keyfile = "server.key"
 
+    [cluster]                        # several nodes on one PostgreSQL (docs/cluster.md)
+    # node_name = "node-1"           # unset: host-pid-random, new at every start
+    # server_reference = "lb:1883"   # a drained node's MQTT 5 clients are sent there
+
     [log]                            # the broker's log, on stderr
     level = "info"                   # debug, info, warning or error (debug: every connection)
     format = "text"                  # text, or json: one JSON object per line
@@ -542,6 +546,23 @@ class LogConfig:
         _check_fields("log", self)
 
 
+NODE_NAME_RULE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """Several nodes on one PostgreSQL (docs/cluster.md): this node's name
+    (`node_name`; unset: host name, process id and a random part, new at each
+    start) and where a drained node sends its MQTT 5 clients
+    (`server_reference`, the Server Reference of DISCONNECT 0x9C)."""
+
+    node_name: str | None = None
+    server_reference: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_fields("cluster", self)
+
+
 @dataclass(frozen=True, slots=True)
 class BrokerConfig:
     """The whole broker configuration."""
@@ -556,6 +577,7 @@ class BrokerConfig:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     log: LogConfig = field(default_factory=LogConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     def __post_init__(self) -> None:
         if not self.auth.allow_anonymous and self.auth.password_file is None:
@@ -688,6 +710,24 @@ def _choice(choices: tuple[str, ...]) -> Callable[[str, object], str]:
         raise _fail(key, value, f"must be one of {', '.join(choices)}")
 
     return choice
+
+
+def _node_name(key: str, value: object) -> str:
+    if isinstance(value, str) and NODE_NAME_RULE.fullmatch(value):
+        return value
+    raise _fail(
+        key,
+        value,
+        "must be 1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit",
+    )
+
+
+def _server_reference(key: str, value: object) -> str:
+    # MQTT 5.0 §4.11: a UTF-8 string, space-separated references; kept short
+    # and printable here (it goes into every DISCONNECT of a drain).
+    if isinstance(value, str) and value.strip() and value.isprintable() and len(value) <= 1024:
+        return value.strip()
+    raise _fail(key, value, 'must be a non-empty string of up to 1024 characters, e.g. "lb:1883"')
 
 
 def _address(key: str, value: object) -> Address:
@@ -905,6 +945,14 @@ KEYS: dict[str, Key] = {
         _optional(_readable_file), "PEM certificate chain: serve HTTPS", is_path=True
     ),
     "http.keyfile": Key(_optional(_readable_file), "PEM private key of HTTPS", is_path=True),
+    # --- [cluster]: several nodes on one PostgreSQL
+    "cluster.node_name": Key(
+        _optional(_node_name), "this node's name among the nodes; unset: host-pid-random"
+    ),
+    "cluster.server_reference": Key(
+        _optional(_server_reference),
+        "where a drained node sends MQTT 5 clients (Server Reference), e.g. lb:1883",
+    ),
     # ---
     "log.level": Key(_choice(LOG_LEVELS), "how much the broker logs: debug, info, warning, error"),
     "log.format": Key(_choice(LOG_FORMATS), "log lines as text, or as one JSON object each"),
@@ -1032,6 +1080,7 @@ def _build(values: Mapping[str, object]) -> BrokerConfig:
         metrics=MetricsConfig(**section("metrics")),
         log=LogConfig(**section("log")),
         http=HttpConfig(**section("http")),
+        cluster=ClusterConfig(**section("cluster")),
     )
 
 

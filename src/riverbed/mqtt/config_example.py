@@ -44,6 +44,8 @@ EXAMPLES: dict[str, object] = {
     "http.token_file": "tokens",
     "http.certfile": "server.pem",
     "http.keyfile": "server.key",
+    "cluster.node_name": "node-1",
+    "cluster.server_reference": "mqtt.example.com:1883",
 }
 """The value shown (commented out) for a key with no default or a `None` one."""
 

@@ -529,7 +529,8 @@ class Connection(asyncio.Protocol):
                 self._close_for(effect)
                 return True
             case ScheduleWill(client_id, username, will, delay):
-                self.broker.wills.schedule(client_id, username, will, delay)
+                # With the record as this connection left it: whose Will it is.
+                self.broker.wills.schedule(client_id, username, will, delay, self.stored)
                 return True
             case Authenticate() | OpenSession() | ForgetPacketId():
                 return False
@@ -1038,11 +1039,12 @@ class Connection(asyncio.Protocol):
             )
 
     # --- closing ------------------------------------------------------------------------
-    def close(self, reason: DisconnectReason) -> None:
-        """Close the connection from the server's side (MQTT 5: DISCONNECT `reason`)."""
+    def close(self, reason: DisconnectReason, server_reference: str | None = None) -> None:
+        """Close the connection from the server's side (MQTT 5: DISCONNECT `reason`,
+        with `server_reference` if given)."""
         if self.closing:
             return
-        self._apply(self.core.handle(ServerClose(reason), self.loop.time()))
+        self._apply(self.core.handle(ServerClose(reason, server_reference), self.loop.time()))
         self._close_transport()
 
     async def take_over(self) -> None:

@@ -71,6 +71,7 @@ from riverbed.mqtt.codec import (
     ConnectReason,
     Decoder,
     Disconnect,
+    DisconnectProperties,
     DisconnectReason,
     Packet,
     Pingreq,
@@ -374,8 +375,8 @@ class ConnectionCore:
                 self._released(packet_id, known)
             case TakenOver():
                 self._close(DisconnectReason.SESSION_TAKEN_OVER)
-            case ServerClose(reason):
-                self._close(reason)
+            case ServerClose(reason, server_reference):
+                self._close(reason, server_reference=server_reference)
             case _:
                 assert_never(event)
         return self._done()
@@ -853,12 +854,22 @@ class ConnectionCore:
             disconnect = DisconnectReason.PROTOCOL_ERROR
         self._close(disconnect, error)
 
-    def _close(self, reason: ConnectReason | DisconnectReason | None, error: str = "") -> None:
+    def _close(
+        self,
+        reason: ConnectReason | DisconnectReason | None,
+        error: str = "",
+        server_reference: str | None = None,
+    ) -> None:
         if self.state is State.CLOSING:
             return
         self._goto("close")
         if self.connack_sent and self.level == MQTT_5 and isinstance(reason, DisconnectReason):
-            self._send(Disconnect(reason))
+            if server_reference is None:
+                self._send(Disconnect(reason))
+            else:
+                self._send(
+                    Disconnect(reason, DisconnectProperties(server_reference=server_reference))
+                )
         self._emit(Close(reason, error=error))
 
     # ----------------------------------------------------------------- plumbing

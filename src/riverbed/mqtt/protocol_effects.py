@@ -184,9 +184,11 @@ class TakenOver:
 @dataclass(frozen=True, slots=True)
 class ServerClose:
     """The runtime closes the connection for a reason of its own (an error, the
-    broker stopping, the store refusing)."""
+    broker stopping, the store refusing). `server_reference`: the Server
+    Reference to send with it (MQTT 5.0 §4.11; a drained node's 0x9C)."""
 
     reason: DisconnectReason
+    server_reference: str | None = None
 
 
 Event = Authenticated | SessionOpened | SessionRefused | Released | TakenOver | ServerClose

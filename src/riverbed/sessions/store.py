@@ -57,10 +57,23 @@ def qos2_marker(session_id: str, packet_id: int) -> str:
     return f"{QOS2_MARKER_PREFIX}{session_id}/{packet_id}"
 
 
+def will_marker(session_id: str, epoch: int) -> str:
+    """The marker of a published Will (`mqtt/wills.py`): that of the connection
+    of `session_id` at `epoch`, recorded with the Will's message so that it is
+    appended once whoever publishes it; deleted with the session."""
+    return f"{WILL_MARKER_PREFIX}{session_id}/{epoch}"
+
+
 QOS2_MARKER_PREFIX = "mqtt.qos2/"
+WILL_MARKER_PREFIX = "mqtt.will/"
 NODE_LEASE_PREFIX = "broker-node/"
 """A running broker node holds the lease `broker-node/NODE` (`riverbed.storage.leases`)
 and renews it; sessions connected to it do not expire while it runs."""
+
+
+WILL_GRACE = 60.0
+"""Seconds past its expiry that a session whose Will was not published yet is
+kept for it (`SessionStore.expire`)."""
 
 
 def node_lease(node: str) -> str:
@@ -330,8 +343,10 @@ class SessionStore:
         return list(orphans)
 
     def drop_markers(self, session_id: str) -> None:
-        """Forget the session's incoming QoS 2 markers (packet ids never released)."""
+        """Forget the session's incoming QoS 2 markers (packet ids never
+        released) and its Wills' markers."""
         self.storage.delete_markers_with_prefix(f"{QOS2_MARKER_PREFIX}{session_id}/")
+        self.storage.delete_markers_with_prefix(f"{WILL_MARKER_PREFIX}{session_id}/")
 
     def drop_cursors(self, session_id: str, topics: Iterable[str]) -> None:
         for topic in topics:
@@ -454,11 +469,20 @@ class SessionStore:
         """Discard every session whose expiry has passed at `at_us`, except those
         of client ids in `live` (connected here) and those held by another
         running node (`held_elsewhere`; `here`: this node); return their client
-        ids."""
+        ids. A session whose record still holds a Will (due when it expires at
+        the latest) is kept until the Will is published, for at most
+        `WILL_GRACE` seconds: it is the record that fences it (`mqtt/wills.py`)."""
         gone: list[str] = []
         for stored in self.all():
             record = stored.record
             if record.client_id in live or not record.expired(at_us):
+                continue
+            expires = record.expires_us()
+            if (
+                record.will is not None
+                and expires is not None
+                and at_us < expires + int(WILL_GRACE * 1_000_000)
+            ):
                 continue
             if here is not None and self.held_elsewhere(record, here, at_us):
                 continue
