@@ -14,8 +14,9 @@ from click.testing import CliRunner
 from harness.broker import BrokerProcess, Client
 from harness.waiting import SLOW
 from riverbed.cli import cli
+from riverbed.clock import now_us
 from riverbed.cluster.directory import DRAINS
-from riverbed.sessions.store import node_lease, now_us
+from riverbed.sessions.store import node_lease
 from riverbed.storage import open_storage
 from riverbed.storage.leases import Leases
 

@@ -12,9 +12,10 @@ import psycopg
 from harness.broker import BrokerProcess, Client
 from harness.cli import rb
 from harness.waiting import eventually
+from riverbed.clock import now_us
 from riverbed.log.log import Log
 from riverbed.model import Message
-from riverbed.sessions.store import SessionRecord, SessionStore, node_lease, now_us
+from riverbed.sessions.store import SessionRecord, SessionStore, node_lease
 from riverbed.storage import open_storage
 from riverbed.storage.leases import Leases
 from riverbed.subscriptions.cursors import Subscriptions

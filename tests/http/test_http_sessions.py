@@ -17,10 +17,11 @@ from harness.raw_mqtt import RawClient
 from harness.waiting import eventually
 from riverbed import __version__
 from riverbed.cli import cli
+from riverbed.clock import now_us
 from riverbed.mqtt.codec import Puback, Publish, Suback, Subscribe, SubscribeTopic
 from riverbed.mqtt.retained import RetainedStore
 from riverbed.sessions.session import Subscription
-from riverbed.sessions.store import SessionRecord, SessionStore, node_lease, now_us
+from riverbed.sessions.store import SessionRecord, SessionStore, node_lease
 from riverbed.storage import open_storage
 from riverbed.storage.leases import Leases
 

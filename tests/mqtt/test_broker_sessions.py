@@ -14,7 +14,7 @@ import pytest
 
 from harness.broker import BrokerProcess, Client
 from harness.waiting import eventually
-from riverbed.sessions.store import now_us
+from riverbed.clock import now_us
 
 PROTOCOLS = [pytest.param(paho.MQTTv5, id="mqtt5"), pytest.param(paho.MQTTv311, id="mqtt311")]
 

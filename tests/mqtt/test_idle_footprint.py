@@ -41,7 +41,7 @@ from riverbed.mqtt.config import Address, AuthConfig, BrokerConfig, Listeners
 from riverbed.mqtt.connection import Connection
 from riverbed.mqtt.following import Following
 from riverbed.mqtt.inbound import Inbound
-from riverbed.mqtt.pacer import Batch
+from riverbed.mqtt.pacer import TopicBatch
 from riverbed.mqtt.protocol import ConnectionCore, ProtocolLimits
 from riverbed.mqtt.protocol_effects import Authenticated, SessionOpened
 from riverbed.mqtt.sharing import Sharing
@@ -92,7 +92,17 @@ def shared_not_empty(obj: object) -> list[str]:
 
 @pytest.mark.parametrize(
     "cls",
-    [Connection, ConnectionCore, Session, Inbound, Following, Sharing, WebSocket, Decoder, Batch],
+    [
+        Connection,
+        ConnectionCore,
+        Session,
+        Inbound,
+        Following,
+        Sharing,
+        WebSocket,
+        Decoder,
+        TopicBatch,
+    ],
 )
 def test_per_connection_classes_have_no_instance_dict(cls: type) -> None:
     assert cls.__dictoffset__ == 0, f"{cls.__name__} instances have a __dict__"

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from riverbed.metrics import Counts
 from riverbed.model import Message, StoredMessage, StreamId
 from riverbed.mqtt.inbound import Inbound
-from riverbed.mqtt.pacer import Batch
+from riverbed.mqtt.pacer import TopicBatch
 from riverbed.mqtt.protocol import ConnectionCore, ProtocolLimits
 
 STREAMS = [StreamId("t", 0, p) for p in range(3)]
@@ -34,7 +34,7 @@ def commit(placed: list[tuple[int, int]]) -> Router:
     broker = SimpleNamespace(router=router, counts=Counts())  # only routing runs
     core = ConnectionCore(ProtocolLimits(), 0.0, new_client_id=str)
     inbound = Inbound(cast(Any, broker), core, apply=lambda effects: None, quickack=lambda: None)
-    batch = Batch(inbound, "t")
+    batch = TopicBatch(inbound, "t")
     batch.messages = [Message(b"%d" % i, key=None, mqtt_topic="t/x") for i in range(len(placed))]
     batch.positions = cast(Any, [(STREAMS[s], offset) for s, offset in placed])
     inbound.committed(batch)

@@ -13,7 +13,7 @@ import pytest
 from harness.waiting import eventually_async
 from riverbed.log.log import Log
 from riverbed.model import Message, StreamId
-from riverbed.mqtt.pacer import Batch, CommitPacer
+from riverbed.mqtt.pacer import CommitPacer, TopicBatch
 
 
 class FakeInbound:
@@ -21,27 +21,27 @@ class FakeInbound:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.batches: dict[str, Batch] = {}
-        self.done: list[Batch] = []
+        self.batches: dict[str, TopicBatch] = {}
+        self.done: list[TopicBatch] = []
         self.committed_at: list[float] = []
 
     def add(self, topic: str, *messages: Message) -> None:
         batch = self.batches.get(topic)
         if batch is None:
-            batch = self.batches[topic] = Batch(self, topic)  # type: ignore[arg-type]
+            batch = self.batches[topic] = TopicBatch(self, topic)  # type: ignore[arg-type]
         batch.messages.extend(messages)
 
-    def take_batches(self) -> list[Batch]:
+    def take_batches(self) -> list[TopicBatch]:
         batches = list(self.batches.values())
         self.batches.clear()
         return batches
 
-    def committed(self, batch: Batch) -> None:
+    def committed(self, batch: TopicBatch) -> None:
         self.done.append(batch)
         self.committed_at.append(asyncio.get_running_loop().time())
 
 
-def _positions(batch: Batch) -> list[tuple[StreamId, int]]:
+def _positions(batch: TopicBatch) -> list[tuple[StreamId, int]]:
     assert batch.positions is not None
     return [batch.positions[batch.start + i] for i in range(len(batch.messages))]
 

@@ -35,9 +35,10 @@ from riverbed.cli._app import (
     plural,
     print_json,
 )
+from riverbed.clock import now_us
 from riverbed.cluster.directory import Directory
 from riverbed.errors import NotFound, PreconditionFailed, RiverbedError
-from riverbed.sessions.store import SessionStore, now_us
+from riverbed.sessions.store import SessionStore
 from riverbed.storage import Storage
 from riverbed.storage.postgres import PostgresStorage
 

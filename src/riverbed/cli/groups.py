@@ -23,9 +23,9 @@ from riverbed.cli._app import (
     print_json,
 )
 from riverbed.cli._reuse import if_not_exists_option, reusing
+from riverbed.clock import now_us
 from riverbed.errors import AlreadyExists
 from riverbed.log.jsonlines import format_time
-from riverbed.sessions.store import now_us
 from riverbed.sharedsub.claims import GroupRecord, GroupStore, StreamProgress
 from riverbed.sharedsub.overview import GroupOverview, describe_group, list_groups
 from riverbed.sharedsub.protocol import GroupId

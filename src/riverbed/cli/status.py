@@ -32,9 +32,10 @@ from riverbed.cli._app import (
     open_storage_of_command,
     print_json,
 )
+from riverbed.clock import now_us
 from riverbed.errors import NotFound
 from riverbed.log.jsonlines import format_time
-from riverbed.sessions.store import SessionStore, now_us
+from riverbed.sessions.store import SessionStore
 from riverbed.sharedsub.claims import GroupStore, group_progress
 from riverbed.storage import Storage, redact_url
 from riverbed.subscriptions.cursors import Subscriptions

@@ -16,9 +16,9 @@ from typing import Any
 
 from fastapi import APIRouter
 
+from riverbed.clock import now_us
 from riverbed.http.context import HttpContext
 from riverbed.log.jsonlines import format_time
-from riverbed.sessions.store import now_us
 from riverbed.sharedsub.overview import GroupOverview, describe_group, list_groups
 from riverbed.sharedsub.protocol import GroupId
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from typing import Any, Protocol
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from riverbed.clock import now_us
 from riverbed.errors import NotFound, RiverbedError
 from riverbed.http.errors import ApiError
 from riverbed.log.jsonlines import format_time
@@ -83,10 +83,6 @@ class Job:
         }
 
 
-def _now_us() -> int:
-    return time.time_ns() // 1000
-
-
 @dataclass
 class Jobs:
     """The jobs of this process (`HttpContext.jobs`)."""
@@ -107,7 +103,7 @@ class Jobs:
                         f"job {other.id} ({other.kind}) is still running on {target!r}:"
                         f" wait for it (GET /api/v1/jobs/{other.id})",
                     )
-            job = Job(uuid.uuid4().hex, kind, target, _now_us())
+            job = Job(uuid.uuid4().hex, kind, target, now_us())
             self._jobs[job.id] = job
             self._forget_old()
             view = job.view()
@@ -141,7 +137,7 @@ class Jobs:
     ) -> None:
         with self._lock:
             job.status, job.result, job.error = status, result, error
-            job.finished_us = _now_us()
+            job.finished_us = now_us()
             if status is JobStatus.SUCCEEDED:
                 # Done means done: a total never reported is what was done.
                 job.done = job.total = job.total if job.total is not None else job.done

@@ -20,10 +20,11 @@ from typing import Any
 
 from fastapi import APIRouter
 
+from riverbed.clock import now_us
 from riverbed.cluster.directory import Directory
 from riverbed.http.context import HttpContext
 from riverbed.log.jsonlines import format_time
-from riverbed.sessions.store import SessionStore, now_us
+from riverbed.sessions.store import SessionStore
 from riverbed.sharedsub.claims import GroupStore
 from riverbed.storage.base import Storage
 

@@ -27,11 +27,12 @@ from typing import Any
 
 from fastapi import APIRouter
 
+from riverbed.clock import now_us
 from riverbed.errors import NotFound, PreconditionFailed
 from riverbed.http.context import HttpContext
 from riverbed.http.errors import ApiError
 from riverbed.log.jsonlines import format_time
-from riverbed.sessions.store import NEVER_EXPIRES, SessionRecord, SessionStore, now_us
+from riverbed.sessions.store import NEVER_EXPIRES, SessionRecord, SessionStore
 
 MQTT5 = 5
 DELETE_ATTEMPTS = 5

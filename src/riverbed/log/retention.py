@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import assert_never
 
+from riverbed.clock import now_us as clock_now_us
 from riverbed.errors import RiverbedError
 from riverbed.model import StreamId
 from riverbed.storage.base import RetentionPolicy, Storage, StreamHead, TopicRecord
@@ -103,7 +104,7 @@ def apply_retention(
     report the streams whose subscriptions hold messages past retention."""
     if batch < 1:
         raise ValueError(f"batch {batch} must be at least 1")
-    now_us = time.time_ns() // 1000 if now_us is None else now_us
+    now_us = clock_now_us() if now_us is None else now_us
     topics = [storage.get_topic(topic)] if topic is not None else storage.list_topics()
     run = RetentionRun()
     for record in topics:
@@ -248,7 +249,7 @@ class Retainer:
         *,
         pin_warning_hours: float = 24,
         batch: int = DELETE_BATCH,
-        clock: Callable[[], int] = lambda: time.time_ns() // 1000,
+        clock: Callable[[], int] = clock_now_us,
     ) -> None:
         if interval <= 0:
             raise ValueError(f"interval {interval} must be positive")

@@ -23,12 +23,12 @@ from __future__ import annotations
 import contextlib
 import enum
 import re
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import TypeVar
 
+from riverbed.clock import now_us
 from riverbed.errors import AlreadyExists, BindingOverlap, InvalidInput, TopicNotFound
 from riverbed.log.partitioning import scale_factor, validate_partitions
 from riverbed.model import format_duration
@@ -296,7 +296,7 @@ class Topics:
             retention_us,
             retention_policy,
             0,
-            time.time_ns() // 1000,
+            now_us(),
             max_age_us,
             max_messages,
             max_bytes,

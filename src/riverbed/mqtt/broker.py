@@ -68,6 +68,7 @@ from ssl import SSLContext
 from typing import Protocol, TypeVar, cast
 
 from riverbed import __version__
+from riverbed.clock import now_us
 from riverbed.cluster.bus import NodeBus
 from riverbed.cluster.directory import Directory, DrainRequest, NodeInfo
 from riverbed.errors import CannotListen, LeaseHeld, PreconditionFailed, RiverbedError
@@ -86,7 +87,7 @@ from riverbed.mqtt.sys import SysPublisher
 from riverbed.mqtt.tls import server_context
 from riverbed.mqtt.websocket import WebSocket
 from riverbed.mqtt.wills import Wills
-from riverbed.sessions.store import SessionRecord, SessionStore, Stored, node_lease, now_us
+from riverbed.sessions.store import SessionRecord, SessionStore, Stored, node_lease
 from riverbed.sessions.writer import SessionWriter
 from riverbed.sharedsub.runtime import SharedRuntime
 from riverbed.storage.leases import Lease, Leases

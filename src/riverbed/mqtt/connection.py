@@ -51,7 +51,7 @@ from collections import deque
 from dataclasses import replace
 from typing import Protocol, assert_never
 
-from riverbed.clock import Tick
+from riverbed.clock import Tick, now_us
 from riverbed.errors import PreconditionFailed, ProtocolError, RiverbedError
 from riverbed.log.appender import store_refused
 from riverbed.mqtt.auth import Authenticator
@@ -117,7 +117,7 @@ from riverbed.sessions.session import (
     Subscription,
     cursors_by_topic,
 )
-from riverbed.sessions.store import SessionRecord, Stored, now_us
+from riverbed.sessions.store import SessionRecord, Stored
 
 log = logging.getLogger(__name__)
 

@@ -28,6 +28,7 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from riverbed.clock import now_us
 from riverbed.errors import InvalidTopicFilter, ProtocolError, RiverbedError, TopicNotFound
 from riverbed.log.lineage import readable_streams
 from riverbed.log.topics import reachable_topics
@@ -44,7 +45,7 @@ from riverbed.mqtt.codec import (
 )
 from riverbed.mqtt.sharing import Sharing, SharingOwner, is_shared
 from riverbed.sessions.session import Event, Follow, Session, Subscription
-from riverbed.sessions.store import SessionRecord, Stored, now_us
+from riverbed.sessions.store import SessionRecord, Stored
 from riverbed.sessions.writer import NewCursors
 from riverbed.sharedsub.claims import GroupStore
 from riverbed.sharedsub.protocol import GroupId

@@ -44,17 +44,18 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from riverbed.clock import now_us
 from riverbed.errors import RiverbedError
 from riverbed.log.appender import Position, store_refused
 from riverbed.log.log import Log
 from riverbed.model import Message, StoredMessage, StreamId, encode_properties
 from riverbed.mqtt.codec import MQTT_5, PubackReason, Publish
 from riverbed.mqtt.messages import committed_row, message_from_publish
-from riverbed.mqtt.pacer import Batch, refusal_reason
+from riverbed.mqtt.pacer import TopicBatch, refusal_reason
 from riverbed.mqtt.ports import Services
 from riverbed.mqtt.protocol import ConnectionCore
 from riverbed.mqtt.protocol_effects import Append, Effect
-from riverbed.sessions.store import now_us, qos2_marker
+from riverbed.sessions.store import qos2_marker
 from riverbed.storage.base import Row
 
 log = logging.getLogger(__name__)
@@ -116,12 +117,12 @@ class Inbound:
         self._quickack = quickack
         self.session_id = ""
         """The session's id, for the QoS 2 markers (set once the session is open)."""
-        self._acks: deque[Batch | asyncio.Future[Any]] = deque()
+        self._acks: deque[TopicBatch | asyncio.Future[Any]] = deque()
         """The commit of each append not yet reported to the core, in arrival
         order (a batch once per message it holds)."""
-        self._batches: dict[str, Batch] = {}
+        self._batches: dict[str, TopicBatch] = {}
         """QoS 0/1 PUBLISHes by topic that the pacer has not taken yet."""
-        self._taken: list[Batch] = []
+        self._taken: list[TopicBatch] = []
         """The batches the pacer took last: until they are done, it takes no more."""
         self._refused: BaseException | None = None
         """Why the store refused a commit of this connection: the batches not
@@ -138,7 +139,7 @@ class Inbound:
         log_topic = route.topic
         batch = self._batches.get(log_topic)
         if batch is None:
-            batch = self._batches[log_topic] = Batch(self, log_topic)
+            batch = self._batches[log_topic] = TopicBatch(self, log_topic)
         batch.messages.append(
             message_from_publish(packet, topic, self._core.client_id, route.key_mode)
         )
@@ -163,7 +164,7 @@ class Inbound:
         if now:
             pacer.commit_now()
 
-    def take_batches(self) -> list[Batch]:
+    def take_batches(self) -> list[TopicBatch]:
         """For the pacer: the batches to commit; they leave this connection's
         hands. None while the last ones are still at the writer thread (one
         commit at a time per connection: a later one must not succeed where an
@@ -191,7 +192,7 @@ class Inbound:
             return
         batch = self._batches.get(log_topic)
         if batch is None:
-            batch = self._batches[log_topic] = Batch(self, log_topic)
+            batch = self._batches[log_topic] = TopicBatch(self, log_topic)
         batch.messages.append(message)
         self._acks.append(batch)
         self.flush(now=True)
@@ -233,7 +234,7 @@ class Inbound:
         marker = qos2_marker(self.session_id, packet_id)
         return await asyncio.to_thread(self._broker.log.storage.delete_marker, marker)
 
-    def committed(self, batch: Batch) -> None:
+    def committed(self, batch: TopicBatch) -> None:
         """The pacer committed a batch (or it failed): route it, report it."""
         positions = batch.positions
         if positions is not None:

@@ -1,6 +1,6 @@
 """When the broker commits its QoS 0/1 PUBLISHes: the commit pacer.
 
-A read's PUBLISHes wait in their connection's `Inbound`, one `Batch` per log
+A read's PUBLISHes wait in their connection's `Inbound`, one `TopicBatch` per log
 topic, until the pacer commits them. It commits at the end of the loop turn,
 together with what every other connection read in that turn, if the last
 commit is at least `interval` ago; otherwise as soon as it is. So:
@@ -55,12 +55,12 @@ class Inbound(Protocol):
     its batches, and a call when one is done. The pacer answers; it holds no
     connection."""
 
-    def take_batches(self) -> list[Batch]: ...
+    def take_batches(self) -> list[TopicBatch]: ...
 
-    def committed(self, batch: Batch) -> None: ...
+    def committed(self, batch: TopicBatch) -> None: ...
 
 
-class Batch:
+class TopicBatch:
     """One connection's QoS 0/1 PUBLISHes bound for one topic, committed together.
 
     Pending until the pacer hands it to the log; then done (with `positions`
@@ -132,7 +132,7 @@ class CommitPacer:
             return
         self._waiting = {}
         self._last = asyncio.get_running_loop().time()
-        by_topic: dict[str, list[Batch]] = {}
+        by_topic: dict[str, list[TopicBatch]] = {}
         for inbound in waiting:
             for batch in inbound.take_batches():
                 same = by_topic.get(batch.topic)
@@ -143,7 +143,7 @@ class CommitPacer:
         for topic, batches in by_topic.items():
             self._commit(topic, batches)
 
-    def _commit(self, topic: str, batches: Sequence[Batch]) -> None:
+    def _commit(self, topic: str, batches: Sequence[TopicBatch]) -> None:
         if len(batches) == 1:
             messages: list[Message] = batches[0].messages
         else:
@@ -179,7 +179,7 @@ class CommitPacer:
         produced.add_done_callback(done)
 
 
-def _resolved(future: Future[Positions], batches: Sequence[Batch]) -> None:
+def _resolved(future: Future[Positions], batches: Sequence[TopicBatch]) -> None:
     """The writer thread committed (or failed) a shared commit: on the loop."""
     error = future.exception() if not future.cancelled() else RiverbedError("commit cancelled")
     for batch in batches:

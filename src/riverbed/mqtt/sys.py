@@ -45,6 +45,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from riverbed.clock import now_us
 from riverbed.errors import AlreadyExists, BindingOverlap, RiverbedError, TopicNotFound
 from riverbed.log.retention import apply_retention
 from riverbed.log.topics import KeyKind, KeyMode
@@ -52,7 +53,6 @@ from riverbed.model import Message, StoredMessage, StreamId
 from riverbed.mqtt.messages import committed_row
 from riverbed.mqtt.ports import Services
 from riverbed.mqtt.retained import NAMESPACE as RETAINED_NAMESPACE
-from riverbed.sessions.store import now_us
 from riverbed.storage.base import RetentionPolicy
 
 log = logging.getLogger(__name__)

@@ -40,6 +40,7 @@ import json
 import logging
 from dataclasses import dataclass, replace
 
+from riverbed.clock import now_us
 from riverbed.errors import PreconditionFailed, RiverbedError
 from riverbed.log.appender import Position
 from riverbed.log.log import Log
@@ -48,7 +49,7 @@ from riverbed.mqtt.codec import Publish, PublishProperties, Will, WillProperties
 from riverbed.mqtt.messages import committed_row, message_from_publish
 from riverbed.mqtt.ports import Services
 from riverbed.mqtt.sys import is_sys_topic
-from riverbed.sessions.store import NEVER_EXPIRES, SessionRecord, Stored, now_us, will_marker
+from riverbed.sessions.store import NEVER_EXPIRES, SessionRecord, Stored, will_marker
 from riverbed.storage.base import Row
 
 log = logging.getLogger(__name__)

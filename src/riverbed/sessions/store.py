@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
 from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
+from riverbed.clock import now_us
 from riverbed.errors import AlreadyExists, NotFound, PreconditionFailed, SubscriptionNotFound
 from riverbed.sessions.qos2 import WindowEntry
 from riverbed.sessions.session import Subscription
@@ -79,10 +79,6 @@ kept for it (`SessionStore.expire`)."""
 def node_lease(node: str) -> str:
     """The name of a broker node's liveness lease."""
     return NODE_LEASE_PREFIX + node
-
-
-def now_us() -> int:
-    return time.time_ns() // 1000
 
 
 @dataclass(frozen=True, slots=True)

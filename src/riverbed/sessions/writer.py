@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 
+from riverbed.clock import now_us
 from riverbed.errors import (
     AlreadyExists,
     PreconditionFailed,
@@ -47,7 +48,6 @@ from riverbed.sessions.store import (
     SessionStore,
     Stored,
     cursor_name,
-    now_us,
 )
 from riverbed.storage.transactions import (
     Transaction,

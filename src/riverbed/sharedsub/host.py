@@ -43,10 +43,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from riverbed.clock import Tick
+from riverbed.clock import Tick, now_us
 from riverbed.errors import LeaseHeld, RiverbedError
 from riverbed.model import StreamId
-from riverbed.sessions.store import now_us
 from riverbed.sharedsub.bus import Bus, Registry
 from riverbed.sharedsub.claims import Claim, GroupStore, Save, TopicReads, reached_topics
 from riverbed.sharedsub.config import SharedSubConfig

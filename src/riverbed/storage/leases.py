@@ -14,9 +14,9 @@ The shared-subscription leader claim (seed 001) is built on this.
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 
+from riverbed.clock import now_us as clock_now_us
 from riverbed.errors import InvalidInput, LeaseHeld, PreconditionFailed
 from riverbed.storage.base import KVEntry, Storage
 
@@ -35,10 +35,6 @@ class Lease:
 
     def expired(self, now_us: int) -> bool:
         return now_us >= self.expires_us
-
-
-def _now() -> int:
-    return time.time_ns() // 1000
 
 
 class Leases:
@@ -61,7 +57,7 @@ class Leases:
         another owner took it between our read and our write).
         """
         _check(owner, ttl_us)
-        now_us = _now() if now_us is None else now_us
+        now_us = clock_now_us() if now_us is None else now_us
         value = _encode(owner, now_us + ttl_us)
         entry = self.storage.kv_get(self.namespace, name)
         try:
@@ -87,7 +83,7 @@ class Leases:
         """Extend a lease we hold. Raises `PreconditionFailed` if it is no longer
         ours as we last wrote it (it expired and was taken, or was released)."""
         _check(lease.owner, ttl_us)
-        now_us = _now() if now_us is None else now_us
+        now_us = clock_now_us() if now_us is None else now_us
         if lease.expired(now_us):
             # Our own clock says it is gone: someone may hold it by now, so do
             # not resurrect it here; acquire it again instead.

@@ -39,13 +39,13 @@ import contextlib
 import os
 import socket
 import threading
-import time
 import uuid
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from riverbed.clock import now_us
 from riverbed.errors import InvalidInput, StorageError, StorageUnavailable
 from riverbed.storage.base import Storage
 from riverbed.storage.transactions import Transaction, sql_storage, transaction
@@ -126,10 +126,6 @@ def session_locks(storage: Storage, owner: str | None = None) -> PartitionLocks:
 
 
 # --------------------------------------------------------------------- leases
-
-
-def now_us() -> int:
-    return time.time_ns() // 1000
 
 
 HOST = socket.gethostname()

@@ -26,6 +26,7 @@ from typing import Any
 
 import psycopg
 
+from riverbed.clock import now_us
 from riverbed.errors import (
     DatabaseNotFound,
     InvalidConfig,
@@ -36,7 +37,7 @@ from riverbed.errors import (
 from riverbed.storage import arrow, bulk
 from riverbed.storage.base import Hearing, Row
 from riverbed.storage.connections import Cursor, operation
-from riverbed.storage.sql import RECORD_MARKER, SqlStorage, now_us
+from riverbed.storage.sql import RECORD_MARKER, SqlStorage
 from riverbed.storage.urls import redact_password, redact_url
 
 CHANNEL = "riverbed_append"

@@ -28,11 +28,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from riverbed.clock import now_us
 from riverbed.errors import DatabaseNotFound, StorageUnavailable, StreamSealed
 from riverbed.storage import bulk
 from riverbed.storage.base import Row
 from riverbed.storage.connections import Cursor, operation
-from riverbed.storage.sql import RECORD_MARKER, SqlStorage, now_us
+from riverbed.storage.sql import RECORD_MARKER, SqlStorage
 from riverbed.storage.urls import redact_url
 
 WATCH_INTERVAL = 0.002

@@ -29,11 +29,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from riverbed.clock import now_us
 from riverbed.errors import StreamSealed, Superseded
 from riverbed.log.lineage import readable_streams
 from riverbed.log.partitioning import key_hash
 from riverbed.model import MessageIdGenerator
-from riverbed.sessions.store import now_us
 from riverbed.storage.base import Storage, StreamHead, SubscriptionRecord
 from riverbed.storage.outage import ride_out
 from riverbed.storage.transactions import (

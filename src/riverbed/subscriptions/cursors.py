@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from riverbed.clock import now_us
 from riverbed.errors import AlreadyExists, InvalidInput, InvalidOffset
 from riverbed.log.jsonlines import format_time
 from riverbed.log.lineage import readable_streams
@@ -165,9 +166,7 @@ class Subscriptions:
         kind, start_us = (start, None) if isinstance(start, StartKind) else (StartKind.TIME, start)
         if start_us is not None and start_us < 0:
             raise InvalidInput(f"start time {start_us}us is before the epoch")
-        record = SubscriptionRecord(
-            name, topic, topic_filter, kind, start_us, time.time_ns() // 1000
-        )
+        record = SubscriptionRecord(name, topic, topic_filter, kind, start_us, now_us())
         try:
             self.storage.create_subscription(
                 record, lambda heads: initial_positions(self.storage, start, heads)

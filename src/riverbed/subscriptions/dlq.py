@@ -25,9 +25,9 @@ import uuid
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 
+from riverbed.clock import now_us as current_us
 from riverbed.errors import InvalidInput, NotFound, Superseded
 from riverbed.model import MessageId, MessageIdGenerator, StreamId
-from riverbed.sessions.store import now_us as current_us
 from riverbed.storage.base import Storage, StreamHead
 from riverbed.storage.transactions import (
     append_once_in,

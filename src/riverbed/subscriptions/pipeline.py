@@ -15,8 +15,8 @@ import asyncio
 import json
 import logging
 
+from riverbed.clock import now_us
 from riverbed.errors import Superseded
-from riverbed.sessions.store import now_us
 from riverbed.storage.base import Storage
 from riverbed.storage.outage import ride_out
 from riverbed.subscriptions.batch import MainRange, QueueLayout, ShardRunner, batch_marker

@@ -33,11 +33,11 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from riverbed.clock import now_us
 from riverbed.errors import StorageError, Superseded
 from riverbed.log.partitioning import key_hash, route
 from riverbed.log.topics import Topics
 from riverbed.model import MessageIdGenerator
-from riverbed.sessions.store import now_us
 from riverbed.storage.base import Row, Storage
 from riverbed.storage.transactions import (
     append_once_in,

@@ -16,7 +16,6 @@ retention's deletes), `subscriptions.py` (subscriptions and cursors) and
 from __future__ import annotations
 
 from riverbed.storage.sql.core import SqlCore as SqlCore
-from riverbed.storage.sql.core import now_us as now_us
 from riverbed.storage.sql.kv import KVQueries
 from riverbed.storage.sql.messages import FIRST_OFFSET_AT as FIRST_OFFSET_AT
 from riverbed.storage.sql.messages import RECORD_MARKER as RECORD_MARKER

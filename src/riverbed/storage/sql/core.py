@@ -4,7 +4,6 @@ and the row helpers and queries more than one part uses."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -20,10 +19,6 @@ _TOPIC_COLUMNS = (
     " max_age_us, max_messages, max_bytes, key_mode"
 )
 _HEAD_COLUMNS = "id, topic, generation, part, start_offset, next_offset, sealed"
-
-
-def now_us() -> int:
-    return time.time_ns() // 1000
 
 
 def _topic(row: Sequence[Any]) -> TopicRecord:

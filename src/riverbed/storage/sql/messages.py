@@ -6,13 +6,14 @@ import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from riverbed.clock import now_us
 from riverbed.errors import InvalidInput, InvalidOffset, StreamSealed
 from riverbed.model import StoredMessage
 from riverbed.storage import arrow, bulk
 from riverbed.storage.base import Row
 from riverbed.storage.connections import Cursor, operation
 from riverbed.storage.schema import MESSAGE_COLUMNS
-from riverbed.storage.sql.core import SqlCore, now_us
+from riverbed.storage.sql.core import SqlCore
 
 RECORD_MARKER = (
     "INSERT INTO markers (marker, created_us) VALUES (?, ?)"
