@@ -59,6 +59,8 @@ COMMANDS: list[tuple[str, ...]] = [
     ("demo",),
     ("worker", "s", "--handler", "json:dumps"),
     ("status",),
+    ("cluster", "status"),
+    ("cluster", "drain", "n", "--timeout", "5"),
 ]
 """Every command that opens the database (`serve` is run as a process below)."""
 

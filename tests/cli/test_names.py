@@ -57,6 +57,12 @@ CASES: list[tuple[list[str], int, str]] = [
     (["worker", "nope", "--handler", "json:dumps"], 2, "subscription 'nope' does not exist"),
     (["group", "describe", "nope", "x/#"], 1, MISSING_GROUP),
     (["group", "delete", "nope", "x/#"], 1, MISSING_GROUP),
+    (
+        ["cluster", "drain", "nope", "--timeout", "5"],
+        1,
+        "error: no broker node 'nope' holds a lease on this database (alive: none;"
+        " see riverbed cluster status)\n",
+    ),
 ]
 
 NOT_LOOKUPS = {
