@@ -47,41 +47,16 @@ from typing import Any
 from riverbed.clock import now_us
 from riverbed.errors import RiverbedError
 from riverbed.log.appender import Position, store_refused
-from riverbed.log.log import Log
-from riverbed.model import Message, StoredMessage, StreamId, encode_properties
+from riverbed.model import Message, StoredMessage, StreamId
 from riverbed.mqtt.codec import MQTT_5, PubackReason, Publish
-from riverbed.mqtt.messages import committed_row, message_from_publish
+from riverbed.mqtt.messages import append_exactly_once, committed_row, message_from_publish
 from riverbed.mqtt.pacer import TopicBatch, refusal_reason
 from riverbed.mqtt.ports import Services
 from riverbed.mqtt.protocol import ConnectionCore
 from riverbed.mqtt.protocol_effects import Append, Effect
 from riverbed.sessions.store import qos2_marker
-from riverbed.storage.base import Row
 
 log = logging.getLogger(__name__)
-
-
-def append_exactly_once(bus: Log, log_topic: str, message: Message, marker: str) -> Position | None:
-    """Append `message` to `log_topic` with `marker`, blocking; its (stream,
-    offset), or None if the marker was recorded before (already committed)."""
-    bus.check(log_topic, message)
-    ((id_bytes, ts),) = bus.appender.ids.reserve(1)
-    row: Row = (
-        id_bytes,
-        ts,
-        message.mqtt_topic,
-        message.key,
-        message.payload,
-        encode_properties(message.properties) if message.properties else None,
-        message.qos,
-        int(message.retain),
-    )
-    firsts = bus.appender.append_once(log_topic, [row], marker)
-    if firsts is None:
-        return None
-    ((key, offset),) = firsts.items()
-    stream = bus.appender.stream_of(log_topic, key)
-    return None if stream is None else (stream, offset)
 
 
 class Inbound:

@@ -26,6 +26,8 @@ import math
 import time
 from collections.abc import Callable
 
+from riverbed.log.appender import Position
+from riverbed.log.log import Log
 from riverbed.log.topics import KeyKind, KeyMode
 from riverbed.model import (
     Message,
@@ -35,6 +37,7 @@ from riverbed.model import (
     encode_properties,
 )
 from riverbed.mqtt.codec import NO_PUBLISH_PROPERTIES, Publish, PublishProperties
+from riverbed.storage.base import Row
 
 KEY_PROPERTY = "key"
 """The user property that sets a message's ordering key, whatever the key mode."""
@@ -197,3 +200,28 @@ def committed_row(message: Message, offset: int) -> StoredMessage:
         message.qos,
         int(message.retain),
     )
+
+
+def append_exactly_once(bus: Log, log_topic: str, message: Message, marker: str) -> Position | None:
+    """Append `message` to `log_topic` with `marker`, blocking; its (stream,
+    offset), or None if the marker was recorded before (already committed).
+    How an incoming QoS 2 PUBLISH (`mqtt/inbound.py`) and a Will published by
+    another node (`mqtt/wills.py`) are stored exactly once."""
+    bus.check(log_topic, message)
+    ((id_bytes, ts),) = bus.appender.ids.reserve(1)
+    row: Row = (
+        id_bytes,
+        ts,
+        message.mqtt_topic,
+        message.key,
+        message.payload,
+        encode_properties(message.properties) if message.properties else None,
+        message.qos,
+        int(message.retain),
+    )
+    firsts = bus.appender.append_once(log_topic, [row], marker)
+    if firsts is None:
+        return None
+    ((key, offset),) = firsts.items()
+    stream = bus.appender.stream_of(log_topic, key)
+    return None if stream is None else (stream, offset)

@@ -43,14 +43,11 @@ from dataclasses import dataclass, replace
 from riverbed.clock import now_us
 from riverbed.errors import PreconditionFailed, RiverbedError
 from riverbed.log.appender import Position
-from riverbed.log.log import Log
-from riverbed.model import Message, encode_properties
 from riverbed.mqtt.codec import Publish, PublishProperties, Will, WillProperties
-from riverbed.mqtt.messages import committed_row, message_from_publish
+from riverbed.mqtt.messages import append_exactly_once, committed_row, message_from_publish
 from riverbed.mqtt.ports import Services
 from riverbed.mqtt.sys import is_sys_topic
 from riverbed.sessions.store import NEVER_EXPIRES, SessionRecord, Stored, will_marker
-from riverbed.storage.base import Row
 
 log = logging.getLogger(__name__)
 
@@ -117,30 +114,6 @@ def will_from_json(text: str) -> tuple[Will, str | None]:
         data["topic"], base64.b64decode(data["payload"]), data["qos"], data["retain"], props
     )
     return will, data["username"]
-
-
-def append_will_once(bus: Log, log_topic: str, message: Message, marker: str) -> Position | None:
-    """Append a Will's message with its `marker` (blocking), as an incoming QoS
-    2 PUBLISH is (`mqtt/inbound.py`); its (stream, offset), or None if the
-    marker was recorded before (published already)."""
-    bus.check(log_topic, message)
-    ((id_bytes, ts),) = bus.appender.ids.reserve(1)
-    row: Row = (
-        id_bytes,
-        ts,
-        message.mqtt_topic,
-        message.key,
-        message.payload,
-        encode_properties(message.properties) if message.properties else None,
-        message.qos,
-        int(message.retain),
-    )
-    firsts = bus.appender.append_once(log_topic, [row], marker)
-    if firsts is None:
-        return None
-    ((key, offset),) = firsts.items()
-    stream = bus.appender.stream_of(log_topic, key)
-    return None if stream is None else (stream, offset)
 
 
 RESCAN = 60.0
@@ -387,7 +360,7 @@ class Wills:
                 position: Position | None = positions[0]
             else:
                 position = await asyncio.to_thread(
-                    append_will_once, broker.log, log_topic, message, marker
+                    append_exactly_once, broker.log, log_topic, message, marker
                 )
                 if position is None:
                     log.info("client %s: will published already (by another node)", client_id)
