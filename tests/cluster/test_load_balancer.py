@@ -9,9 +9,8 @@ One node is SIGKILLed mid-stream; its clients connect again through the same
 port, HAProxy sends them to the nodes left, which take their sessions over,
 and they resume. Then, per message the publisher had acknowledged (PUBACK or
 PUBCOMP): every subscriber of its topic got it (once at QoS 2), the group got
-it (at least once: QoS 2 exactly once in the group does not hold yet when the
-node leading it dies, the xfail test at the end), and each subscriber and the
-group got each key's messages in order.
+it (once at QoS 2, also when the node leading it dies: the test at the end),
+and each subscriber and the group got each key's messages in order.
 
 The second test drains a second node after the kill (`riverbed cluster drain`,
 which asks its clients to move, DISCONNECT 0x9C), with the same checks; it runs
@@ -454,11 +453,7 @@ def check(fleet: Fleet, url: str) -> None:
         if qos_of(p) == 2:
             check_once(subscriber.client_id, [subscriber])
     check_order("the group", fleet.members, url, fleet)
-    # The group gets every message at least once, but not yet QoS 2 exactly
-    # once: when the node leading it dies, the next Leader starts from the
-    # progress last saved, and what members completed since comes again
-    # (test_a_shared_group_gets_a_qos2_message_once_when_its_leaders_node_is_killed,
-    # xfail). Once that holds, `check_once` belongs here for the group too.
+    check_once("the group", fleet.members, qos2_only=True)
 
 
 def stored_order(url: str, key: str) -> list[int]:
@@ -616,11 +611,6 @@ def test_the_documented_configuration_is_the_one_tested() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="a shared group's new Leader resumes from the progress the dead one last saved:"
-    " QoS 2 messages a member had completed are delivered to the group again",
-)
 def test_a_shared_group_gets_a_qos2_message_once_when_its_leaders_node_is_killed(
     postgres_url: str, tmp_path: Path
 ) -> None:

@@ -95,6 +95,20 @@ def test_new_cursors_come_with_the_record(storage: Storage) -> None:
         storage.get_subscription(cursor_name("other", "t"))
 
 
+def test_kv_entries_come_with_the_record_and_only_with_it(storage: Storage) -> None:
+    store = SessionStore(storage)
+    storage.kv_put("marks", "kept", b"first")
+    writer = SessionWriter(store)
+    also = [("marks", "a", b"c"), ("marks", "kept", b"second")]
+    writer.write(record("c"), None, also=also).result(TIMEOUT)
+    # A write refused by its compare-and-set writes none of its entries.
+    refused = writer.write(record("c"), None, also=[("marks", "b", b"c")])
+    assert isinstance(refused.exception(TIMEOUT), PreconditionFailed)
+    writer.close()
+    # An entry there already stays as it was.
+    assert {e.key: e.value for e in storage.kv_list("marks")} == {"a": b"c", "kept": b"first"}
+
+
 def test_a_write_that_fails_in_the_database_fails_alone(storage: Storage) -> None:
     (head,) = create_topic(storage, "t")
     store = SessionStore(storage)

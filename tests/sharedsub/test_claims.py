@@ -8,7 +8,14 @@ from harness.storage import accept_any, create_topic, numbered_rows, topic_recor
 from riverbed.errors import AlreadyExists, InvalidInput, LeaseHeld, NotFound, PreconditionFailed
 from riverbed.log.retention import apply_retention
 from riverbed.model import StreamId
-from riverbed.sharedsub.claims import GroupStore, Save, start_offsets
+from riverbed.sharedsub.claims import (
+    RELEASED_NAMESPACE,
+    GroupStore,
+    Save,
+    released_key,
+    released_offsets,
+    start_offsets,
+)
 from riverbed.sharedsub.protocol import GroupId
 from riverbed.storage import Storage
 from riverbed.storage.base import RetentionPolicy
@@ -44,6 +51,39 @@ def test_claim_save_and_resume(storage: Storage) -> None:
     groups.release(claim)
     resumed = groups.claim(G, "leader-2", ttl_us=30 * S, now_us=22 * S)
     assert resumed.record.progress == {S0: 9} and resumed.record.leader == "leader-2"
+
+
+def release(storage: Storage, group: GroupId, stream_key: int, *offsets: int) -> None:
+    """What a member's session writes once its client has these QoS 2 messages."""
+    for offset in offsets:
+        storage.kv_put(RELEASED_NAMESPACE, released_key(group, stream_key, offset), b"member")
+
+
+def test_a_save_forgets_the_released_offsets_its_progress_passed(storage: Storage) -> None:
+    heads = create_topic(storage, "t", partitions=2)
+    s0, s1 = heads[0].stream, heads[1].stream
+    other = GroupId("h", "t/#")
+    groups = GroupStore(storage)
+    claim = groups.claim(G, "leader-1", ttl_us=30 * S, now_us=0)
+    release(storage, G, heads[0].key, 3, 4, 9, 10, 11)
+    release(storage, G, heads[1].key, 2)
+    release(storage, other, heads[0].key, 3)
+    assert released_offsets(storage, G, heads[0].key, 4) == {4, 9, 10, 11}
+    # Lent from 4 on: 3 is below where the stream starts, never read as released.
+    claim = groups.save(claim, {s0: 10, s1: 0}, now_us=1 * S)
+    assert released_offsets(storage, G, heads[0].key, 0) == {10, 11}
+    assert released_offsets(storage, G, heads[1].key, 0) == {2}
+    assert released_offsets(storage, other, heads[0].key, 0) == {3}  # another group's
+    # A save of a new Leader (its claim's progress is the saved one) passes them too.
+    claim = groups.claim(G, "leader-2", ttl_us=30 * S, now_us=31 * S)
+    groups.save(claim, {s0: 12, s1: 3}, now_us=32 * S)
+    assert released_offsets(storage, G, heads[0].key, 0) == set()
+    assert released_offsets(storage, G, heads[1].key, 0) == set()
+    # Deleting a group deletes what was released to it.
+    release(storage, G, heads[0].key, 20)
+    groups.delete(G)
+    assert released_offsets(storage, G, heads[0].key, 0) == set()
+    assert released_offsets(storage, other, heads[0].key, 0) == {3}
 
 
 def test_one_leader_at_a_time_and_a_stale_one_is_fenced_off(storage: Storage) -> None:

@@ -26,6 +26,7 @@ from riverbed.storage.transactions import (
     delete_marker_in,
     delete_markers_with_prefix_in,
     kv_delete_if_version_in,
+    kv_delete_numbered_below_in,
     kv_put_in,
     transaction,
 )
@@ -67,6 +68,43 @@ def race(attempts: list[Callable[[], object]]) -> list[object]:
         thread.join(timeout=60)
     assert not any(thread.is_alive() for thread in threads), "an attempt hangs"
     return results
+
+
+# --------------------------------------------------------------------- KV: numbered keys below
+
+
+def kv_keys(storage: Storage, namespace: str) -> list[str]:
+    return [e.key for e in storage.kv_list(namespace)]
+
+
+def test_kv_delete_numbered_below_in_deletes_the_numbers_below_of_its_prefix_only(
+    storage: Storage,
+) -> None:
+    for key in ("a/1/5", "a/1/9", "a/1/10", "a/1/100", "a/12/3", "a/1x", "b/1/2"):
+        storage.kv_put("n", key, b"x")
+    storage.kv_put("other", "a/1/1", b"x")
+    with transaction(storage) as tx:
+        # "a/12/3" and "a/1x" share the text "a/1" but not the prefix "a/1/":
+        # neither is read as a number (on PostgreSQL that would be an error).
+        assert kv_delete_numbered_below_in(tx, "n", "a/1/", 11) == 3
+    assert kv_keys(storage, "n") == ["a/1/100", "a/12/3", "a/1x", "b/1/2"]
+    assert kv_keys(storage, "other") == ["a/1/1"]
+
+
+def test_kv_delete_numbered_below_in_with_nothing_below_deletes_nothing(storage: Storage) -> None:
+    storage.kv_put("n", "g/7/40", b"x")
+    with transaction(storage) as tx:
+        assert kv_delete_numbered_below_in(tx, "n", "g/7/", 40) == 0
+        assert kv_delete_numbered_below_in(tx, "n", "h/7/", 1_000) == 0
+    assert kv_keys(storage, "n") == ["g/7/40"]
+
+
+def test_kv_delete_numbered_below_in_rolls_back_with_its_transaction(storage: Storage) -> None:
+    storage.kv_put("n", "g/7/1", b"x")
+    with pytest.raises(Crash), transaction(storage) as tx:
+        assert kv_delete_numbered_below_in(tx, "n", "g/7/", 2) == 1
+        raise Crash
+    assert kv_keys(storage, "n") == ["g/7/1"]
 
 
 # --------------------------------------------------------------------- KV: delete at a version

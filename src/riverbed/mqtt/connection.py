@@ -905,9 +905,16 @@ class Connection(asyncio.Protocol):
             async with self.record_lock:
                 if self.stored is None:
                     return
+                record = self.record()
+                sharing = self.sharing
+                # Shared leases' messages the client has (PUBREC came) are
+                # recorded as the group's in the same transaction (mqtt/sharing.py).
+                also = () if sharing is None else sharing.released(record.qos2)
                 self.stored = await asyncio.wrap_future(
-                    self.broker.writer.write(self.record(), self.stored.version)
+                    self.broker.writer.write(record, self.stored.version, also=also)
                 )
+                if sharing is not None:
+                    sharing.recorded(record.qos2)
         except PreconditionFailed:
             log.warning("client %s: session taken over elsewhere", self.client_id)
             self.close(DisconnectReason.SESSION_TAKEN_OVER)

@@ -16,6 +16,16 @@ sans-I/O `SharedSubscriptionHandler`:
 - `StopFetching` (revoke, unsubscribe) stops the lease's stream, `Forget` drops it;
 - when the connection closes, every Borrower leaves with its progress.
 
+QoS 2 exactly once to the group: a lease's QoS 2 message whose PUBREC came is
+the client's (it is completed by this session, across restarts). The record
+write that holds its PUBREL back also records it as released to the group
+(`released`, `sharedsub.claims.RELEASED_NAMESPACE`); a lease of a group
+subscribed with QoS 2 starts only after reading which of its offsets are
+released already, and passes them over. So a Leader that died before saving
+the progress past them (its successor resumes from the saved progress) does
+not hand them to the group again. A PUBLISH not yet answered with PUBREC when
+the member's connection breaks may go to another member (MQTT 5.0 §4.8.2).
+
 Shared subscriptions are kept in the session record with the others (their
 full `$share/...` text), so a resumed session shares again; while the session
 is offline it is no member, and the group's other members (or, with none, the
@@ -26,19 +36,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, assert_never
 
 from riverbed.errors import RiverbedError
 from riverbed.mqtt.ports import Services
+from riverbed.sessions.qos2 import Phase, WindowEntry
 from riverbed.sessions.session import Effect, LeaseMoved, Session, Subscription
 from riverbed.sharedsub.borrower import Forget, Send, StartFetching, StopFetching
+from riverbed.sharedsub.claims import RELEASED_NAMESPACE, released_key, released_offsets
 from riverbed.sharedsub.handler import Lease, SessionEffect, SharedSubscriptionHandler
 from riverbed.sharedsub.protocol import GroupId, Message, ToBorrower
 
 log = logging.getLogger(__name__)
 
 SHARED_PREFIXES = ("$share/", "$queue/")
+READ_RETRY = 1.0
+"""Seconds before a failed read of a lease's released offsets is tried again."""
 
 
 def is_shared(topic_filter: str) -> bool:
@@ -86,6 +101,8 @@ class _Held:
     stream_key: int
     """The log's key of the stream."""
     topic_filter: str
+    skip: frozenset[int] = frozenset()
+    """Offsets released to a member's client already: passed over."""
 
 
 class Sharing:
@@ -94,9 +111,12 @@ class Sharing:
     __slots__ = (
         "_by_key",
         "_by_lease",
+        "_marked",
         "_options",
+        "_reading",
         "_registered",
         "_registered_generation",
+        "_sources",
         "_timer",
         "_timer_at",
         "conn",
@@ -116,6 +136,15 @@ class Sharing:
         unsubscribe: a Borrower handing its streams back may still get one)."""
         self._by_key: dict[int, _Held] = {}
         self._by_lease: dict[Lease, _Held] = {}
+        self._sources: dict[int, tuple[GroupId, int]] = {}
+        """Per lease key ever used by this connection, the group and the log's
+        key of the stream: a revoked lease's QoS 2 messages still in flight
+        are released to that group."""
+        self._marked: set[tuple[int, int]] = set()
+        """(lease key, offset) of window entries recorded as released."""
+        self._reading: dict[Lease, object] = {}
+        """Leases waiting for the read of their released offsets (a token each:
+        a newer grant, a stop or a forget replaces or removes it)."""
         self._registered: set[str] = set()
         self._registered_generation = -1
         """The Agent's `generation` `_registered` follows."""
@@ -159,6 +188,7 @@ class Sharing:
                 runtime.unregister(address)
         self._registered.clear()
         self._registered_generation = -1
+        self._reading.clear()
 
     # --- the session's side ---------------------------------------------------------
     def fetch(self, key: int, offset: int, limit: int) -> None:
@@ -168,7 +198,11 @@ class Sharing:
             return  # forgotten meanwhile: nothing to answer
         conn = self.conn
 
+        skip = held.skip
+
         def sink(_stream: int, messages: object, upto: int) -> None:
+            if skip:
+                messages = [m for m in messages if m.offset not in skip]  # type: ignore[attr-defined]
             conn.offer(key, messages, upto)
 
         conn.broker.router.fetch(
@@ -183,6 +217,30 @@ class Sharing:
         self._run(
             self.handler.report(held.lease, effect.taken, effect.sent, effect.acked, self._now())
         )
+
+    def released(self, window: Sequence[WindowEntry]) -> list[tuple[str, str, bytes]]:
+        """The KV entries recording the lease messages of `window` (the QoS 2
+        window about to be written) released to their group's member (PUBREC
+        came) that are not recorded yet: for `SessionWriter.write(also=...)`."""
+        out: list[tuple[str, str, bytes]] = []
+        value = self.conn.client_id.encode()
+        for entry in window:
+            if entry.phase is Phase.SENT or (entry.stream, entry.offset) in self._marked:
+                continue
+            source = self._sources.get(entry.stream)
+            if source is not None:
+                group, stream_key = source
+                key = released_key(group, stream_key, entry.offset)
+                out.append((RELEASED_NAMESPACE, key, value))
+        return out
+
+    def recorded(self, window: Sequence[WindowEntry]) -> None:
+        """The write of `window` (with its `released` entries) committed."""
+        self._marked = {
+            (e.stream, e.offset)
+            for e in window
+            if e.phase is not Phase.SENT and e.stream in self._sources
+        }
 
     # --- the Handler's effects ------------------------------------------------------
     def _receive(self, message: Message) -> None:
@@ -201,11 +259,13 @@ class Sharing:
                 case StartFetching(borrower, stream, offset):
                     self._start(Lease(borrower, stream), offset)
                 case StopFetching(borrower, stream):
+                    self._reading.pop(Lease(borrower, stream), None)
                     held = self._by_lease.get(Lease(borrower, stream))
                     if held is not None and conn.session is not None:
                         conn.broker.router.cancel(held.stream_key, (conn, held.key))
                         conn.execute(conn.session.stop_lease(held.key, self._now()))
                 case Forget(borrower, stream):
+                    self._reading.pop(Lease(borrower, stream), None)
                     held = self._by_lease.get(Lease(borrower, stream))
                     if held is not None:
                         self._drop(held)
@@ -243,6 +303,7 @@ class Sharing:
         group = self.handler.group_of(lease)
         if session is None or group is None:
             return
+        self._reading.pop(lease, None)
         old = self._by_lease.get(lease)
         if old is not None:
             self._drop(old)  # granted again: a stream of its own, from the new offset
@@ -252,11 +313,54 @@ class Sharing:
             conn.loop.create_task(self._start_later(lease, offset))
             return
         options = self._options.get(group) or Subscription(str(group), 0)
+        if options.qos == 2:
+            # Which of its QoS 2 messages went to a member's client already.
+            token = self._reading[lease] = object()
+            conn.loop.create_task(self._start_after_reading(lease, offset, stream_key, token))
+            return
+        self._begin(lease, offset, stream_key, frozenset())
+
+    async def _start_after_reading(
+        self, lease: Lease, offset: int, stream_key: int, token: object
+    ) -> None:
+        broker = self.conn.broker
+        while True:
+            group = self.handler.group_of(lease)
+            if group is None or self._reading.get(lease) is not token or self.conn.closing:
+                return  # stopped, forgotten or granted again meanwhile
+            try:
+                skip = await broker.read(
+                    released_offsets, broker.log.storage, group, stream_key, offset
+                )
+                break
+            except RiverbedError as exc:
+                # Unknown: nothing of the lease goes out before it is known (that
+                # could be a second delivery); try again while the lease lasts.
+                log.warning(
+                    "client %s: reading the released offsets of %s failed (%s); trying again",
+                    self.conn.client_id,
+                    lease,
+                    exc,
+                )
+                await asyncio.sleep(READ_RETRY)
+        if self._reading.get(lease) is not token or self.conn.closing:
+            return
+        del self._reading[lease]
+        self._begin(lease, offset, stream_key, skip)
+
+    def _begin(self, lease: Lease, offset: int, stream_key: int, skip: frozenset[int]) -> None:
+        conn = self.conn
+        session = conn.session
+        group = self.handler.group_of(lease)
+        if session is None or group is None:
+            return
+        options = self._options.get(group) or Subscription(str(group), 0)
         key = session.lease_key()
         topic_filter = group.topic_filter
-        held = _Held(lease, key, stream_key, topic_filter)
+        held = _Held(lease, key, stream_key, topic_filter, skip)
         self._by_key[key] = held
         self._by_lease[lease] = held
+        self._sources[key] = (group, stream_key)
         sub = Subscription(
             topic_filter,
             options.qos,

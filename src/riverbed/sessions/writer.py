@@ -82,6 +82,7 @@ class _Write:
     record: SessionRecord
     version: int | None
     cursors: NewCursors | None
+    also: Sequence[tuple[str, str, bytes]] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,13 +126,19 @@ class SessionWriter:
 
     # --- what callers ask for ------------------------------------------------
     def write(
-        self, record: SessionRecord, version: int | None, cursors: NewCursors | None = None
+        self,
+        record: SessionRecord,
+        version: int | None,
+        cursors: NewCursors | None = None,
+        *,
+        also: Sequence[tuple[str, str, bytes]] = (),
     ) -> Future[Stored]:
         """Create (`version` None) or compare-and-set the record; with `cursors`,
-        make those in the same transaction (once the record is written). The
-        future fails with `PreconditionFailed` if another writer got there
-        first (nothing of this write is stored then)."""
-        return self._submit(_Write(record, version, cursors))
+        make those in the same transaction (once the record is written), and
+        so the KV entries `also` names (namespace, key, value; one that exists
+        already is left as it is). The future fails with `PreconditionFailed`
+        if another writer got there first (nothing of this write is stored then)."""
+        return self._submit(_Write(record, version, cursors, also))
 
     def commit(
         self,
@@ -243,10 +250,12 @@ class SessionWriter:
 
     def _apply(self, tx: Transaction, op: _Op) -> Stored:
         match op:
-            case _Write(record, version, cursors):
+            case _Write(record, version, cursors, also):
                 written = _put(tx, record, version)
                 if cursors is not None:
                     self._make_cursors(tx, record.session_id, cursors)
+                for namespace, key, value in also:
+                    kv_write_in(tx, namespace, key, value, None)
                 return written
             case _Checkpoint(stored, cursors, sent, at_us):
                 record = replace(stored.record, seen_us=at_us or now_us(), sent=dict(sent))

@@ -24,6 +24,16 @@ keeps what the group has not; a stream the group has no cursor on yet is kept
 whole. Without them a group's unread messages went at the topic's retention
 time, or at once with the `consumed` policy.
 
+Released QoS 2 messages: a member's session writes, with the record write that
+holds back its PUBREL (`mqtt/sharing.py`), a KV entry in namespace
+`sharedsub.released` naming the group, the stream and the offset of a QoS 2
+message its client has acknowledged with PUBREC — the client has it, and the
+session completes it even across a restart. A member granted that stream later
+reads them first (`released_offsets`) and passes those offsets over, so a new
+Leader resuming from progress saved before that acknowledgement does not hand
+the message to the group a second time. Each save deletes the entries below
+the progress it writes (in its transaction): nothing below is lent again.
+
 Synchronous and small: the Leader's runtime calls it from a worker thread.
 Times are µs since the epoch, passed in.
 """
@@ -56,7 +66,12 @@ from riverbed.storage.base import (
     SubscriptionRecord,
 )
 from riverbed.storage.leases import Lease, Leases
-from riverbed.storage.transactions import commit_cursors_in, kv_put_in, transaction
+from riverbed.storage.transactions import (
+    commit_cursors_in,
+    kv_delete_numbered_below_in,
+    kv_put_in,
+    transaction,
+)
 
 NAMESPACE = "sharedsub"
 LEASE_PREFIX = "sharedsub/"
@@ -100,8 +115,37 @@ CURSOR_PREFIX = "$share."
 def cursor_name(group: GroupId, topic: str) -> str:
     """The named subscription holding `group`'s position on `topic` (the group
     key holds `/`, `+`, `#`: a hash of it names the group)."""
-    digest = hashlib.sha256(group.key.encode()).hexdigest()[:16]
-    return f"{CURSOR_PREFIX}{digest}.{topic}"
+    return f"{CURSOR_PREFIX}{_digest(group)}.{topic}"
+
+
+def _digest(group: GroupId) -> str:
+    return hashlib.sha256(group.key.encode()).hexdigest()[:16]
+
+
+RELEASED_NAMESPACE = "sharedsub.released"
+"""QoS 2 messages of a group a member's client acknowledged (module docstring)."""
+
+
+def released_prefix(group: GroupId, stream_key: int) -> str:
+    """The start of the keys of `group`'s released messages on one stream (the
+    log's key of the stream); an offset follows it."""
+    return f"{_digest(group)}/{stream_key}/"
+
+
+def released_key(group: GroupId, stream_key: int, offset: int) -> str:
+    """The key recording that `group`'s message at `offset` of the stream was
+    released to a member's client."""
+    return f"{released_prefix(group, stream_key)}{offset}"
+
+
+def released_offsets(
+    storage: Storage, group: GroupId, stream_key: int, start: int
+) -> frozenset[int]:
+    """The offsets from `start` on of one stream that a member's client of
+    `group` has acknowledged already (passed over when the stream is lent)."""
+    prefix = released_prefix(group, stream_key)
+    offsets = (int(e.key[len(prefix) :]) for e in storage.kv_list(RELEASED_NAMESPACE, prefix))
+    return frozenset(o for o in offsets if o >= start)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +218,11 @@ class GroupStore:
                 self._held.discard(sub.name)
                 with contextlib.suppress(NotFound):
                     self.storage.delete_subscription(sub.name)
+        for released in self.storage.kv_list(RELEASED_NAMESPACE, f"{_digest(group)}/"):
+            with contextlib.suppress(PreconditionFailed):  # deleted meanwhile
+                self.storage.kv_delete_if_version(
+                    RELEASED_NAMESPACE, released.key, released.version
+                )
         lease = self.leases.get(LEASE_PREFIX + group.key)
         if lease is not None:
             # Renewed meanwhile: it expires, and its Leader is fenced off anyway.
@@ -253,6 +302,7 @@ class GroupStore:
         if not writes:
             return out
         positions = {i: self._positions(record) for i, record, _ in writes}
+        passed = {i: self._passed(saves[i].claim.record, record) for i, record, _ in writes}
         with transaction(self.storage) as tx:
             for i, record, value in writes:
                 expected = record.version
@@ -260,6 +310,8 @@ class GroupStore:
                     out[i] = Claim(saves[i].claim.lease, replace(record, version=expected + 1))
                     for name, offsets in positions[i].items():
                         commit_cursors_in(tx, name, offsets)
+                    for prefix, below in passed[i]:
+                        kv_delete_numbered_below_in(tx, RELEASED_NAMESPACE, prefix, below)
                 else:
                     out[i] = PreconditionFailed(
                         f"key {self.namespace}/{record.group.key} is not at version {expected}"
@@ -276,6 +328,18 @@ class GroupStore:
                 by_topic.setdefault(cursor_name(record.group, stream.topic), {})[key] = offset
         self._hold(record, [s.topic for s in record.progress])
         return by_topic
+
+    def _passed(self, before: GroupRecord, after: GroupRecord) -> builtins.list[tuple[str, int]]:
+        """Per stream whose progress moved, the prefix of its released entries
+        and the progress: those below it are deleted with the save."""
+        out = []
+        for stream, offset in after.progress.items():
+            if before.progress.get(stream, -1) >= offset:
+                continue
+            key = self._stream_key(stream)
+            if key is not None:
+                out.append((released_prefix(after.group, key), offset))
+        return out
 
     def _hold(self, record: GroupRecord, topics: Iterable[str], known: bool = True) -> None:
         """Make sure the group has its named subscription on each of `topics`,

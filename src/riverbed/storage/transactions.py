@@ -232,6 +232,21 @@ def kv_delete_if_version_in(tx: Transaction, namespace: str, key: str, version: 
     return tx._storage._kv_delete_if_version_on(tx._cursor, namespace, key, version)
 
 
+def kv_delete_numbered_below_in(tx: Transaction, namespace: str, prefix: str, below: int) -> int:
+    """Delete, inside `tx`, the KV keys of `namespace` made of `prefix` and a
+    decimal number less than `below` (a shared group's released QoS 2 offsets
+    of one stream, once its saved progress has passed them); return how many.
+    Keys starting with `prefix` must all end in such a number; keys that do
+    not start with it are never read as numbers."""
+    start = len(prefix) + 1
+    cur = tx.execute(
+        "DELETE FROM kv WHERE namespace = ? AND substr(key, 1, ?) = ?"
+        " AND CASE WHEN substr(key, 1, ?) = ? THEN CAST(substr(key, ?) AS BIGINT) END < ?",
+        (namespace, len(prefix), prefix, len(prefix), prefix, start, below),
+    )
+    return max(0, int(cur.rowcount))
+
+
 def delete_marker_in(tx: Transaction, marker: str) -> bool:
     """`Storage.delete_marker` inside `tx`: forget one marker, with everything
     else `tx` writes; True if it was recorded. (A marker that only kept a
