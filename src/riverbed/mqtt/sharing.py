@@ -241,6 +241,10 @@ class Sharing:
             for e in window
             if e.phase is not Phase.SENT and e.stream in self._sources
         }
+        # Leases gone with nothing of theirs left in the window need no source.
+        live = {e.stream for e in window}
+        for key in [k for k in self._sources if k not in live and k not in self._by_key]:
+            del self._sources[key]
 
     # --- the Handler's effects ------------------------------------------------------
     def _receive(self, message: Message) -> None:
