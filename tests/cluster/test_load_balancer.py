@@ -495,7 +495,17 @@ def check_once(who: str, clients: list[Tracked], *, qos2_only: bool = False) -> 
         m for c in clients for m in c.payloads() if not qos2_only or qos_of_message(m) == 2
     )
     twice = sorted(m for m, n in counts.items() if n > 1)
-    assert not twice, f"{who}: {len(twice)} QoS 2 messages delivered twice, e.g. {twice[:10]}"
+    if twice:
+        receipts = [
+            (c.client_id, r.dup, round(r.at, 3))
+            for c in clients
+            for r in c.received_now()
+            if r.payload == twice[0]
+        ]
+        raise AssertionError(
+            f"{who}: {len(twice)} QoS 2 messages delivered twice, e.g. {twice[:10]};"
+            f" {twice[0]!r} reached (client, DUP, when) {receipts}"
+        )
 
 
 def check_order(who: str, clients: list[Tracked], url: str, fleet: Fleet) -> None:

@@ -11,7 +11,10 @@ The defaults themselves are checked in `tests/sharedsub/test_config.py`.
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
+
+from riverbed.sharedsub.config import SharedSubConfig
 
 SHORT_TIMERS = """
 [shared_subscriptions]
@@ -40,3 +43,8 @@ def short_timers_config(directory: Path, **timers: float) -> Path:
     path = directory / "riverbed.toml"
     path.write_text(text)
     return path
+
+
+def short_timers() -> SharedSubConfig:
+    """`SHORT_TIMERS` as the timers object (for a broker started in process)."""
+    return SharedSubConfig(**tomllib.loads(SHORT_TIMERS)["shared_subscriptions"])

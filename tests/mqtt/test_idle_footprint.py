@@ -13,20 +13,21 @@ Using one connection must leave those shared empties empty.
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections import deque
 from typing import Any
 
 import pytest
 
+from harness.inprocess import running_broker
 from harness.waiting import eventually_async
-from riverbed.log.log import Log
 from riverbed.model import StoredMessage
-from riverbed.mqtt.broker import Broker
 from riverbed.mqtt.codec import (
     MQTT_5,
     ConnectProperties,
     ConnectReason,
     Decoder,
+    Disconnect,
     Packet,
     Puback,
     Publish,
@@ -37,7 +38,6 @@ from riverbed.mqtt.codec import (
     encode,
 )
 from riverbed.mqtt.codec.packets import Connect
-from riverbed.mqtt.config import Address, AuthConfig, BrokerConfig, Listeners
 from riverbed.mqtt.connection import Connection
 from riverbed.mqtt.following import Following
 from riverbed.mqtt.inbound import Inbound
@@ -63,6 +63,7 @@ COUNTERS = "_publish_in"
 """The core's slot for the broker's PUBLISH counts: shared, and counting."""
 V311 = 4
 CONNACK_ACCEPTED = b"\x20\x02\x00\x00"
+SUBACK_QOS1 = b"\x90\x03\x00\x01\x01"
 
 
 def _slots(obj: object) -> list[str]:
@@ -185,6 +186,30 @@ def test_using_a_session_leaves_the_shared_empties_empty() -> None:
     assert own_containers(idle, idle_session("third")) == []
 
 
+def test_a_caught_up_subscribers_streams_hold_no_containers_of_their_own() -> None:
+    """A subscriber follows a stream per partition: one that has delivered and
+    had everything acknowledged keeps no queue, no in-flight dict and no
+    lease lists of its own (an empty deque alone is 760 bytes)."""
+    session = Session("sub", [Subscription("t/#", 2)])
+    session.handle_all([Follow(key, 0) for key in range(16)], 0.0)
+    messages = [StoredMessage(i, b"", 0, "t/x", "k", b"m", None, 1 + i % 2, 0) for i in range(4)]
+    session.handle(Offered(3, messages, 4), 0.0)
+    session.handle(Persisted(1), 0.0)
+    session.handle_all([Acked(1), Received(2), Acked(3)], 0.0)
+    session.handle_all([Persisted(2), Completed(2)], 0.0)
+    session.handle(Persisted(3), 0.0)
+    session.handle_all([Received(4)], 0.0)
+    session.handle_all([Persisted(4), Completed(4)], 0.0)
+    assert session.inflight == 0 and session.queued == 0
+    streams: dict[int, Any] = getattr(session, "_streams")  # noqa: B009 (the private one)
+    first = streams[0]
+    for key, stream in streams.items():
+        if key == 0:
+            continue
+        assert own_containers(stream, first) == [], f"stream {key}"
+    assert shared_not_empty(first) == []
+
+
 def test_the_shared_empty_mapping_refuses_writes() -> None:
     shared: Any = getattr(idle_session("idle"), "_streams")  # noqa: B009 (the private one)
     with pytest.raises(TypeError):
@@ -207,46 +232,70 @@ def test_an_idle_connection_makes_nothing_until_it_is_used(sqlite_url: str) -> N
     and subscribes, and the other stays as it was."""
 
     async def scenario() -> None:
-        config = BrokerConfig(
-            listeners=Listeners(Address("127.0.0.1", 0)),
-            auth=AuthConfig(allow_anonymous=True),
-        )
-        with Log.open(sqlite_url) as log:
-            broker = Broker(config, log)
-            await broker.start()
+        async with running_broker(sqlite_url) as broker:
+            clients = [await _connect(broker.port, name) for name in ("a", "b", "c")]
+            await eventually_async(
+                lambda: all(broker.connections[n].session for n in "abc"), 30, "sessions"
+            )
+            a, b, c = (broker.connections[n] for n in "abc")
+            for one, other in ((a, b), (b, c)):
+                assert own_containers(one, other) == []
+                assert own_containers(one.core, other.core) == []
+                assert own_containers(one.session, other.session) == []
+            lazy = ("_inbound", "_following", "_record_lock", "_sock", "_acked", "_out")
+            assert [name for name in lazy if getattr(a, name) is not None] == []
+
+            # `a` publishes (QoS 1, PUBACKed once committed) and subscribes.
+            reader, writer = clients[0]
+            writer.write(encode(Publish("t/x", b"hi", qos=1, packet_id=1), V311))
+            assert await asyncio.wait_for(reader.readexactly(4), 30) == b"\x40\x02\x00\x01"
+            writer.write(encode(Subscribe(2, (SubscribeTopic("t/#", 1),)), V311))
+            assert await asyncio.wait_for(reader.readexactly(5), 30) == b"\x90\x03\x00\x02\x01"
+            assert getattr(a, "_inbound") is not None  # noqa: B009 (made on the PUBLISH)
+            assert getattr(a, "_following") is not None  # noqa: B009 (on the SUBSCRIBE)
+
+            assert [name for name in lazy if getattr(b, name) is not None] == []
+            for obj in (b, b.core, b.session):
+                assert shared_not_empty(obj) == []
+            assert own_containers(b, c) == []
+            assert own_containers(b.core, c.core) == []
+            assert own_containers(b.session, c.session) == []
+            for _, writer in clients:
+                writer.close()
+                await writer.wait_closed()
+            await eventually_async(lambda: not broker.connections, 30, "the teardowns")
+
+    asyncio.run(scenario())
+
+
+def test_a_closed_connection_is_freed_without_the_cycle_collector(sqlite_url: str) -> None:
+    """A connection that closed leaves nothing of its own in reference cycles:
+    its session, streams and helpers are freed as soon as the broker lets go
+    (a fleet's closed sessions otherwise pile up until a full collection
+    walks them all; seen in `bench/sessions.py` as seconds of collections)."""
+
+    async def scenario() -> None:
+        async with running_broker(sqlite_url) as broker:
             try:
-                clients = [await _connect(broker.port, name) for name in ("a", "b", "c")]
-                await eventually_async(
-                    lambda: all(broker.connections[n].session for n in "abc"), 30, "sessions"
-                )
-                a, b, c = (broker.connections[n] for n in "abc")
-                for one, other in ((a, b), (b, c)):
-                    assert own_containers(one, other) == []
-                    assert own_containers(one.core, other.core) == []
-                    assert own_containers(one.session, other.session) == []
-                lazy = ("_inbound", "_following", "_record_lock", "_sock", "_acked", "_out")
-                assert [name for name in lazy if getattr(a, name) is not None] == []
-
-                # `a` publishes (QoS 1, PUBACKed once committed) and subscribes.
-                reader, writer = clients[0]
-                writer.write(encode(Publish("t/x", b"hi", qos=1, packet_id=1), V311))
-                assert await asyncio.wait_for(reader.readexactly(4), 30) == b"\x40\x02\x00\x01"
-                writer.write(encode(Subscribe(2, (SubscribeTopic("t/#", 1),)), V311))
-                assert await asyncio.wait_for(reader.readexactly(5), 30) == b"\x90\x03\x00\x02\x01"
-                assert getattr(a, "_inbound") is not None  # noqa: B009 (made on the PUBLISH)
-                assert getattr(a, "_following") is not None  # noqa: B009 (on the SUBSCRIBE)
-
-                assert [name for name in lazy if getattr(b, name) is not None] == []
-                for obj in (b, b.core, b.session):
-                    assert shared_not_empty(obj) == []
-                assert own_containers(b, c) == []
-                assert own_containers(b.core, c.core) == []
-                assert own_containers(b.session, c.session) == []
-                for _, writer in clients:
+                gc.collect()
+                gc.disable()
+                for name in ("a", "b", "c"):
+                    reader, writer = await _connect(broker.port, name)
+                    writer.write(encode(Subscribe(1, (SubscribeTopic("t/#", 1),)), V311))
+                    assert await asyncio.wait_for(reader.readexactly(5), 30) == SUBACK_QOS1
+                    writer.write(encode(Disconnect(), V311))
+                    assert await asyncio.wait_for(reader.read(), 30) == b""  # closed by the broker
                     writer.close()
                     await writer.wait_closed()
                 await eventually_async(lambda: not broker.connections, 30, "the teardowns")
+                gc.set_debug(gc.DEBUG_SAVEALL)
+                gc.collect()
+                ours = (Connection, ConnectionCore, Session, Following, Inbound, Sharing)
+                left = sorted({type(o).__name__ for o in gc.garbage if isinstance(o, ours)})
+                assert left == [], f"closed connections' objects in reference cycles: {left}"
             finally:
-                await broker.stop()
+                gc.set_debug(0)
+                gc.garbage.clear()
+                gc.enable()
 
     asyncio.run(scenario())

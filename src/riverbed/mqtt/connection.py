@@ -49,12 +49,13 @@ import socket
 import uuid
 from collections import deque
 from dataclasses import replace
+from functools import partial
 from typing import Protocol, assert_never
 
 from riverbed.clock import Tick, now_us
 from riverbed.errors import PreconditionFailed, ProtocolError, RiverbedError
 from riverbed.log.appender import store_refused
-from riverbed.mqtt.auth import Authenticator
+from riverbed.mqtt.auth import Authenticator, Authorizer
 from riverbed.mqtt.codec import (
     MQTT_5,
     NO_PUBLISH_PROPERTIES,
@@ -211,6 +212,14 @@ def _assigned_client_id() -> str:
     return f"auto-{uuid.uuid4().hex}"
 
 
+def _may_publish(authorizer: Authorizer, username: str | None, client_id: str, topic: str) -> bool:
+    """The authorization policy, for a connection's core (`mqtt/auth.py`)."""
+    if authorizer.can_publish(username, client_id, topic):
+        return True
+    log.info("client %s: not authorized: refused PUBLISH to %r", client_id, topic)
+    return False
+
+
 class Connection(asyncio.Protocol):
     """One client's network connection and, once connected, its session.
 
@@ -283,7 +292,8 @@ class Connection(asyncio.Protocol):
             protocol_limits(broker),
             self.loop.time(),
             new_client_id=_assigned_client_id,
-            may_publish=self._may_publish,
+            # Not a method of the connection: the core would refer back to it.
+            may_publish=partial(_may_publish, broker.authorizer),
             publish_in=self._counts.publish_in,
         )
         """The MQTT rules of this connection (`mqtt/protocol.py`)."""
@@ -396,13 +406,6 @@ class Connection(asyncio.Protocol):
             if self._finished:
                 self._done.set()
         return self._done
-
-    def _may_publish(self, username: str | None, client_id: str, topic: str) -> bool:
-        """The authorization policy, for the core (`mqtt/auth.py`)."""
-        if self.broker.authorizer.can_publish(username, client_id, topic):
-            return True
-        log.info("client %s: not authorized: refused PUBLISH to %r", client_id, topic)
-        return False
 
     # --- asyncio.Protocol ------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -925,6 +928,19 @@ class Connection(asyncio.Protocol):
             return
         self.handle(Persisted(seq))
 
+    async def _record_released(self, session: Session) -> None:
+        """Before its Borrowers leave (their streams go to other members at
+        once): the shared leases' messages whose PUBREC came are recorded as
+        released, or another member could be lent them before the record says
+        so (mqtt/sharing.py). The session's last write may still be on its way,
+        and what came after it was never asked for (a closing connection
+        handles no more events)."""
+        if self._persisting is not None:
+            with contextlib.suppress(Exception):
+                await self._persisting
+        if self.sharing is not None and self.sharing.released(session.window_entries()):
+            await self._persist(0)
+
     def offer(self, stream: int, messages: object, upto: int) -> None:
         # Always on a later turn of the loop: a fetch answered from memory must not
         # re-enter the session while it is handing out effects.
@@ -1099,6 +1115,8 @@ class Connection(asyncio.Protocol):
                     await asyncio.shield(self._worker)
             session = self.session
             if self.sharing is not None:
+                if session is not None:
+                    await self._record_released(session)
                 self.sharing.close()
             if session is not None:
                 broker.router.forget(self)
@@ -1117,6 +1135,13 @@ class Connection(asyncio.Protocol):
                 self._done.set()
             broker.connection_closed(self)
             log.debug("client %s (%s) disconnected", self.client_id or "-", self.peer)
+            # Let go of the session and the helpers now: they and the connection
+            # refer to each other, and left to the cycle collector a fleet's
+            # closed sessions pile up until a full collection walks them all.
+            self.session = None
+            self.sharing = None
+            self._following = None
+            self._inbound = None
 
     def _leave_will(self) -> None:
         """The core says whether a Will is due, and when (`ScheduleWill`)."""

@@ -100,6 +100,34 @@ class _NoEntries(dict[Any, Any]):
 _NONE = _NoEntries()
 
 
+class _NoQueue(deque[Any]):
+    """The empty queue every stream shares until it has messages waiting (an
+    empty deque costs 760 bytes, and a subscriber follows a stream per
+    partition); like `_NoEntries`, adding to it raises."""
+
+    __slots__ = ()
+
+    def append(self, item: object) -> NoReturn:
+        raise TypeError("the shared empty queue of streams is never added to")
+
+    appendleft = extend = extendleft = append
+
+
+_NO_QUEUE: deque[Any] = _NoQueue()
+
+
+class _NoOffsets(list[int]):
+    """The lists `sent_new` / `acked_new` of a stream that is not a lease."""
+
+    __slots__ = ()
+
+    def append(self, item: int) -> NoReturn:
+        raise TypeError("only a lease's stream reports what it sent")
+
+
+_NO_OFFSETS: list[int] = _NoOffsets()
+
+
 @dataclass(frozen=True, slots=True)
 class Subscription:
     """One subscription of a session, with the QoS the broker granted."""
@@ -252,9 +280,11 @@ class _Stream:
     committed: int
     dup_below: int
     sent: int
-    pending: deque[_Queued] = field(default_factory=deque)
-    outstanding: dict[int, None] = field(default_factory=dict)
-    released: dict[int, None] = field(default_factory=dict)
+    # The containers are the shared empty ones (`_NO_QUEUE`, `_NONE`) until
+    # used, and again once emptied: a caught-up stream holds none of its own.
+    pending: deque[_Queued] = field(default_factory=lambda: _NO_QUEUE)
+    outstanding: dict[int, None] = field(default_factory=lambda: _NONE)
+    released: dict[int, None] = field(default_factory=lambda: _NONE)
     """Offsets of restored QoS 2 messages waiting for PUBCOMP (not re-sent)."""
     fetching: bool = False
     dropped: bool = False
@@ -265,9 +295,9 @@ class _Stream:
     """A lease's stream: the one subscription its messages are matched against."""
     reported: int = -1
     """A lease: the `taken` of its last `LeaseMoved`."""
-    sent_new: list[int] = field(default_factory=list)
-    """A lease: offsets sent since its last `LeaseMoved`."""
-    acked_new: list[int] = field(default_factory=list)
+    sent_new: list[int] = field(default_factory=lambda: _NO_OFFSETS)
+    """A lease: offsets sent since its last `LeaseMoved` (a list of its own)."""
+    acked_new: list[int] = field(default_factory=lambda: _NO_OFFSETS)
     """A lease: offsets acknowledged since its last `LeaseMoved`."""
 
     def cursor(self) -> int:
@@ -461,7 +491,17 @@ class Session:
     def lease(self, key: int, offset: int, subscription: Subscription, now: float) -> list[Effect]:
         """Start fetching a lease's stream (key from `lease_key`) from `offset`,
         matching `subscription` only."""
-        state = _Stream(key, offset, offset, 0, offset, lease=subscription, reported=offset)
+        state = _Stream(
+            key,
+            offset,
+            offset,
+            0,
+            offset,
+            lease=subscription,
+            reported=offset,
+            sent_new=[],
+            acked_new=[],
+        )
         if self._streams is _NONE:
             self._streams = {}
         if self._leases is _NONE:
@@ -588,7 +628,10 @@ class Session:
                     key, offset = found
                     state = self._streams.get(key)
                     if state is not None:
-                        state.outstanding.pop(offset, None)
+                        outstanding = state.outstanding
+                        outstanding.pop(offset, None)
+                        if not outstanding:
+                            state.outstanding = _NONE
                         if state.lease is not None:
                             state.acked_new.append(offset)
                         elif state.dropped and not state.outstanding and not state.released:
@@ -652,6 +695,8 @@ class Session:
             state.fetched += 1
             qos = min(subscription.qos, message.qos)
             queued = _Queued(offset, message._replace(offset=offset), qos, True, identifiers)
+            if state.pending is _NO_QUEUE:
+                state.pending = deque()
             state.pending.append(queued)
         if was_empty and state.pending:
             self._make_ready(RETAINED)
@@ -700,6 +745,8 @@ class Session:
         state = self._streams[key]
         for entry in self._window.values():
             if entry.stream == key and entry.phase is Phase.RELEASED:
+                if state.released is _NONE:
+                    state.released = {}
                 state.released[entry.offset] = None
 
     def _completed(self, packet_id: int) -> None:
@@ -730,6 +777,10 @@ class Session:
         if state is not None:
             state.outstanding.pop(entry.offset, None)
             state.released.pop(entry.offset, None)
+            if not state.outstanding:
+                state.outstanding = _NONE
+            if not state.released:
+                state.released = _NONE
             if state.lease is not None:
                 state.acked_new.append(entry.offset)
             elif state.dropped and not state.outstanding and not state.released:
@@ -762,6 +813,8 @@ class Session:
                     continue  # its PUBLISH went through before the restart
             queued = self._match(message) if lease is None else _match_lease(lease, message)
             if queued is not None and (readable is None or readable(message.mqtt_topic)):
+                if state.pending is _NO_QUEUE:
+                    state.pending = deque()
                 state.pending.append(queued)
         state.fetched = upto
         self._moved = True
@@ -840,6 +893,8 @@ class Session:
                 if self._inflight is _NONE:
                     self._inflight = {}
                 self._inflight[packet_id] = (key, item.offset)
+                if state.outstanding is _NONE:
+                    state.outstanding = {}
                 state.outstanding[item.offset] = None
                 if state.lease is not None:
                     state.sent_new.append(item.offset)
@@ -857,6 +912,8 @@ class Session:
             state.sent = max(state.sent, item.offset + 1)
             if state.pending:
                 ready.append(key)
+            else:
+                state.pending = _NO_QUEUE
 
     def _packet_id(self) -> int:
         # At most `window` (< 65535) ids are in use, so a free one is near.

@@ -1,0 +1,116 @@
+"""A `$share` group's QoS 2 message that a member's client acknowledged with
+PUBREC goes to no other member (mqtt/sharing.py, docs/shared-subscriptions.md,
+"QoS 2 once per group"), however soon after its PUBREC the member leaves.
+
+In process, over TCP, with raw MQTT 5 clients (each packet sent when the test
+says so). The session writer is slowed down for the writes that record a
+message as released, so that the member's leave would, if it did not wait for
+that record, hand its stream over before the record is there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future
+
+from harness.inprocess import running_broker
+from harness.raw_mqtt import AsyncRawClient
+from harness.sharedsub import short_timers
+from riverbed.mqtt.codec import MQTT_5, Disconnect, Pubcomp, Publish, Pubrec, Pubrel, encode
+from riverbed.mqtt.config import SharedSubscriptions
+from riverbed.sessions.store import SessionRecord, Stored
+from riverbed.sessions.writer import NewCursors, SessionWriter
+
+DELAY = 1.0
+"""Seconds the record of a released message waits before it is written (less
+than `leader_borrower_timeout`: a member that waits longer to leave has its
+streams taken anyway, a limit docs/shared-subscriptions.md states)."""
+
+
+def slow_released_writes(writer: SessionWriter) -> None:
+    """Make `writer` write a record that carries KV entries (a released
+    message's) only DELAY seconds after it is asked to."""
+    real = writer.write
+
+    def write(
+        record: SessionRecord,
+        version: int | None,
+        cursors: NewCursors | None = None,
+        *,
+        also: Sequence[tuple[str, str, bytes]] = (),
+    ) -> Future[Stored]:
+        if not also:
+            return real(record, version, cursors)
+        out: Future[Stored] = Future()
+
+        def later() -> None:
+            inner = real(record, version, cursors, also=also)
+            inner.add_done_callback(
+                lambda done: (
+                    out.set_exception(error)
+                    if (error := done.exception()) is not None
+                    else out.set_result(done.result())
+                )
+            )
+
+        threading.Timer(DELAY, later).start()
+        return out
+
+    writer.write = write  # type: ignore[method-assign]
+
+
+async def publish_qos2(client: AsyncRawClient, packet_id: int, payload: bytes) -> None:
+    """PUBLISH at QoS 2 and complete the exchange."""
+    client.send(Publish("q/k", payload, qos=2, packet_id=packet_id))
+    await client.expect(Pubrec)
+    client.send(Pubrel(packet_id))
+    await client.expect(Pubcomp)
+
+
+async def next_publish(client: AsyncRawClient) -> Publish:
+    while True:
+        packet = await client.next()
+        if isinstance(packet, Publish):
+            return packet
+
+
+def test_a_member_leaving_right_after_its_pubrec_keeps_the_message_from_the_others(
+    storage_url: str,
+) -> None:
+    async def scenario() -> None:
+        timers = SharedSubscriptions(timers=short_timers())
+        async with running_broker(storage_url, shared_subscriptions=timers) as broker:
+            slow_released_writes(broker.writer)
+            x = await AsyncRawClient.open(broker.port)
+            await x.connect("x", expiry=600)
+            assert (await x.subscribe("$share/g/q/#", qos=2)).reason_codes == (2,)
+            pub = await AsyncRawClient.open(broker.port)
+            await pub.connect("pub", expiry=600)
+            await publish_qos2(pub, 1, b"first")
+            got = await next_publish(x)  # once the Leader lent x the stream
+            assert got.payload == b"first" and got.qos == 2
+            # x has it: PUBREC, and gone at once (the broker sends PUBREL
+            # only after recording it; x's session would resend it).
+            assert got.packet_id is not None
+            x.writer.write(encode(Pubrec(got.packet_id), MQTT_5) + encode(Disconnect(), MQTT_5))
+            # The broker closes the connection at once (its teardown, which
+            # saves the session, may go on a while).
+            assert await asyncio.wait_for(x.reader.read(), 30) == b""
+            x.close()
+            y = await AsyncRawClient.open(broker.port)
+            await y.connect("y", expiry=600)
+            assert (await y.subscribe("$share/g/q/#", qos=2)).reason_codes == (2,)
+            await publish_qos2(pub, 2, b"second")
+            # y gets the stream from the group's progress, which is before
+            # "first" (x never completed it): "first" must be passed over.
+            received = await next_publish(y)
+            assert received.payload == b"second", (
+                f"y got {received.payload!r} first: a message x's client had"
+                " acknowledged went to another member"
+            )
+            y.close()
+            pub.close()
+
+    asyncio.run(scenario())
