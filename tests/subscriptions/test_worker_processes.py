@@ -11,6 +11,7 @@ CLOCK_MONOTONIC is one clock for every process on the machine.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import random
@@ -25,7 +26,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from harness.waiting import eventually
+from harness.waiting import SLOW, eventually
 from riverbed.cli import cli
 from riverbed.log.log import Log
 from riverbed.model import Message
@@ -157,21 +158,51 @@ def start_worker(
     url: str, project: Path, handler: str, *args: str, pause: float = 0.0
 ) -> subprocess.Popen[bytes]:
     env = dict(os.environ, RB_TEST_OUT=str(project / "calls.txt"), RB_TEST_PAUSE=str(pause))
+    env["PYTHONFAULTHANDLER"] = "1"  # SIGABRT dumps every thread's stack (`stop`)
     with open(project / "workers.err", "ab") as err:  # the child keeps its own copy
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             [sys.executable, "-m", "riverbed.cli", "worker", "s", "--handler",
              f"rb_test_handlers:{handler}", "--db", url, "--poll-interval", "0.1", *args],
             cwd=project,
             env=env,
             stderr=err,
         )  # fmt: skip
+    _errors[proc.pid] = project / "workers.err"
+    return proc
+
+
+_errors: dict[int, Path] = {}
+"""Where each worker started here writes its stderr, by pid."""
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (Linux /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+    return found
 
 
 def stop(proc: subprocess.Popen[bytes]) -> int:
+    """SIGTERM, and the exit code; a worker still running 30 s later is a
+    hang: its stacks (and its children's) go into the failure."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
     try:
-        return proc.wait(timeout=30)
+        return proc.wait(timeout=30 * SLOW)
+    except subprocess.TimeoutExpired:
+        for pid in [*_children(proc.pid), proc.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGABRT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+        errors = _errors.get(proc.pid)
+        told = errors.read_text(errors="replace")[-20_000:] if errors else "(no stderr file)"
+        raise AssertionError(
+            f"worker {proc.pid} still running 30 s after SIGTERM; its stderr:\n{told}"
+        ) from None
     finally:
         if proc.poll() is None:
             proc.kill()
