@@ -4,7 +4,9 @@ Per broker: start it on a loopback port (as `bench/mqtt.py` does: Riverbed on
 SQLite in a temp dir, mosquitto from its Debian package with a generated
 config), open `--warm-up` connections, read the broker's VmRSS, open `--count`
 more (MQTT 3.1.1 CONNECT, clean session, keep alive 0, each CONNACKed:
-`tests/harness/idle.py`), wait a second, read VmRSS again. Prints the RSS
+`tests/harness/idle.py`), wait `--settle` seconds (12: past the broker's
+periodic readers, the expiry sweep every 5 s and the metrics, whose caches
+count too), read VmRSS again. Prints the RSS
 growth per connection and Riverbed / mosquitto. Kernel socket buffers are not
 in either figure.
 
@@ -66,7 +68,7 @@ def short(filename: str) -> str:
     return filename
 
 
-def sites(count: int, warm_up: int, top: int) -> None:
+def sites(count: int, warm_up: int, top: int, settle: float) -> None:
     """Print the Python heap's growth per idle connection by allocation site."""
     workdir = Path(tempfile.mkdtemp(prefix="bench-idle-sites-"))
     os.environ["RIVERBED_TRACE_DIR"] = str(workdir)  # the broker inherits it
@@ -77,7 +79,7 @@ def sites(count: int, warm_up: int, top: int) -> None:
         time.sleep(0.5)
         before = broker.snapshot("before")
         idle = open_idle(broker.port, count)
-        time.sleep(1.0)
+        time.sleep(settle)
         after = broker.snapshot("after")
         close_all(idle)
         close_all(warm)
@@ -107,7 +109,7 @@ def rss_kib(broker: Broker) -> int:
     raise RuntimeError(f"no VmRSS for {broker.name}")
 
 
-def measure(broker: Broker, count: int, warm_up: int) -> float:
+def measure(broker: Broker, count: int, warm_up: int, settle: float) -> float:
     """KiB of RSS per idle connection."""
     broker.start()
     try:
@@ -117,7 +119,7 @@ def measure(broker: Broker, count: int, warm_up: int) -> float:
         started = time.monotonic()
         idle = open_idle(broker.port, count)
         opened = time.monotonic() - started
-        time.sleep(1.0)
+        time.sleep(settle)
         after = rss_kib(broker)
         per = (after - before) / count
         print(
@@ -136,6 +138,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--count", type=int, default=10_000)
     p.add_argument("--warm-up", type=int, default=200)
+    p.add_argument("--settle", type=float, default=12.0, help="seconds before the second reading")
     p.add_argument("--brokers", default="riverbed,mosquitto")
     p.add_argument(
         "--sites",
@@ -156,14 +159,14 @@ def main() -> None:
         flush=True,
     )
     if args.sites:
-        sites(args.sites, args.warm_up, args.top)
+        sites(args.sites, args.warm_up, args.top, args.settle)
         return
     kinds: dict[str, type[Broker]] = {"riverbed": Riverbed, "mosquitto": Mosquitto}
     per: dict[str, float] = {}
     for name in args.brokers.split(","):
         workdir = Path(tempfile.mkdtemp(prefix=f"bench-idle-{name}-"))
         try:
-            per[name] = measure(kinds[name](workdir), args.count, args.warm_up)
+            per[name] = measure(kinds[name](workdir), args.count, args.warm_up, args.settle)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
     if "riverbed" in per and "mosquitto" in per and per["mosquitto"] > 0:

@@ -172,20 +172,42 @@ def test_sessions_taken_over_elsewhere(storage: Storage) -> None:
     assert sorted(store.taken_over(mine, here="a")) == ["gone", "moved"]
 
 
-def test_all_decodes_only_the_records_that_changed(
-    storage: Storage, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    store = SessionStore(storage)
-    for i in range(3):
-        store.write(record(f"c{i}", f"s{i}"), None)
-    decoded: list[bytes] = []
+@pytest.fixture
+def decoded(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """The records `SessionRecord.from_json` decodes from now on."""
+    seen: list[bytes] = []
     original = SessionRecord.from_json
 
     def counting(raw: bytes) -> SessionRecord:
-        decoded.append(raw)
+        seen.append(raw)
         return original(raw)
 
     monkeypatch.setattr(SessionRecord, "from_json", staticmethod(counting))
+    return seen
+
+
+def test_all_hands_out_what_the_broker_holds_for_its_own_sessions(
+    storage: Storage, decoded: list[bytes]
+) -> None:
+    """A session connected to this broker: its connection's record (no copy
+    decoded, none kept) while the stored version is the one it wrote."""
+    store = SessionStore(storage)
+    mine = store.write(record("mine", "s-mine"), None)
+    store.write(record("other", "s-other"), None)
+    store.held_here = {"mine": mine}.get
+    found = {s.record.client_id: s for s in store.all()}
+    assert found["mine"] is mine and found["other"].record.session_id == "s-other"
+    assert len(decoded) == 1  # "other" only
+    # Written since by someone else (another node took it over): read as stored.
+    taken = store.write(replace(mine.record, node="elsewhere"), mine.version)
+    again = {s.record.client_id: s for s in store.all()}
+    assert again["mine"].record.node == "elsewhere" and again["mine"].version == taken.version
+
+
+def test_all_decodes_only_the_records_that_changed(storage: Storage, decoded: list[bytes]) -> None:
+    store = SessionStore(storage)
+    for i in range(3):
+        store.write(record(f"c{i}", f"s{i}"), None)
     assert sorted(s.record.client_id for s in store.all()) == ["c0", "c1", "c2"]
     assert len(decoded) == 3
     decoded.clear()

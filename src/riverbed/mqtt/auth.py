@@ -84,6 +84,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+import logging
 import os
 import re
 import unicodedata
@@ -98,6 +99,8 @@ from riverbed.mqtt.codec.reasons import CONNACK_REASONS_V311, ConnectReason
 from riverbed.mqtt.config import ACL_WILDCARD_STRICT, AuthConfig
 from riverbed.secretfiles import read_text, remove_entry, write_atomically
 from riverbed.topics.filters import filters_overlap, matches, validate_filter
+
+log = logging.getLogger(__name__)
 
 SCRYPT_N = 2**14
 SCRYPT_R = 8
@@ -519,6 +522,14 @@ class Authorizer:
                 if topic_filter is not None and matches(topic_filter, topic_name):
                     return rule.decision is Decision.ALLOW
         return self.default is Decision.ALLOW
+
+    def allows_publish(self, username: str | None, client_id: str, topic_name: str) -> bool:
+        """`can_publish`, logging a refusal (what a connection's core asks; the
+        broker hands every core the same bound method, `Broker.may_publish`)."""
+        if self.can_publish(username, client_id, topic_name):
+            return True
+        log.info("client %s: not authorized: refused PUBLISH to %r", client_id, topic_name)
+        return False
 
     def can_publish(self, username: str | None, client_id: str, topic_name: str) -> bool:
         """Whether this client may publish to `topic_name` (a valid topic name);

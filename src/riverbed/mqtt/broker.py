@@ -164,6 +164,7 @@ class Broker:
         """Connections made and ended since the last summary line."""
         self._summarizer: asyncio.Task[None] | None = None
         self.store = SessionStore(log.storage)
+        self.store.held_here = self._held_here
         self.writer = SessionWriter(self.store)
         """Session writes of all connections, group-committed (`sessions/writer.py`)."""
         self.retained = RetainedStore(log.storage)
@@ -174,6 +175,9 @@ class Broker:
         self.router.on_new_streams = self._streams_changed
         self.pacer = CommitPacer(log, config.storage.commit_interval_ms / 1000)
         self.authenticator, self.authorizer = load_auth(config.auth)
+        self.may_publish = self.authorizer.allows_publish
+        """What every connection's core asks before it takes a PUBLISH in (made
+        once: one object for all of them)."""
         self.node = (
             config.cluster.node_name
             or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -540,6 +544,12 @@ class Broker:
         """Client ids whose lock is held or awaited now (0 when no CONNECT is
         in progress)."""
         return len(self._locks)
+
+    def _held_here(self, client_id: str) -> Stored | None:
+        """The record a connection here last wrote for its session (for
+        `SessionStore.all`, from any thread: two reads, each atomic)."""
+        connection = self.connections.get(client_id)
+        return None if connection is None else connection.stored
 
     def _accept(self) -> Connection:
         """A new client connection (the listeners' protocol factory)."""

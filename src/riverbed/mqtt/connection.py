@@ -49,13 +49,12 @@ import socket
 import uuid
 from collections import deque
 from dataclasses import replace
-from functools import partial
 from typing import Protocol, assert_never
 
 from riverbed.clock import Tick, now_us
 from riverbed.errors import PreconditionFailed, ProtocolError, RiverbedError
 from riverbed.log.appender import store_refused
-from riverbed.mqtt.auth import Authenticator, Authorizer
+from riverbed.mqtt.auth import Authenticator
 from riverbed.mqtt.codec import (
     MQTT_5,
     NO_PUBLISH_PROPERTIES,
@@ -212,14 +211,6 @@ def _assigned_client_id() -> str:
     return f"auto-{uuid.uuid4().hex}"
 
 
-def _may_publish(authorizer: Authorizer, username: str | None, client_id: str, topic: str) -> bool:
-    """The authorization policy, for a connection's core (`mqtt/auth.py`)."""
-    if authorizer.can_publish(username, client_id, topic):
-        return True
-    log.info("client %s: not authorized: refused PUBLISH to %r", client_id, topic)
-    return False
-
-
 class Connection(asyncio.Protocol):
     """One client's network connection and, once connected, its session.
 
@@ -293,7 +284,7 @@ class Connection(asyncio.Protocol):
             self.loop.time(),
             new_client_id=_assigned_client_id,
             # Not a method of the connection: the core would refer back to it.
-            may_publish=partial(_may_publish, broker.authorizer),
+            may_publish=broker.may_publish,
             publish_in=self._counts.publish_in,
         )
         """The MQTT rules of this connection (`mqtt/protocol.py`)."""

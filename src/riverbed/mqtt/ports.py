@@ -69,6 +69,11 @@ class Services(Protocol):
     def authorizer(self) -> Authorizer: ...
 
     @property
+    def may_publish(self) -> Callable[[str | None, str, str], bool]:
+        """`authorizer.allows_publish`, one bound method for every connection."""
+        ...
+
+    @property
     def shared(self) -> SharedRuntime | None:
         """Durable shared subscriptions, unless disabled."""
         ...

@@ -206,9 +206,13 @@ class SessionStore:
     def __init__(self, storage: Storage) -> None:
         self.storage = storage
         self.leases = Leases(storage)
-        self._decoded: dict[str, tuple[bytes, SessionRecord]] = {}
-        """What `all` decoded last time, by client id: the stored bytes and the
-        record they are."""
+        self._decoded: dict[str, tuple[int, int, SessionRecord]] = {}
+        """What `all` decoded last time, by client id: the version and the hash
+        of the stored bytes, and the record they are."""
+        self.held_here: Callable[[str], Stored | None] | None = None
+        """The broker's own view of a session connected to it (its connection's
+        last written record), if any: `all` hands that out while the stored
+        version is the same, instead of decoding and keeping a copy."""
 
     # --- broker nodes --------------------------------------------------------------
     def held_elsewhere(self, record: SessionRecord, here: str, at_us: int) -> bool:
@@ -276,17 +280,26 @@ class SessionStore:
         """Every session record. The periodic readers (the expiry sweep, the
         orphan sweep, the metrics) call it every few seconds, and with many
         sessions decoding them was most of a node's work: a record whose bytes
-        are the same as last time is not decoded again."""
+        are the same as last time is not decoded again. (Known by their hash
+        and the record's version, not kept: a connection's share of the
+        broker's memory is a few KiB, and the bytes were a tenth of it.)"""
         known = self._decoded
-        decoded: dict[str, tuple[bytes, SessionRecord]] = {}
+        held_here = self.held_here
+        decoded: dict[str, tuple[int, int, SessionRecord]] = {}
         out: list[Stored] = []
         for entry in self.storage.kv_list(NAMESPACE):
+            if held_here is not None:
+                mine = held_here(entry.key)
+                if mine is not None and mine.version == entry.version:
+                    out.append(mine)
+                    continue
+            seen = hash(entry.value)
             hit = known.get(entry.key)
-            if hit is not None and hit[0] == entry.value:
-                record = hit[1]
+            if hit is not None and hit[0] == entry.version and hit[1] == seen:
+                record = hit[2]
             else:
                 record = SessionRecord.from_json(entry.value)
-            decoded[entry.key] = (entry.value, record)
+            decoded[entry.key] = (entry.version, seen, record)
             out.append(Stored(record, entry.version))
         self._decoded = decoded  # one assignment: another thread sees old or new
         return out
@@ -299,7 +312,16 @@ class SessionStore:
             entry = self.storage.kv_put_if_absent(NAMESPACE, record.client_id, raw)
         else:
             entry = self.storage.kv_compare_and_set(NAMESPACE, record.client_id, version, raw)
+        self.remember(record, raw, entry.version)
         return Stored(record, entry.version)
+
+    def remember(self, record: SessionRecord, raw: bytes, version: int) -> None:
+        """`record` was written as `raw` at `version`: `all` hands out this very
+        object while the stored record stays so (not decoded again after a
+        session goes offline). A write that does not commit after all leaves
+        an entry that never matches."""
+        if not record.connected:  # an online one is the broker's to tell (`held_here`)
+            self._decoded[record.client_id] = (version, hash(raw), record)
 
     def discard(self, stored: Stored) -> None:
         """Delete the session: its record (if still at this version;

@@ -251,7 +251,7 @@ class SessionWriter:
     def _apply(self, tx: Transaction, op: _Op) -> Stored:
         match op:
             case _Write(record, version, cursors, also):
-                written = _put(tx, record, version)
+                written = _put(tx, record, version, self.store)
                 if cursors is not None:
                     self._make_cursors(tx, record.session_id, cursors)
                 for namespace, key, value in also:
@@ -259,7 +259,7 @@ class SessionWriter:
                 return written
             case _Checkpoint(stored, cursors, sent, at_us):
                 record = replace(stored.record, seen_us=at_us or now_us(), sent=dict(sent))
-                written = _put(tx, record, stored.version)
+                written = _put(tx, record, stored.version, self.store)
                 for topic, offsets in cursors.items():
                     name = cursor_name(record.session_id, topic)
                     # A topic the session stopped reaching may have lost its
@@ -282,9 +282,13 @@ class SessionWriter:
                 continue
 
 
-def _put(tx: Transaction, record: SessionRecord, version: int | None) -> Stored:
-    written = kv_write_in(tx, NAMESPACE, record.client_id, record.to_json(), version)
+def _put(
+    tx: Transaction, record: SessionRecord, version: int | None, store: SessionStore
+) -> Stored:
+    raw = record.to_json()
+    written = kv_write_in(tx, NAMESPACE, record.client_id, raw, version)
     if written is None:
         what = "exists already" if version is None else f"is not at version {version}"
         raise PreconditionFailed(f"key {NAMESPACE}/{record.client_id} {what}")
+    store.remember(record, raw, written)
     return Stored(record, written)
