@@ -806,6 +806,26 @@ def test_kv_list_by_prefix_including_like_wildcards(storage: Storage) -> None:
     assert (entry.namespace, entry.key, entry.value, entry.version) == ("ns", "b", b"b", 1)
 
 
+def test_kv_page_reads_a_namespace_a_page_at_a_time(storage: Storage) -> None:
+    keys = ["%", "a", "a%", "a/1", "a_x", "ab", "b", "é/1", "Z"]
+    for key in keys:
+        storage.kv_put("ns", key, key.encode())
+    storage.kv_put("other", "aa", b"x")
+    pages: list[list[str]] = []
+    after: str | None = None
+    while page := storage.kv_page("ns", after, 4):
+        pages.append([e.key for e in page])
+        after = page[-1].key
+    assert [len(p) for p in pages] == [4, 4, 1]
+    assert [k for p in pages for k in p] == [e.key for e in storage.kv_list("ns")]
+    (entry,) = storage.kv_page("ns", "a_x", 1)
+    assert (entry.namespace, entry.key, entry.value, entry.version) == ("ns", "ab", b"ab", 1)
+    assert storage.kv_page("empty", None, 10) == []
+    for bad in (0, -1, True, 2.5):
+        with pytest.raises(InvalidInput, match="page size"):
+            storage.kv_page("ns", None, bad)  # type: ignore[arg-type]
+
+
 def test_kv_namespaces_are_separate(storage: Storage) -> None:
     storage.kv_put("one", "k", b"1")
     storage.kv_put("two", "k", b"2")

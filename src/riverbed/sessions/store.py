@@ -29,18 +29,20 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Container, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
 from riverbed.clock import now_us
 from riverbed.errors import AlreadyExists, NotFound, PreconditionFailed, SubscriptionNotFound
 from riverbed.sessions.qos2 import WindowEntry
 from riverbed.sessions.session import Subscription
-from riverbed.storage.base import StartKind, Storage, StreamHead, SubscriptionRecord
+from riverbed.storage.base import KVEntry, StartKind, Storage, StreamHead, SubscriptionRecord
 from riverbed.storage.leases import Lease, Leases
 from riverbed.topics.filters import filter_covers
 
 NAMESPACE = "sessions"
+PAGE = 500
+"""Records `SessionStore.all` reads per query."""
 CURSOR_PREFIX = "$session."
 NEVER_EXPIRES = 0xFFFF_FFFF
 """Session Expiry Interval meaning "never" (MQTT 5.0 §3.1.2.11.2)."""
@@ -287,7 +289,7 @@ class SessionStore:
         held_here = self.held_here
         decoded: dict[str, tuple[int, int, SessionRecord]] = {}
         out: list[Stored] = []
-        for entry in self.storage.kv_list(NAMESPACE):
+        for entry in self._entries():
             if held_here is not None:
                 mine = held_here(entry.key)
                 if mine is not None and mine.version == entry.version:
@@ -314,6 +316,15 @@ class SessionStore:
             entry = self.storage.kv_compare_and_set(NAMESPACE, record.client_id, version, raw)
         self.remember(record, raw, entry.version)
         return Stored(record, entry.version)
+
+    def _entries(self) -> Iterator[KVEntry]:
+        """Every stored record, read `PAGE` at a time: the periodic readers ran
+        every few seconds, and all the rows, their bytes and entries at once
+        grew a broker's memory for good (the allocator keeps what it was given)."""
+        after: str | None = None
+        while page := self.storage.kv_page(NAMESPACE, after, PAGE):
+            yield from page
+            after = page[-1].key
 
     def remember(self, record: SessionRecord, raw: bytes, version: int) -> None:
         """`record` was written as `raw` at `version`: `all` hands out this very

@@ -338,6 +338,12 @@ class Storage(Protocol):
 
     def kv_list(self, namespace: str, prefix: str = "") -> list[KVEntry]: ...
 
+    def kv_page(self, namespace: str, after: str | None, limit: int) -> list[KVEntry]:
+        """At most `limit` entries of `namespace` whose keys come after `after`
+        (None: from the first), in key order: `kv_list` a page at a time, for
+        a reader of many keys that need not hold them all at once."""
+        ...
+
     def kv_count(self, namespace: str) -> int:
         """How many keys `namespace` holds (without reading their values)."""
         ...

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from riverbed.errors import PreconditionFailed
+from riverbed.errors import InvalidInput, PreconditionFailed
 from riverbed.storage.base import KVEntry
 from riverbed.storage.connections import Cursor, operation
 from riverbed.storage.sql.core import SqlCore
@@ -26,6 +26,23 @@ class KVQueries(SqlCore):
             " ORDER BY key",
             (namespace, len(prefix), prefix),
         ).fetchall()
+        return [KVEntry(namespace, k, bytes(v), int(ver)) for k, v, ver in rows]
+
+    @operation
+    def kv_page(self, namespace: str, after: str | None, limit: int) -> list[KVEntry]:
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            raise InvalidInput(f"page size {limit!r} must be an integer >= 1")
+        if after is None:
+            rows = self._q(
+                "SELECT key, value, version FROM kv WHERE namespace = ? ORDER BY key LIMIT ?",
+                (namespace, limit),
+            ).fetchall()
+        else:
+            rows = self._q(
+                "SELECT key, value, version FROM kv WHERE namespace = ? AND key > ?"
+                " ORDER BY key LIMIT ?",
+                (namespace, after, limit),
+            ).fetchall()
         return [KVEntry(namespace, k, bytes(v), int(ver)) for k, v, ver in rows]
 
     @operation
