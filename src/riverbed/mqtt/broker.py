@@ -65,7 +65,7 @@ from collections.abc import AsyncIterator, Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from ssl import SSLContext
-from typing import Protocol, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 from riverbed import __version__
 from riverbed.clock import now_us
@@ -211,6 +211,8 @@ class Broker:
         """`listener_urls` once listening (a drain closes the sockets)."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self.connections: dict[str, Connection] = {}
+        self._shared_reads: dict[Hashable, asyncio.Future[Any]] = {}
+        """Reads running for `read_shared`, by key."""
         """Client id -> the connection holding its session."""
         self._all: set[Connection] = set()
         self._locks: dict[str, _ClientLock] = {}
@@ -501,6 +503,22 @@ class Broker:
         if self.log.storage.appends_inline:
             return read(*args)
         return await asyncio.to_thread(read, *args)
+
+    async def read_shared(self, key: Hashable, read: Callable[..., T], *args: object) -> T:
+        """`read` (as `read` does it), but a read of the same `key` already
+        running answers this call too: what every session asks alike (a
+        topic's streams) is read once for a storm of resumes, not once each.
+        Joining a read that started before the call is fine for what is read
+        so: heads and generations only move forward."""
+        if self.log.storage.appends_inline:
+            return read(*args)
+        running = self._shared_reads.get(key)
+        if running is None:
+            running = asyncio.ensure_future(asyncio.to_thread(read, *args))
+            self._shared_reads[key] = running
+            running.add_done_callback(lambda _: self._shared_reads.pop(key, None))
+        result: T = await asyncio.shield(running)
+        return result
 
     @property
     def open_connections(self) -> int:

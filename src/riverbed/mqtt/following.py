@@ -45,10 +45,11 @@ from riverbed.mqtt.codec import (
 )
 from riverbed.mqtt.sharing import Sharing, SharingOwner, is_shared
 from riverbed.sessions.session import Event, Follow, Session, Subscription
-from riverbed.sessions.store import SessionRecord, Stored
+from riverbed.sessions.store import SessionRecord, Stored, start_positions
 from riverbed.sessions.writer import NewCursors
 from riverbed.sharedsub.claims import GroupStore
 from riverbed.sharedsub.protocol import GroupId
+from riverbed.storage.base import Storage, StorageTopicRecord, StreamHead
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +141,7 @@ class Following:
 
     async def bindings(self) -> list[tuple[str, str | None]]:
         conn = self.conn
-        topics = await conn.broker.read(conn.broker.log.storage.list_topics)
+        topics = await conn.broker.read_shared("topics", conn.broker.log.storage.list_topics)
         return [(t.name, t.binding) for t in topics]
 
     def reachable_topics(
@@ -201,34 +202,43 @@ class Following:
         assert conn.stored is not None
         session_id = conn.stored.record.session_id
         in_memory = conn.session.cursors() if conn.session is not None else {}
-        store = conn.broker.store
-        missing = await conn.broker.read(store.missing_cursors, session_id, ensure)
-        if missing:
-            await asyncio.to_thread(store.ensure_cursors, session_id, missing, None)
-        out, waiting = await conn.broker.read(self._readable, session_id, topics, in_memory)
+        out, waiting = await self._streams_of(session_id, topics, in_memory, ensure)
         self.lineage_wait = waiting
         return out
 
-    def _readable(
+    async def _streams_of(
         self,
         session_id: str,
         topics: list[str],
         in_memory: dict[int, int],
+        ensure: tuple[str, ...] = (),
     ) -> tuple[dict[int, int], bool]:
-        """`readable`, blocking (`Broker.read`): the streams and cursors,
+        """`readable`, without setting `lineage_wait`: the streams and cursors,
         and whether some stream has to wait for its lineage. `in_memory`: the
-        session's cursors, newer than the stored ones."""
-        store = self.conn.broker.store
-        storage = self.conn.broker.log.storage
+        session's cursors, newer than the stored ones.
+
+        A topic's generations and heads are the same for every session: read
+        once for all the connections that ask at the same time
+        (`Services.read_shared`; a fleet resuming at once asked hundreds of
+        times for the same rows). The session's own cursors, and whether those
+        of `ensure` exist, in one read."""
+        broker = self.conn.broker
+        store = broker.store
+        storage = broker.log.storage
+        shapes: dict[str, tuple[list[StorageTopicRecord], list[StreamHead]]] = {}
+        for topic in topics:
+            shape = await broker.read_shared(("topic", topic), _topic_shape, storage, topic)
+            if shape is not None:  # else deleted since: nothing to follow there
+                shapes[topic] = shape
+        missing, stored = await broker.read(store.cursors_of, session_id, list(shapes), ensure)
+        if missing:
+            await asyncio.to_thread(store.ensure_cursors, session_id, missing, None)
+            _, made = await broker.read(store.cursors_of, session_id, missing, ())
+            stored.update(made)
         out: dict[int, int] = {}
         waiting = False
-        for topic in topics:
-            try:
-                generations = storage.list_storage_topics(topic)
-            except TopicNotFound:
-                continue  # deleted since: nothing to follow there
-            topic_heads = storage.list_streams(topic)
-            positions = store.positions(session_id, topic, topic_heads)
+        for topic, (generations, topic_heads) in shapes.items():
+            positions = start_positions(stored.get(topic, {}), topic_heads)
             cursors = {k: in_memory.get(k, v) for k, v in positions.items()}
             readable, _ = readable_streams(generations, topic_heads, cursors)
             waiting = waiting or len(readable) < len(topic_heads)
@@ -431,7 +441,7 @@ class Following:
         cursors = NewCursors(tuple(new), taken.at_us, taken.positions) if new else None
         stored = await asyncio.wrap_future(broker.writer.write(record, version, cursors))
         if new:
-            follow, waiting = await broker.read(self._readable, record.session_id, new, {})
+            follow, waiting = await self._streams_of(record.session_id, new, {})
         return stored, follow, waiting
 
     async def unsubscribe(self, packet: Unsubscribe) -> None:
@@ -488,3 +498,14 @@ class Following:
             conn.stored = await asyncio.wrap_future(
                 conn.broker.writer.write(record, conn.stored.version)
             )
+
+
+def _topic_shape(
+    storage: Storage, topic: str
+) -> tuple[list[StorageTopicRecord], list[StreamHead]] | None:
+    """A topic's generations and stream heads (None: no such topic), blocking."""
+    try:
+        generations = storage.list_storage_topics(topic)
+    except TopicNotFound:
+        return None
+    return generations, storage.list_streams(topic)

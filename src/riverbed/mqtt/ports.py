@@ -96,3 +96,8 @@ class Services(Protocol):
     async def read(self, read: Callable[..., T], *args: object) -> T:
         """A storage read for a connection (never a write)."""
         ...
+
+    async def read_shared(self, key: Hashable, read: Callable[..., T], *args: object) -> T:
+        """`read`, joined by every connection asking with the same `key` while
+        it runs (the answer is as of some moment after the call)."""
+        ...

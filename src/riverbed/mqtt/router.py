@@ -128,6 +128,8 @@ class Router:
         self._topics: dict[int, str] = {}
         self._watcher: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._reading: asyncio.Future[list[StreamHead]] | None = None
+        """The heads read running for `refresh` (on a database in a thread)."""
         self._stopping = False
         self.started = False
         self.on_new_streams: Callable[[], None] | None = None
@@ -195,9 +197,21 @@ class Router:
             # second under load, cost ~10 µs per message at 2,000 msg/s).
             heads = self.storage.list_streams()
         else:
-            heads = await asyncio.to_thread(self.storage.list_streams)
+            # One read for every caller while it runs (a storm of resumes
+            # each asked for all the heads): its answer is as of a moment
+            # after the call, and heads only move forward.
+            reading = self._reading
+            if reading is None:
+                reading = self._reading = asyncio.ensure_future(
+                    asyncio.to_thread(self.storage.list_streams)
+                )
+                reading.add_done_callback(self._read_done)
+            heads = await asyncio.shield(reading)
         self._look(heads)
         return self.heads()
+
+    def _read_done(self, _reading: object) -> None:
+        self._reading = None
 
     def _look(self, heads: Sequence[StreamHead]) -> None:
         self._learn(heads)

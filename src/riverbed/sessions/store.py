@@ -447,8 +447,16 @@ class SessionStore:
     def positions(self, session_id: str, topic: str, heads: Iterable[StreamHead]) -> dict[int, int]:
         """The committed cursor of every stream of `topic` (streams that appeared
         since, new generations, start at their first retained offset)."""
-        stored = self.storage.get_cursors(cursor_name(session_id, topic))
-        return {h.key: max(stored.get(h.key, h.start_offset), h.start_offset) for h in heads}
+        return start_positions(self.storage.get_cursors(cursor_name(session_id, topic)), heads)
+
+    def cursors_of(
+        self, session_id: str, topics: Iterable[str], ensure: Iterable[str] = ()
+    ) -> tuple[list[str], dict[str, dict[int, int]]]:
+        """In one call (one hand-over to a thread): which of `ensure` the session
+        has no cursor on (`missing_cursors`), and its committed cursors on each
+        of `topics` (`start_positions` makes positions of them)."""
+        missing = self.missing_cursors(session_id, ensure)
+        return missing, {t: self.storage.get_cursors(cursor_name(session_id, t)) for t in topics}
 
     def commit(
         self,
@@ -521,3 +529,10 @@ class SessionStore:
                 continue  # resumed meanwhile
             gone.append(record.client_id)
         return gone
+
+
+def start_positions(stored: Mapping[int, int], heads: Iterable[StreamHead]) -> dict[int, int]:
+    """Where a session reads each of `heads`' streams from: its committed
+    cursor (`stored`), but never below the first retained offset (a stream
+    that appeared since, a new generation, starts there)."""
+    return {h.key: max(stored.get(h.key, h.start_offset), h.start_offset) for h in heads}
