@@ -805,6 +805,7 @@ class Broker:
         ):
             log.info("client %s: session taken over on node %s", client_id, asker)
             await connection.take_over()
+            await self.wills.settled(client_id)  # its Will clears it from the record
         assert self.nodes is not None
         answer = {"kind": "released", "id": message.get("id"), "from": self.node}
         await asyncio.to_thread(self.nodes.send, asker, answer)

@@ -161,7 +161,8 @@ class Wills:
         self.cluster = cluster
         """Whether other nodes may run beside this one (PostgreSQL)."""
         self._pending: dict[str, _Pending] = {}
-        self._publishing: set[str] = set()
+        self._publishing: dict[str, asyncio.Task[None]] = {}
+        """Wills being published now, by client id."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._live: frozenset[str] = frozenset()
         """The nodes whose lease ran at the last look at the records (`adopt`)."""
@@ -215,13 +216,26 @@ class Wills:
         pending = self._pending.pop(client_id, None)
         if pending is None:
             return
-        self._publishing.add(client_id)
         task = asyncio.get_running_loop().create_task(
             self.publish(client_id, pending.username, pending.will, pending.owner, pending.delayed)
         )
+        self._publishing[client_id] = task
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        task.add_done_callback(lambda _: self._publishing.discard(client_id))
+        task.add_done_callback(lambda done: self._published(client_id, done))
+
+    def _published(self, client_id: str, task: asyncio.Task[None]) -> None:
+        if self._publishing.get(client_id) is task:
+            del self._publishing[client_id]
+
+    async def settled(self, client_id: str) -> None:
+        """Once the Will of `client_id` being published now (if any) is
+        published and cleared from its session record: a node answering that
+        it let a session go must not write that record after its answer (the
+        node taking it over would find its own write refused)."""
+        task = self._publishing.get(client_id)
+        if task is not None:
+            await asyncio.wait({task})  # however it ends (its own errors are logged)
 
     async def restore(self) -> None:
         """At start: schedule the Wills that stored sessions still hold (their
