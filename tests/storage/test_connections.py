@@ -85,6 +85,7 @@ CALLS: dict[str, Callable[[Storage], object]] = {
     "kv_get": lambda s: s.kv_get("ns", "k"),
     "kv_count": lambda s: s.kv_count("ns"),
     "kv_list": lambda s: s.kv_list("ns"),
+    "kv_page": lambda s: s.kv_page("ns", None, 10),
     "kv_put": lambda s: s.kv_put("ns", "k", b"v"),
     "kv_put_if_absent": lambda s: s.kv_put_if_absent("ns", "k", b"v"),
     "kv_compare_and_set": lambda s: s.kv_compare_and_set("ns", "k", 1, b"v"),

@@ -483,7 +483,8 @@ class Broker:
             with contextlib.suppress(RiverbedError):
                 await asyncio.to_thread(self._leases.release, self._lease)
             self._lease = None
-        self._lease_thread.shutdown(wait=False)
+        # Not behind a renewal on its way (the storage closes after this).
+        await asyncio.to_thread(self._lease_thread.shutdown, True)
         if self.nodes is not None:
             await asyncio.to_thread(self.nodes.close)
         for server in (self._server, self._tls_server, self._ws_server):
@@ -1062,6 +1063,11 @@ async def serve(
         watchdog.start()
         try:
             await asyncio.wait_for(broker.stop(), grace)
+            # Storage work still running in worker threads (a sweep cancelled in
+            # the middle of its reads) ends before the caller closes the storage:
+            # a SQLite connection closed while another thread uses it can crash
+            # the process (seen once: SIGSEGV at the end of a test).
+            await asyncio.wait_for(asyncio.get_running_loop().shutdown_default_executor(), grace)
         except TimeoutError:
             _exit_now(grace)
 
