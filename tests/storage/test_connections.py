@@ -23,6 +23,7 @@ from harness.waiting import eventually
 from riverbed.errors import StorageError, StorageUnavailable, SubscriptionNotFound
 from riverbed.storage import Storage, open_storage, redact_url
 from riverbed.storage.base import RetentionPolicy, StartKind, StreamHead, SubscriptionRecord
+from riverbed.storage.connections import ThreadConnections
 from riverbed.storage.sql import SqlStorage
 
 PASSWORD = "pw-8c1e-s3cret"
@@ -382,3 +383,39 @@ def test_fifty_short_lived_threads_leave_few_server_connections(postgres_url: st
         assert peak <= 12
     finally:
         storage.close()
+
+
+def test_close_waits_for_operations_running_in_other_threads() -> None:
+    """A SQLite connection closed while another thread runs a statement on it
+    can crash the process: `close` lets running operations end first (up to
+    its `wait`), and refuses new ones meanwhile."""
+    closed: list[str] = []
+    connections = ThreadConnections(lambda: _Closing(closed), "sqlite:///x")
+    connections.get()  # this thread's connection
+    connections.enter()  # an operation runs
+    closer = threading.Thread(target=connections.close, kwargs={"wait": 30.0})
+    closer.start()
+    eventually(lambda: connections.closed, what="close begun")
+    assert closed == [] and closer.is_alive()  # waits for the operation
+    connections.leave()
+    closer.join(30)
+    assert closed and not closer.is_alive()
+
+
+def test_close_gives_up_waiting_after_its_wait() -> None:
+    closed: list[str] = []
+    connections = ThreadConnections(lambda: _Closing(closed), "sqlite:///x")
+    connections.get()
+    connections.enter()  # never leaves (a database that does not answer)
+    connections.close(wait=0.05)
+    assert closed and connections.closed
+
+
+class _Closing:
+    """A connection that records its close."""
+
+    def __init__(self, closed: list[str]) -> None:
+        self._closed = closed
+
+    def close(self) -> None:
+        self._closed.append("closed")

@@ -71,6 +71,10 @@ def _release(open_connections: dict[int, Connection], lock: threading.Lock, conn
         conn.close()
 
 
+CLOSE_WAIT = 5.0
+"""Seconds `ThreadConnections.close` gives operations running in other threads."""
+
+
 class ThreadConnections:
     """One connection per thread, from `connect()`; see the module docstring."""
 
@@ -82,6 +86,9 @@ class ThreadConnections:
         """Every connection not closed yet, by id: what `close` closes."""
         self._lock = threading.Lock()
         self._closed = False
+        self._busy = 0
+        """Storage operations running now, in any thread (`enter` / `leave`)."""
+        self._idle = threading.Condition(self._lock)
 
     def get(self) -> Connection:
         """This thread's connection (opened now if it has none)."""
@@ -127,10 +134,28 @@ class ThreadConnections:
         with self._lock:
             return len(self._open)
 
-    def close(self) -> None:
-        """Close every connection, from whichever thread; `get` refuses from now on."""
+    def enter(self) -> None:
+        """A storage operation starts (in this thread)."""
+        with self._lock:
+            self._busy += 1
+
+    def leave(self) -> None:
+        """The operation `enter` announced ended."""
+        with self._lock:
+            self._busy -= 1
+            if not self._busy:
+                self._idle.notify_all()
+
+    def close(self, wait: float = CLOSE_WAIT) -> None:
+        """Close every connection, from whichever thread; `get` refuses from now on.
+        Operations running in other threads get `wait` seconds to end first: a
+        SQLite connection closed while another thread runs a statement on it
+        can crash the process (a broker stopping under a sweep did). Past it
+        they are closed anyway (one waiting on a database that does not answer
+        must not keep the process from stopping; it then fails as closed)."""
         with self._lock:
             self._closed = True
+            self._idle.wait_for(lambda: self._busy == 0, timeout=wait)
             conns = list(self._open.values())
             self._open.clear()
         for conn in conns:
@@ -287,6 +312,7 @@ def operation(method: Callable[Concatenate[S, P], T]) -> Callable[Concatenate[S,
         connections = self.connections
         if connections.closed:
             raise connections.closed_error(name)
+        connections.enter()
         try:
             return method(self, *args, **kwargs)
         except ConnectionLost as lost:
@@ -301,6 +327,8 @@ def operation(method: Callable[Concatenate[S, P], T]) -> Callable[Concatenate[S,
             if self._refuses_writes(exc):
                 raise StorageFull(_failed(self, name, exc)) from exc
             raise StorageError(_failed(self, name, exc)) from exc
+        finally:
+            connections.leave()
 
     return run
 
