@@ -7,6 +7,7 @@ import asyncio
 import threading
 import time
 
+from harness.waiting import eventually_async
 from riverbed.log.log import Log
 from riverbed.mqtt.broker import serve
 from riverbed.mqtt.config import Address, AuthConfig, BrokerConfig, Listeners
@@ -17,10 +18,11 @@ def test_serve_returns_only_once_storage_work_in_threads_has_ended(sqlite_url: s
     in the middle of its reads) ends before `serve` returns and its caller
     closes the storage: a SQLite connection closed under a thread using it
     crashed a broker once (SIGSEGV at the end of a test)."""
-    finished = threading.Event()
+    started, finished = threading.Event(), threading.Event()
 
     def slow_read() -> None:
-        time.sleep(0.5)
+        started.set()
+        time.sleep(0.5)  # the storage read that takes a while (what is waited for)
         finished.set()
 
     async def scenario() -> None:
@@ -32,7 +34,7 @@ def test_serve_returns_only_once_storage_work_in_threads_has_ended(sqlite_url: s
             running = asyncio.create_task(serve(config, log, stop))
             await asyncio.sleep(0)  # the broker starts
             reading = asyncio.create_task(asyncio.to_thread(slow_read))
-            await asyncio.sleep(0.05)
+            await eventually_async(started.is_set, what="the read started")
             reading.cancel()  # as the broker's stop cancels its sweep
             stop.set()
             await running
