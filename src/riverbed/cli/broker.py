@@ -142,7 +142,7 @@ def serve(
     """
     import asyncio
 
-    from riverbed.mqtt.broker import check_listeners
+    from riverbed.mqtt.broker import EXIT_MARGIN, ExitDeadline, check_listeners
     from riverbed.mqtt.broker import serve as run_broker
     from riverbed.mqtt.config import load_config
     from riverbed.mqtt.tls import server_context
@@ -182,7 +182,9 @@ def serve(
         with Log.open(url) as log:
             if getattr(log.storage, "created", False):
                 logging.getLogger(__name__).info("created a new database at %s", url.shown)
-            await run_broker(config, log, stop, beside=http_beside(config, log))
+            # Armed at the stop and never disarmed: closing the log is bounded too.
+            deadline = ExitDeadline(config.limits.stop_grace + EXIT_MARGIN)
+            await run_broker(config, log, stop, beside=http_beside(config, log), deadline=deadline)
 
     try:
         import uvloop

@@ -1026,12 +1026,40 @@ class Companion(Protocol):
     async def stop(self) -> None: ...
 
 
+class ExitDeadline:
+    """The time by which a stopping process must have ended: past it, the
+    process exits at once (status 1), as after a crash, which the log and the
+    sessions are made to survive. `arm()` starts the clock, `disarm()` stops it;
+    a process that stopped in time and goes on (an application embedding the
+    broker, a test) is never ended later."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._timer: threading.Timer | None = None
+
+    def arm(self) -> None:
+        if self._timer is None:
+            self._timer = threading.Timer(self.seconds, _exit_now, (self.seconds,))
+            self._timer.daemon = True
+            self._timer.start()
+
+    def disarm(self) -> None:
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
+
+    def overrun(self) -> None:
+        """Stopping took too long already: exit now."""
+        _exit_now(self.seconds)
+
+
 async def serve(
     config: BrokerConfig,
     log_: Log,
     stop: asyncio.Event,
     *,
     beside: Callable[[Broker], Companion] | None = None,
+    deadline: ExitDeadline | None = None,
     **options: float,
 ) -> None:
     """Run a broker until `stop` is set, then stop it gracefully, within
@@ -1039,7 +1067,12 @@ async def serve(
     1), as after a crash, which the log and the sessions are made to survive. A
     database that stopped answering must not keep a broker from stopping.
     `beside(broker)` makes a companion server run alongside (the layer above
-    supplies it: this one does not know it)."""
+    supplies it: this one does not know it).
+
+    The process is ended if stopping overruns `stop_grace` + `EXIT_MARGIN`
+    (threads stuck in the database). Once `serve` returns, that deadline is
+    disarmed, unless the caller passed its own `deadline`: then it is armed at
+    the stop and left to the caller (the CLI's, to bound closing the log too)."""
     broker = Broker(config, log_, **options)  # type: ignore[arg-type]
     await broker.start()
     companion = None
@@ -1058,9 +1091,8 @@ async def serve(
         if companion is not None:
             await companion.stop()
         grace = config.limits.stop_grace
-        watchdog = threading.Timer(grace + EXIT_MARGIN, _exit_now, (grace + EXIT_MARGIN,))
-        watchdog.daemon = True
-        watchdog.start()
+        watchdog = deadline or ExitDeadline(grace + EXIT_MARGIN)
+        watchdog.arm()
         try:
             await asyncio.wait_for(broker.stop(), grace)
             # Storage work still running in worker threads (a sweep cancelled in
@@ -1069,7 +1101,9 @@ async def serve(
             # the process (seen once: SIGSEGV at the end of a test).
             await asyncio.wait_for(asyncio.get_running_loop().shutdown_default_executor(), grace)
         except TimeoutError:
-            _exit_now(grace)
+            ExitDeadline(grace).overrun()
+        if deadline is None:
+            watchdog.disarm()
 
 
 def _exit_now(after: float) -> None:
