@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from riverbed.cli import cli
-from riverbed.mqtt.auth import load_password_file
+from riverbed.mqtt.passwords import load_password_file
 
 
 def passwd(*args: str, input: str | bytes | None = None) -> Result:

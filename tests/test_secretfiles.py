@@ -22,7 +22,7 @@ from riverbed.http.auth import (
     revoke_token,
     save_token_file,
 )
-from riverbed.mqtt.auth import (
+from riverbed.mqtt.passwords import (
     delete_user,
     hash_password,
     load_password_file,

@@ -1,5 +1,5 @@
 """Files of hashed secrets, one line per named entry: the MQTT password file
-(`riverbed passwd`, `riverbed.mqtt.auth`) and the admin HTTP API's token file
+(`riverbed passwd`, `riverbed.mqtt.passwords`) and the admin HTTP API's token file
 (`riverbed token`, `riverbed.http.auth`).
 
 Such a file is read whole (`read_text`), changed in memory and written back

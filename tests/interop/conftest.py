@@ -28,7 +28,7 @@ from harness.net import free_port, wait_listening
 from harness.sharedsub import short_timers_config
 from interop.clients import PASSWORD, USERNAME, Endpoint
 from interop.installed import missing
-from riverbed.mqtt.auth import set_password
+from riverbed.mqtt.passwords import set_password
 
 
 @pytest.fixture(scope="module")

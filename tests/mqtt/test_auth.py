@@ -20,27 +20,29 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from riverbed.errors import InvalidConfig, InvalidInput, NotFound
-from riverbed.mqtt.auth import (
+from riverbed.mqtt.acl import (
     Access,
     AclRule,
-    Authenticator,
     Authorizer,
     Decision,
-    PasswordHash,
     Subject,
     TopicCheck,
-    delete_user,
     filter_covers,
+)
+from riverbed.mqtt.auth import load_auth
+from riverbed.mqtt.codec.reasons import ConnectReason
+from riverbed.mqtt.config import AuthConfig
+from riverbed.mqtt.passwords import (
+    Authenticator,
+    PasswordHash,
+    delete_user,
     hash_password,
-    load_auth,
     load_password_file,
     save_password_file,
     set_password,
     validate_password,
     validate_username,
 )
-from riverbed.mqtt.codec.reasons import ConnectReason
-from riverbed.mqtt.config import AuthConfig
 from riverbed.topics.filters import matches
 
 FAST: dict[str, Any] = {"n": 16, "r": 1, "p": 1}

@@ -6,7 +6,7 @@ the cursor."""
 from __future__ import annotations
 
 from riverbed.model import StoredMessage
-from riverbed.mqtt.auth import Authorizer
+from riverbed.mqtt.acl import Authorizer
 from riverbed.sessions.session import (
     Acked,
     Checkpoint,

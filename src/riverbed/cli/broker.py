@@ -49,7 +49,7 @@ def passwd(file: str, username: str, delete: bool, from_stdin: bool) -> None:
     scrypt hashes, never passwords. The broker reads it as `auth.password_file`.
     """
     from riverbed.errors import NotFound
-    from riverbed.mqtt.auth import (
+    from riverbed.mqtt.passwords import (
         MAX_PASSWORD_BYTES,
         delete_user,
         load_password_file,

@@ -3,7 +3,7 @@
 Token file
 ----------
 One token per line, `NAME:ROLE:$scrypt$n=N,r=R,p=P$SALT$HASH` (the hash form of
-the MQTT password file, `riverbed.mqtt.auth.PasswordHash`). ROLE is `read`
+the MQTT password file, `riverbed.mqtt.passwords.PasswordHash`). ROLE is `read`
 (GET only) or `admin` (everything). `riverbed token add FILE NAME --role ROLE`
 makes a token, prints it once and stores only its hash; `token revoke` removes
 one. The file is written atomically with mode 0600.
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from riverbed.errors import AlreadyExists, InvalidConfig, InvalidInput, NotFound
-from riverbed.mqtt.auth import PasswordHash, hash_password
+from riverbed.mqtt.passwords import PasswordHash, hash_password
 from riverbed.secretfiles import read_text, remove_entry, write_atomically
 
 

@@ -14,26 +14,9 @@ stopped: their expiry counts from when they were last seen) and renews this
 node's liveness lease: several brokers may share a database, and a session
 connected to another running node is never expired here.
 
-Takeover across nodes (PostgreSQL): a session is held by one connection at a
-time, whichever node it is on. A CONNECT for a session marked connected on
-another node asks that node, over the nodes' bus (`cluster/bus.py`,
-`NodeBus`), to let go of it (`claim`); that node closes its connection
-(DISCONNECT 0x8E), saves the session and answers, and only then is the
-session read and resumed here, with what the old connection sent last. A node
-that does not answer within `RELEASE_TIMEOUT` (dead, or cut off) is waited for
-until its liveness lease has lapsed, unless its connection to the database
-(the bus's listening one) is gone, as it is once its process ended: then it is
-counted gone after `PRESENCE_GRACE`. A node fences itself (`fenced`): when its
-lease may have lapsed (it could not renew it) it closes its connections and
-takes none until it holds the lease again; while its listening connection is
-lost it delivers nothing (a connection about to deliver is closed), and once
-it is back it first closes the connections whose session another node took
-meanwhile. So a node coming back from a stall or a cut never sends to a
-session another node took. Every
-write of a connection whose session was taken is a compare-and-set that fails
-(`sessions/store.py`). The expiry sweep still closes (0x8E) any connection
-whose session was taken over without asking (nodes sharing an SQLite file,
-which have no bus).
+Its duties as one node among others on the same database (liveness lease and
+fence, takeover across nodes, node directory, drain) are its `cluster`
+(`mqtt/node.py`, `ClusterNode`).
 A thread applies the topics' retention every `[retention] interval` seconds
 (`log/retention.py: Retainer`; off with 0). What the broker does is counted
 once, in plain ints (`counts`, a `riverbed.metrics.Counts`), which two readers
@@ -62,16 +45,11 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Hashable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from ssl import SSLContext
 from typing import Any, Protocol, TypeVar, cast
 
-from riverbed import __version__
 from riverbed.clock import now_us
-from riverbed.cluster.bus import NodeBus
-from riverbed.cluster.directory import Directory, DrainRequest, NodeInfo
-from riverbed.errors import CannotListen, LeaseHeld, PreconditionFailed, RiverbedError
+from riverbed.errors import CannotListen, RiverbedError
 from riverbed.log.log import Log
 from riverbed.log.retention import Retainer
 from riverbed.metrics import Counts, Metrics, Refresher
@@ -79,6 +57,7 @@ from riverbed.mqtt.auth import load_auth
 from riverbed.mqtt.codec import DisconnectReason
 from riverbed.mqtt.config import Address, BrokerConfig
 from riverbed.mqtt.connection import Connection
+from riverbed.mqtt.node import ClusterNode
 from riverbed.mqtt.pacer import CommitPacer
 from riverbed.mqtt.readings import read_storage
 from riverbed.mqtt.retained import RetainedStore
@@ -87,10 +66,9 @@ from riverbed.mqtt.sys import SysPublisher
 from riverbed.mqtt.tls import server_context
 from riverbed.mqtt.websocket import WebSocket
 from riverbed.mqtt.wills import Wills
-from riverbed.sessions.store import SessionRecord, SessionStore, Stored, node_lease
+from riverbed.sessions.store import SessionStore, Stored
 from riverbed.sessions.writer import SessionWriter
 from riverbed.sharedsub.runtime import SharedRuntime
-from riverbed.storage.leases import Lease, Leases
 from riverbed.storage.postgres import PostgresStorage
 from riverbed.topics.trie import TopicTrie
 
@@ -109,17 +87,6 @@ NODE_LEASE_TTL = 30.0
 how long after a crash other nodes still count its sessions as in use (after
 that they expire counting from when they were last seen, as on one node), and
 so how long a client taking its session over on another node waits."""
-RELEASE_TIMEOUT = 3.0
-"""Seconds a node taking a session over waits for the node holding it to
-answer that it let go, before it asks again or finds that node's lease lapsed."""
-PRESENCE_GRACE = 1.0
-"""Seconds a node taking a session over waits, once it found the holding node's
-listening connection gone from the database, before it counts that node as
-gone: time for a node that lost its connection (and not its life) to notice
-and fence itself."""
-LEASE_MARGIN = 1.0
-"""Seconds before its liveness lease may lapse that a node fences itself (at
-most a quarter of the lease)."""
 
 
 LISTEN_BACKLOG = 4096
@@ -185,31 +152,17 @@ class Broker:
         """This broker node's name: in the session records of its connections,
         and in its liveness lease (`sessions.store.node_lease`)."""
         self.wills = Wills(self, self.node, cluster=isinstance(log.storage, PostgresStorage))
-        self._leases = Leases(log.storage)
-        self._lease: Lease | None = None
-        self.nodes: NodeBus | None = None
-        """The bus to the other nodes on the same PostgreSQL (session takeover)."""
-        self._asked: dict[str, asyncio.Future[None]] = {}
-        """Takeover requests sent to other nodes and not answered yet, by id."""
-        self._bus_lost = False
-        """The nodes' bus lost its listening connection (the node's presence)."""
-        self._lease_until: float | None = None
-        """With `nodes`: until when (`time.monotonic`) this node's liveness lease
-        surely runs, less `LEASE_MARGIN`; past it the node is fenced."""
-        self._fence_timer: asyncio.TimerHandle | None = None
-        self._releasing: set[asyncio.Task[None]] = set()
-        """Another node's takeover requests being carried out here."""
-        self.directory = Directory(log.storage)
-        """Where this node says what it is (`cluster/directory.py`)."""
-        self.started_us = now_us()
+        self.cluster = ClusterNode(
+            self,
+            self.node,
+            log.storage,
+            lease_ttl=max(node_lease_ttl, 3 * expiry_sweep),
+            sweep=expiry_sweep,
+        )
+        """Its duties as a node among others on the same database (`mqtt/node.py`)."""
         self.drained = asyncio.Event()
-        """Set once a drain (`drain`) has closed the listeners: `serve` then
-        stops the broker, which sends its clients elsewhere."""
-        self._drain: DrainRequest | None = None
-        """The drain request being carried out (`drain`)."""
-        self._urls: list[str] = []
-        """`listener_urls` once listening (a drain closes the sockets)."""
-        self._loop: asyncio.AbstractEventLoop | None = None
+        """Set once a drain (`ClusterNode.drain`) has closed the listeners:
+        `serve` then stops the broker, which sends its clients elsewhere."""
         self.connections: dict[str, Connection] = {}
         self._shared_reads: dict[Hashable, asyncio.Future[Any]] = {}
         """Reads running for `read_shared`, by key."""
@@ -220,9 +173,6 @@ class Broker:
         self._tls_server: asyncio.Server | None = None
         self._ws_server: asyncio.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
-        self._renewer: asyncio.Task[None] | None = None
-        self._lease_thread = ThreadPoolExecutor(1, thread_name_prefix="riverbed-node-lease")
-        """Where the liveness lease is renewed (`_renew`)."""
         self._orphans_at = 0.0
         """When the expiry sweep next looks for orphaned session cursors."""
         self.shared: SharedRuntime | None = None
@@ -289,7 +239,7 @@ class Broker:
 
         The listening sockets are bound first, taking no client yet: an address
         in use is refused (`CannotListen`) before anything else has started."""
-        loop = self._loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
         address = self.config.listeners.mqtt
         self._server = await _listen(loop, self._accept, address, "--mqtt", "listeners.mqtt")
         tls = self.config.listeners.tls
@@ -331,14 +281,7 @@ class Broker:
             remote = storage.url if isinstance(storage, PostgresStorage) else None
             self.shared = SharedRuntime(storage, shared.timers, self.node, remote_url=remote)
             await self.shared.start()
-        if isinstance(storage, PostgresStorage):
-            self.nodes = NodeBus(
-                storage.url, self.node, self._from_node, up=self._bus_up, down=self._bus_down
-            )
-            await asyncio.to_thread(self.nodes.start)
-        await asyncio.to_thread(self._take_lease)
-        self._arm_fence()
-        self._renewer = asyncio.create_task(self._renew(), name="riverbed-node-lease")
+        await self.cluster.start()
         self._sweeper = asyncio.create_task(self._sweep(), name="riverbed-session-expiry")
         self._summarizer = asyncio.create_task(self._summarize(), name="riverbed-client-summary")
         retention = self.config.retention
@@ -376,11 +319,8 @@ class Broker:
             scheme = "wss" if ws.secure else "ws"
             listening += [f"{scheme}://{name}{ws.path}" for name in _names(self._ws_server)]
         log.info("listening for MQTT on %s", ", ".join(listening))
-        self._urls = self.listener_urls()
-        try:
-            await asyncio.to_thread(self.directory.publish, self._node_info())
-        except RiverbedError:
-            log.exception("node %s: writing its entry in the node directory failed", self.node)
+        self.cluster.urls = tuple(self.listener_urls())
+        await self.cluster.publish()
 
     def addresses(self) -> list[str]:
         """HOST:PORT of each socket listened on for MQTT and MQTT over TLS."""
@@ -399,19 +339,6 @@ class Broker:
             scheme = "wss" if ws.secure else "ws"
             out += [f"{scheme}://{name}{ws.path}" for name in _names(self._ws_server)]
         return out
-
-    def _node_info(self) -> NodeInfo:
-        """This node's entry in the node directory, as of now."""
-        return NodeInfo(
-            self.node,
-            tuple(self._urls),
-            self.started_us,
-            os.getpid(),
-            socket.gethostname(),
-            __version__,
-            len(self._all),
-            now_us(),
-        )
 
     def serving(self) -> bool:
         """Whether the MQTT listener takes clients (started and not stopping)."""
@@ -438,7 +365,8 @@ class Broker:
             self._tls_server.close()
         if self._ws_server is not None:
             self._ws_server.close()
-        for task in (self._renewer, self._sweeper, self._summarizer):
+        await self.cluster.stop_renewing()
+        for task in (self._sweeper, self._summarizer):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -446,7 +374,7 @@ class Broker:
         if self.sys is not None:
             await self.sys.stop()
         connections = list(self._all)
-        drain = self._drain
+        drain = self.cluster.drain_request
         for connection in connections:
             if drain is None:
                 connection.close(DisconnectReason.SERVER_SHUTTING_DOWN)
@@ -468,25 +396,7 @@ class Broker:
         self.pacer.commit_now()
         await asyncio.to_thread(self.writer.close)
         await self.router.stop()
-        if self._fence_timer is not None:
-            self._fence_timer.cancel()
-        with contextlib.suppress(RiverbedError):
-            await asyncio.to_thread(self.directory.forget, self.node)
-            if drain is not None:
-                # Before the lease goes: the command waiting for it reads this.
-                done = replace(
-                    drain, done_us=now_us(), connections=len(connections), leaders=leaders
-                )
-                await asyncio.to_thread(self.directory.drained, done)
-        if self._lease is not None:
-            # Its sessions are marked disconnected now: nobody needs the lease.
-            with contextlib.suppress(RiverbedError):
-                await asyncio.to_thread(self._leases.release, self._lease)
-            self._lease = None
-        # Not behind a renewal on its way (the storage closes after this).
-        await asyncio.to_thread(self._lease_thread.shutdown, True)
-        if self.nodes is not None:
-            await asyncio.to_thread(self.nodes.close)
+        await self.cluster.stop(len(connections), leaders)
         for server in (self._server, self._tls_server, self._ws_server):
             if server is not None:
                 with contextlib.suppress(Exception):
@@ -593,252 +503,36 @@ class Broker:
         self._all.discard(connection)
         self._left += 1
 
-    def _lease_ttl(self) -> float:
-        return max(self.node_lease_ttl, 3 * self.expiry_sweep)
+    # --- what the node needs of its broker (`mqtt/node.py`: Host) ------------------
+    def every_connection(self) -> list[Connection]:
+        """Every open connection, with a session or not yet."""
+        return list(self._all)
 
-    def _lease_ttl_us(self) -> int:
-        return int(self._lease_ttl() * 1_000_000)
+    async def will_settled(self, client_id: str) -> None:
+        await self.wills.settled(client_id)
 
-    def _take_lease(self) -> None:
-        """Take this node's liveness lease (blocking)."""
-        since = time.monotonic()
-        self._lease = self._leases.acquire(node_lease(self.node), self.node, self._lease_ttl_us())
-        self._leased(since)
+    async def adopt_wills(self) -> None:
+        await self.wills.adopt()
 
-    def _leased(self, since: float) -> None:
-        """The lease was taken or renewed by a request sent at `since`: it runs
-        at least until `since` + its TTL, for every node."""
-        if self.nodes is not None:
-            ttl = self._lease_ttl()
-            self._lease_until = since + ttl - min(LEASE_MARGIN, ttl / 4)
-
-    def _keep_lease(self) -> bool:
-        """Renew this node's liveness lease (blocking); False if it lapsed (a
-        stall longer than its TTL let other nodes take our sessions over, or
-        count them as orphaned): `_fence`, then `_take_lease`."""
-        lease = self._lease
-        since = time.monotonic()
-        try:
-            if lease is None:
-                raise PreconditionFailed("no lease yet")
-            self._lease = self._leases.renew(lease, self._lease_ttl_us())
-        except (PreconditionFailed, LeaseHeld):
-            return False
-        self._leased(since)
-        return True
-
-    def fenced(self) -> bool:
-        """Whether this node must deliver nothing: its liveness lease may have
-        lapsed (`lease_lapsed`), or its bus lost its listening connection, so
-        other nodes may count it gone. Never without the nodes' bus."""
-        return self._bus_lost or self.lease_lapsed()
-
-    def lease_lapsed(self) -> bool:
-        """Whether this node's liveness lease may have lapsed (it was not
-        renewed in time): another node may have taken its sessions over."""
-        until = self._lease_until
-        return until is not None and time.monotonic() >= until
-
-    def _arm_fence(self) -> None:
-        """Fence when the lease may lapse unless renewed before (rearmed at
-        every renewal)."""
-        if self._fence_timer is not None:
-            self._fence_timer.cancel()
-            self._fence_timer = None
-        if self._lease_until is not None:
-            delay = max(0.0, self._lease_until - time.monotonic())
-            loop = asyncio.get_running_loop()
-            self._fence_timer = loop.call_later(delay, self._fence_if_lapsed)
-
-    def _fence_if_lapsed(self) -> None:
-        self._fence_timer = None
-        if self.fenced():
-            self.fence("its liveness lease was not renewed in time")
-
-    def _bus_down(self) -> None:
-        """The bus lost its listening connection (on its thread): other nodes
-        may count this one gone and take its sessions, so nothing is delivered
-        (a connection that would deliver is closed) until it is back."""
-        lost, self._bus_lost = self._bus_lost, True
-        if not lost:
-            log.warning("node %s: lost its connection to the other nodes", self.node)
-
-    def _bus_up(self) -> None:
-        """The bus listens again (on its thread): `_regained`."""
-        if self._bus_lost and self._loop is not None:
-            self._loop.call_soon_threadsafe(self._regain)
-
-    def _regain(self) -> None:
-        task = asyncio.create_task(self._regained())
-        self._releasing.add(task)
-        task.add_done_callback(self._releasing.discard)
-
-    async def _regained(self) -> None:
-        """Present again: once a takeover decided while this node was absent has
-        had time to write its record, close the connections whose session
-        another node took meanwhile, then deliver again."""
-        await asyncio.sleep(2 * PRESENCE_GRACE)
-        await self._let_go_of_taken_over()
-        self._bus_lost = False
-        log.info("node %s: connected to the other nodes again", self.node)
-
-    def fence(self, why: str) -> None:
-        """Close every connection (DISCONNECT 0x89 Server busy; each saves its
-        session unless another node took it): another node may take its
-        sessions over now. CONNECTs are refused while `lease_lapsed`."""
-        if not self._all:
-            return
-        log.warning("node %s: %s: closing %d connections", self.node, why, len(self._all))
-        for connection in list(self._all):
-            connection.close(DisconnectReason.SERVER_BUSY)
-
-    # --- takeover across nodes -------------------------------------------------------
-    async def claim(self, stored: Stored) -> Stored | None:
-        """Have the node holding `stored` (marked connected on another node) let
-        go of it, and return the record as it is then (None: gone with its
-        connection). That node answered that its connection is closed and the
-        session saved, or it is gone from the database, or its liveness lease
-        lapsed (it stopped, or fenced itself); `PreconditionFailed` if none of
-        it happened in about the lease's TTL plus `RELEASE_TIMEOUT`. Without
-        the nodes' bus: `stored` at once (that node learns of it at its sweep)."""
-        record = stored.record
-        node = record.node
-        if self.nodes is None or node is None:
-            return stored
-        if await self._claimed(stored.record, node):
-            return await self.read(self.store.load, record.client_id)
-        raise PreconditionFailed(f"session of {record.client_id} held on node {node}")
-
-    async def _claimed(self, record: SessionRecord, node: str) -> bool:
-        """`claim`'s asking and waiting: whether `node` let go of the session."""
-        assert self.nodes is not None
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._lease_ttl() + RELEASE_TIMEOUT
-        asked = False
-        while True:
-            lease = await asyncio.to_thread(self.store.node_lease, node)
-            if lease is None or lease.expired(now_us()):
-                if asked:
-                    log.info(
-                        "client %s: node %s did not answer; its lease lapsed: taking over",
-                        record.client_id,
-                        node,
-                    )
-                return True
-            if not await self._present(node):
-                log.info(
-                    "client %s: node %s is gone (no connection to the database): taking over",
-                    record.client_id,
-                    node,
-                )
-                return True
-            if loop.time() >= deadline:
-                log.warning(
-                    "client %s: node %s holds the session and neither answers nor stops",
-                    record.client_id,
-                    node,
-                )
-                return False
-            ask = uuid.uuid4().hex
-            answered: asyncio.Future[None] = loop.create_future()
-            self._asked[ask] = answered
-            request = {
-                "kind": "release",
-                "id": ask,
-                "from": self.node,
-                "client_id": record.client_id,
-                "epoch": record.epoch,
-            }
-            try:
-                if await asyncio.to_thread(self.nodes.send, node, request):
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(answered, RELEASE_TIMEOUT)
-                        return True
-                else:
-                    await asyncio.sleep(min(RELEASE_TIMEOUT, max(0.0, deadline - loop.time())))
-            finally:
-                self._asked.pop(ask, None)
-            asked = True
-
-    async def _present(self, node: str) -> bool:
-        """Whether `node` is connected to the database (its bus listens), or
-        came back within `PRESENCE_GRACE` of being found absent."""
-        assert self.nodes is not None
-        if await asyncio.to_thread(self.nodes.listening, node):
-            return True
-        await asyncio.sleep(PRESENCE_GRACE)
-        return await asyncio.to_thread(self.nodes.listening, node)
-
-    def _from_node(self, message: dict[str, object]) -> None:
-        """A message from another node (on the bus's listener thread)."""
-        assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._on_node_message, message)
-
-    def _on_node_message(self, message: dict[str, object]) -> None:
-        kind = message.get("kind")
-        if kind == "release":
-            task = asyncio.create_task(self._release(message))
-            self._releasing.add(task)
-            task.add_done_callback(self._releasing.discard)
-        elif kind == "drain":
-            task = asyncio.create_task(self._drain_if_asked())
-            self._releasing.add(task)
-            task.add_done_callback(self._releasing.discard)
-        elif kind == "released":
-            answered = self._asked.get(str(message.get("id")))
-            if answered is not None and not answered.done():
-                answered.set_result(None)
-
-    async def _release(self, message: dict[str, object]) -> None:
-        """Another node takes a session over: close its connection here (0x8E)
-        and save the session, unless that connection took it after the one the
-        other node found (a newer epoch); then answer."""
-        client_id = str(message.get("client_id"))
-        epoch = message.get("epoch")
-        asker = str(message.get("from"))
-        connection = self.connections.get(client_id)
-        stored = None if connection is None else connection.stored
-        if (
-            connection is not None
-            and stored is not None
-            and isinstance(epoch, int)
-            and stored.record.epoch <= epoch
-        ):
-            log.info("client %s: session taken over on node %s", client_id, asker)
-            await connection.take_over()
-            await self.wills.settled(client_id)  # its Will clears it from the record
-        assert self.nodes is not None
-        answer = {"kind": "released", "id": message.get("id"), "from": self.node}
-        await asyncio.to_thread(self.nodes.send, asker, answer)
-
-    # --- drain ---------------------------------------------------------------------
-    async def _drain_if_asked(self) -> None:
-        """Drain if `riverbed cluster drain` asked this node to since it
-        started (told over the bus, or found at the sweep)."""
-        if self._drain is not None:
-            return
-        try:
-            request = await asyncio.to_thread(self.directory.drain_request, self.node)
-        except RiverbedError:
-            log.exception("node %s: reading its drain request failed", self.node)
-            return
-        if request is None or request.done_us is not None or request.requested_us < self.started_us:
-            return
-        self.drain(request)
-
-    def drain(self, request: DrainRequest) -> None:
-        """Stop taking clients (the listeners close now) and have `serve` stop
-        the broker: its clients are asked to use another server (DISCONNECT
-        0x9C, with `[cluster] server_reference`), their sessions saved, its
-        shared-subscription Leaders handed over and its lease released."""
-        if self._drain is not None:
-            return
-        self._drain = request
-        log.info("node %s: draining (asked by riverbed cluster drain)", self.node)
+    def stop_listening(self) -> None:
+        """Take no more clients and have `serve` stop the broker (a drain)."""
         for server in (self._server, self._tls_server, self._ws_server):
             if server is not None:
                 server.close()
         self.drained.set()
+
+    # --- what its connections ask of the node ------------------------------------
+    async def claim(self, stored: Stored) -> Stored | None:
+        """`ClusterNode.claim`: the node holding `stored` lets go of it."""
+        return await self.cluster.claim(stored)
+
+    def fenced(self) -> bool:
+        """`ClusterNode.fenced`: this node must deliver nothing now."""
+        return self.cluster.fenced()
+
+    def lease_lapsed(self) -> bool:
+        """`ClusterNode.lease_lapsed`: this node takes no session now."""
+        return self.cluster.lease_lapsed()
 
     async def _summarize(self) -> None:
         while True:
@@ -849,26 +543,6 @@ class Broker:
                     self._arrived, self._left, self.client_summary, len(self._all),
                 )  # fmt: skip
                 self._arrived = self._left = 0
-
-    async def _renew(self) -> None:
-        """Renew this node's liveness lease every `expiry_sweep` seconds, on a
-        thread of its own: never behind the sweeps' reads of every session
-        record, nor behind whatever fills the default executor (with 100,000
-        sessions a sweep took longer than the lease, and the node fenced itself
-        with every client connected)."""
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(self.expiry_sweep)
-            try:
-                if await loop.run_in_executor(self._lease_thread, self._keep_lease):
-                    self._arm_fence()
-                else:
-                    log.warning("node %s: liveness lease lapsed; taking it again", self.node)
-                    self.fence("its liveness lease lapsed")
-                    await loop.run_in_executor(self._lease_thread, self._take_lease)
-                    self._arm_fence()
-            except RiverbedError:
-                log.exception("node %s: renewing the liveness lease failed", self.node)
 
     async def _sweep(self) -> None:
         while True:
@@ -882,17 +556,7 @@ class Broker:
                 continue
             for client_id in gone:
                 log.info("session of client %s expired", client_id)
-            await self._drain_if_asked()
-            try:
-                await asyncio.to_thread(self.directory.publish, self._node_info())
-            except RiverbedError:
-                log.exception("node %s: writing its entry in the node directory failed", self.node)
-            try:
-                # The Wills of nodes that died (their lease lapsed) are ours now.
-                await self.wills.adopt()
-            except RiverbedError:
-                log.exception("looking for the wills of nodes that are gone failed")
-            await self._let_go_of_taken_over()
+            await self.cluster.sweep()
             if time.monotonic() >= self._orphans_at:
                 self._orphans_at = time.monotonic() + ORPHAN_SWEEP
                 try:
@@ -902,32 +566,6 @@ class Broker:
                 else:
                     for session_id in orphans:
                         log.info("dropped the cursors of session %s (no record)", session_id)
-
-    async def _let_go_of_taken_over(self) -> None:
-        """Close the connections whose session a client took over on another
-        node without asking (found at the sweep: a CONNECT on another node
-        normally has this node let go of it at once, `claim`)."""
-        mine = {
-            client_id: conn.stored.version
-            for client_id, conn in self.connections.items()
-            if conn.stored is not None
-        }
-        if not mine:
-            return
-        try:
-            taken = await asyncio.to_thread(self.store.taken_over, mine, self.node)
-        except RiverbedError:
-            log.exception("looking for sessions taken over elsewhere failed")
-            return
-        for client_id in taken:
-            conn = self.connections.get(client_id)
-            if (
-                conn is not None
-                and conn.stored is not None
-                and conn.stored.version <= mine[client_id]
-            ):
-                log.info("client %s: session taken over on another node", client_id)
-                conn.close(DisconnectReason.SESSION_TAKEN_OVER)
 
 
 _LISTEN_ERRORS = {

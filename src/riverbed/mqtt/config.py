@@ -74,7 +74,7 @@ A complete file, with the defaults:
     [auth]
     allow_anonymous = false          # clients without a user name
     # password_file = "passwd"       # `riverbed passwd FILE USER` manages it
-    # acl_file = "acl"               # rules: riverbed.mqtt.auth
+    # acl_file = "acl"               # rules: riverbed.mqtt.acl
     acl_wildcard = "filter"          # or "strict": refuse a filter that reaches a denied topic
 
     [http]                           # the admin HTTP API (riverbed.http); off unless set
@@ -415,13 +415,13 @@ class Limits:
 
 ACL_WILDCARD_STRICT = "strict"
 ACL_WILDCARD_MODES = ("filter", ACL_WILDCARD_STRICT)
-"""`auth.acl_wildcard` (riverbed.mqtt.auth: how a SUBSCRIBE is checked)."""
+"""`auth.acl_wildcard` (riverbed.mqtt.acl: how a SUBSCRIBE is checked)."""
 
 
 @dataclass(frozen=True, slots=True)
 class AuthConfig:
-    """Who may connect (`riverbed.mqtt.auth.Authenticator`) and what they may do
-    (`riverbed.mqtt.auth.Authorizer`; without an ACL file, anything)."""
+    """Who may connect (`riverbed.mqtt.passwords.Authenticator`) and what they may do
+    (`riverbed.mqtt.acl.Authorizer`; without an ACL file, anything)."""
 
     allow_anonymous: bool = False
     password_file: Path | None = None

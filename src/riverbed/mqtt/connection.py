@@ -17,7 +17,7 @@ for SQLite (`Broker.read`).
   session opened (`OpenSession`): a
   connection already holding the client id is taken over (it gets DISCONNECT
   0x8E Session taken over and saves its session first), on this node or,
-  over the nodes' bus, on another one (`Broker.claim`); Clean Start=1
+  over the nodes' bus, on another one (`ClusterNode.claim`); Clean Start=1
   discards the session and mints a new session id [MQTT-3.1.2-4]; Clean
   Start=0 resumes it with Session Present=1 [MQTT-3.1.2-5] unless it expired
   [MQTT-4.1.0-2].
@@ -54,7 +54,6 @@ from typing import Protocol, assert_never
 from riverbed.clock import Tick, now_us
 from riverbed.errors import PreconditionFailed, ProtocolError, RiverbedError
 from riverbed.log.appender import store_refused
-from riverbed.mqtt.auth import Authenticator
 from riverbed.mqtt.codec import (
     MQTT_5,
     NO_PUBLISH_PROPERTIES,
@@ -73,6 +72,7 @@ from riverbed.mqtt.codec import (
 from riverbed.mqtt.following import Following
 from riverbed.mqtt.inbound import Inbound
 from riverbed.mqtt.messages import publish_properties, publisher, remaining_expiry
+from riverbed.mqtt.passwords import Authenticator
 from riverbed.mqtt.ports import Services
 from riverbed.mqtt.protocol import (
     CONNECT_TIMEOUT,
@@ -939,7 +939,7 @@ class Connection(asyncio.Protocol):
 
     def _deliver(self, effect: Deliver) -> None:
         if self.broker.fenced():
-            # Another node may hold the session now (self-fencing, `Broker.fence`).
+            # Another node may hold the session now (self-fencing, `ClusterNode.fence`).
             self.close(DisconnectReason.SERVER_BUSY)
             return
         if self._full and effect.qos == 0:

@@ -20,7 +20,7 @@ from typing import Protocol, TypeVar
 from riverbed.log.log import Log
 from riverbed.log.retention import Retainer
 from riverbed.metrics import Counts
-from riverbed.mqtt.auth import Authorizer
+from riverbed.mqtt.acl import Authorizer
 from riverbed.mqtt.config import BrokerConfig
 from riverbed.mqtt.pacer import CommitPacer
 from riverbed.mqtt.retained import RetainedStore

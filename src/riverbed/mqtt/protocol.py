@@ -182,7 +182,7 @@ class ConnectionCore:
     """One client connection's MQTT rules (the module docstring tells the story).
 
     `may_publish(username, client_id, topic)` is the authorization policy
-    (`mqtt/auth.py`, itself sans-I/O); `new_client_id()` makes an Assigned
+    (`mqtt/acl.py`, itself sans-I/O); `new_client_id()` makes an Assigned
     Client Identifier; `publish_in`, if given, counts the PUBLISHes read per
     QoS (the broker's metrics: plain ints).
     """

@@ -23,7 +23,7 @@ offset order and per-key order holds. Memory is bounded: a stream asks for at
 most its share of `queue_limit`.
 
 Read access: `readable(topic_name)`, when given, says whether the client may
-receive a message of that topic (the ACL's read rule, `mqtt.auth.TopicCheck`).
+receive a message of that topic (the ACL's read rule, `mqtt.acl.TopicCheck`).
 A message it may not read is passed over like one that matches no subscription,
 on every path: the session's own streams (live or replayed), a lease's, and
 retained messages. So a withheld QoS 1/2 message takes no place in the window
