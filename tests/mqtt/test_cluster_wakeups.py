@@ -53,7 +53,7 @@ def test_a_commit_on_one_node_wakes_a_subscriber_on_the_other(
         sub = subscriber(b, "sub")
         pub = Client(a.port, "pub")
         pub.connect()
-        # Several in turn: after each delivery the router on B rests for the
+        # Several in turn: after each delivery the fan-out on B rests for the
         # poll; only the next commit's NOTIFY ends the rest.
         for n in range(5):
             payload = b"%d" % n

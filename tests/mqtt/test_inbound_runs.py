@@ -1,4 +1,4 @@
-"""`Inbound.committed`: a committed batch reaches the live router one run per stream."""
+"""`Inbound.committed`: a committed batch reaches the fan-out one run per stream."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from riverbed.mqtt.protocol import ConnectionCore, ProtocolLimits
 STREAMS = [StreamId("t", 0, p) for p in range(3)]
 
 
-class Router:
+class Fanout:
     """Records `committed` calls as (stream, first, offsets)."""
 
     def __init__(self) -> None:
@@ -27,18 +27,18 @@ class Router:
         self.calls.append((stream, first, [r.offset for r in rows]))
 
 
-def commit(placed: list[tuple[int, int]]) -> Router:
+def commit(placed: list[tuple[int, int]]) -> Fanout:
     """Hand `Inbound.committed` a batch whose messages landed at `placed`
-    ((stream index, offset) each) and return what the router was told."""
-    router = Router()
-    broker = SimpleNamespace(router=router, counts=Counts())  # only routing runs
+    ((stream index, offset) each) and return what the fan-out was told."""
+    fanout = Fanout()
+    broker = SimpleNamespace(fanout=fanout, counts=Counts())  # only routing runs
     core = ConnectionCore(ProtocolLimits(), 0.0, new_client_id=str)
     inbound = Inbound(cast(Any, broker), core, apply=lambda effects: None, quickack=lambda: None)
     batch = TopicBatch(inbound, "t")
     batch.messages = [Message(b"%d" % i, key=None, mqtt_topic="t/x") for i in range(len(placed))]
     batch.positions = cast(Any, [(STREAMS[s], offset) for s, offset in placed])
     inbound.committed(batch)
-    return router
+    return fanout
 
 
 def test_interleaved_streams_are_routed_one_run_each() -> None:
@@ -65,7 +65,7 @@ def test_a_gap_in_a_stream_starts_a_new_run_in_order() -> None:
 def test_every_message_is_routed_once_in_stream_order_in_contiguous_runs(
     steps: list[tuple[int, int]],
 ) -> None:
-    """Per stream, offsets rise (with gaps where others appended): the router
+    """Per stream, offsets rise (with gaps where others appended): the fan-out
     gets each message once, each run contiguous, each stream's runs in order."""
     nexts = [0, 0, 0]
     placed = []

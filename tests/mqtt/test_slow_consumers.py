@@ -45,7 +45,7 @@ five runs, against +9 to +13 MiB with no stuck client at all (the canary,
 SQLite's caches, the allocator)."""
 MESSAGES = 150_000
 WARM_UP = 10_000
-"""Published before the first RSS reading: fills the router's buffer of recent
+"""Published before the first RSS reading: fills the fan-out's buffer of recent
 messages (4,096 per stream), SQLite's page cache, and the stuck client's
 buffers, so what the reading sees is growth."""
 PAYLOAD = 1000
@@ -274,7 +274,7 @@ def test_a_reader_that_keeps_up_loses_nothing_at_qos_0(broker: BrokerProcess) ->
 
 def test_the_connection_of_a_stuck_client_is_freed_when_it_goes(sqlite_url: str) -> None:
     """In process: the drops are counted on the broker, and once the stuck client
-    closes its socket nothing holds its connection any more (no timer, router
+    closes its socket nothing holds its connection any more (no timer, fan-out
     fetch, trie entry or registry), so its buffers go with it."""
 
     async def scenario() -> None:

@@ -7,7 +7,7 @@
 
 `Broker` owns what the connections share: the listening socket, the client id
 registry (for takeover), the topic trie of online sessions' filters, the live
-router, the commit pacer, the session store, the authenticator/authorizer and
+fan-out, the commit pacer, the session store, the authenticator/authorizer and
 the runtime of durable shared subscriptions (`sharedsub/runtime.py`). A background task
 discards sessions whose expiry passed (also those left behind by a broker that
 stopped: their expiry counts from when they were last seen) and renews this
@@ -28,7 +28,7 @@ reads the storage-derived ones every `[metrics] refresh_interval` seconds.
 
 Stopping: stop the retention thread (after its transaction in progress), stop
 accepting, send every MQTT 5 client DISCONNECT 0x8B Server shutting down,
-checkpoint every session and mark it disconnected, stop the router. The caller
+checkpoint every session and mark it disconnected, stop the fan-out. The caller
 closes the log (which commits what is queued). `serve` bounds all of it by
 `limits.stop_grace`.
 """
@@ -57,11 +57,11 @@ from riverbed.mqtt.auth import load_auth
 from riverbed.mqtt.codec import DisconnectReason
 from riverbed.mqtt.config import Address, BrokerConfig
 from riverbed.mqtt.connection import Connection
+from riverbed.mqtt.fanout import Fanout
 from riverbed.mqtt.node import ClusterNode
 from riverbed.mqtt.pacer import CommitPacer
 from riverbed.mqtt.readings import read_storage
 from riverbed.mqtt.retained import RetainedStore
-from riverbed.mqtt.router import Router
 from riverbed.mqtt.sys import SysPublisher
 from riverbed.mqtt.tls import server_context
 from riverbed.mqtt.websocket import WebSocket
@@ -136,10 +136,10 @@ class Broker:
         """Session writes of all connections, group-committed (`sessions/writer.py`)."""
         self.retained = RetainedStore(log.storage)
         self.trie: TopicTrie[Hashable] = TopicTrie()
-        self.router = Router(
+        self.fanout = Fanout(
             log.storage, self.trie, poll_interval=config.storage.poll_interval_ms / 1000
         )
-        self.router.on_new_streams = self._streams_changed
+        self.fanout.on_new_streams = self._streams_changed
         self.pacer = CommitPacer(log, config.storage.commit_interval_ms / 1000)
         self.authenticator, self.authorizer = load_auth(config.auth)
         self.may_publish = self.authorizer.allows_publish
@@ -235,7 +235,7 @@ class Broker:
         return metrics
 
     async def start(self) -> None:
-        """Start the router and listen on `config.listeners.mqtt` (and `.tls`, `.ws` if set).
+        """Start the fan-out and listen on `config.listeners.mqtt` (and `.tls`, `.ws` if set).
 
         The listening sockets are bound first, taking no client yet: an address
         in use is refused (`CannotListen`) before anything else has started."""
@@ -272,7 +272,7 @@ class Broker:
                     if server is not None:
                         server.close()
                 raise
-        await self.router.start()
+        await self.fanout.start()
         storage = self.log.storage
         shared = self.config.shared_subscriptions
         if shared.enabled:
@@ -395,7 +395,7 @@ class Broker:
             await self.shared.close()
         self.pacer.commit_now()
         await asyncio.to_thread(self.writer.close)
-        await self.router.stop()
+        await self.fanout.stop()
         await self.cluster.stop(len(connections), leaders)
         for server in (self._server, self._tls_server, self._ws_server):
             if server is not None:
@@ -409,7 +409,7 @@ class Broker:
     async def read(self, read: Callable[..., T], *args: object) -> T:
         """A storage read for a connection: on an embedded database right here
         on the loop (a few indexed rows cost less than the hand-over to a
-        thread and back, as `Router.refresh` finds for the heads), otherwise
+        thread and back, as `Fanout.refresh` finds for the heads), otherwise
         in a worker thread. Never for a write: that may wait for a lock."""
         if self.log.storage.appends_inline:
             return read(*args)

@@ -7,7 +7,7 @@ expiry, Maximum Packet Size, inbound QoS 2) and carries out the effects it
 returns: bytes to write, credentials to check, the session to open, PUBLISHes
 to commit (`mqtt/inbound.py`), packets for the session (`sessions.session`,
 `mqtt/following.py`). The session's own effects become deliveries, storage
-work and router fetches. Session writes go through the session writer
+work and fan-out fetches. Session writes go through the session writer
 (`sessions/writer.py`: many connections' writes in one transaction, each
 answered once committed); storage reads run in worker threads, or on the loop
 for SQLite (`Broker.read`).
@@ -869,7 +869,7 @@ class Connection(asyncio.Protocol):
                     self._deliver(effect)
                 case Fetch(stream, offset, limit):
                     if stream >= 0:
-                        self.broker.router.fetch(stream, offset, limit, self, self.offer)
+                        self.broker.fanout.fetch(stream, offset, limit, self, self.offer)
                     elif self.sharing is not None:
                         self.sharing.fetch(stream, offset, limit)
                 case LeaseMoved():
@@ -1047,7 +1047,7 @@ class Connection(asyncio.Protocol):
                     will=None if self.core.normal else stored.record.will,
                 )
                 stored = Stored(record, stored.version)
-            by_topic = cursors_by_topic(checkpoint.cursors, self.broker.router.topic_of())
+            by_topic = cursors_by_topic(checkpoint.cursors, self.broker.fanout.topic_of())
             self.stored = await asyncio.wrap_future(
                 self.broker.writer.commit(stored, by_topic, checkpoint.sent)
             )
@@ -1110,7 +1110,7 @@ class Connection(asyncio.Protocol):
                     await self._record_released(session)
                 self.sharing.close()
             if session is not None:
-                broker.router.forget(self)
+                broker.fanout.forget(self)
                 for sub in session.subscriptions:
                     broker.trie.remove(sub.topic_filter, self)
                 if self._checkpointing is not None:

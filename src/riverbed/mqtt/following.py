@@ -18,7 +18,7 @@ topic its filters can reach. `Following` keeps that set in step:
   lineage's streams of the generation before are fully consumed
   (`log.lineage.readable_streams`): per-key order across a scale-up. While some
   stream waits, the check runs again after every checkpoint; streams that
-  appear while the session is online are picked up when the router sees them.
+  appear while the session is online are picked up when the fan-out sees them.
 """
 
 from __future__ import annotations
@@ -178,8 +178,8 @@ class Following:
                         record, conn.stored.version, NewCursors(tuple(new), start_us)
                     )
                 )
-        heads = await conn.broker.router.refresh()
-        start_heads = conn.broker.router.start_heads
+        heads = await conn.broker.fanout.refresh()
+        start_heads = conn.broker.fanout.start_heads
         events: list[Event] = []
         # The cursors of the topics it had are made if missing (a crash between
         # making them and writing the record that names them).
@@ -247,7 +247,7 @@ class Following:
         return out, waiting
 
     def streams_changed(self) -> None:
-        """The router saw new streams (a topic scaled up, or was created): follow
+        """The fan-out saw new streams (a topic scaled up, or was created): follow
         those the session may read now."""
         conn = self.conn
         if conn.session is not None and conn.stored is not None and not conn.closing:
@@ -282,7 +282,7 @@ class Following:
         await: checks, and the session's new subscriptions take effect (in the
         session and the trie: messages of streams it follows match them from
         now on) with the start positions for the streams it does not follow yet
-        (`Router.start_positions`). So whatever is committed after the SUBSCRIBE
+        (`Fanout.start_positions`). So whatever is committed after the SUBSCRIBE
         was read is delivered, even if its publisher did not wait for the
         SUBACK. `subscribe` does the rest; nothing else of this connection runs
         in between."""
@@ -346,8 +346,8 @@ class Following:
                 # Retain Handling 0: always; 1: only for a new subscription; 2: never.
                 if sub.retain_handling == 0 or (sub.retain_handling == 1 and not existed):
                     wants_retained.append(sub)
-            positions, current = broker.router.start_positions()
-            # Streams the router has not seen, or all of them when its view may be
+            positions, current = broker.fanout.start_positions()
+            # Streams the fan-out has not seen, or all of them when its view may be
             # old: from the first message stamped from now on (this node's ids
             # only grow, so every message it commits after this is).
             at_us = broker.log.appender.ids.next_raw()[1]
@@ -476,7 +476,7 @@ class Following:
         gone = [t for t in conn.stored.record.topics if t not in reached]
         if not gone:
             return
-        topic_of = conn.broker.router.topic_of()
+        topic_of = conn.broker.fanout.topic_of()
         session.unfollow(key for key, topic in topic_of.items() if topic in gone)
         async with conn.record_lock:
             if conn.stored is None:

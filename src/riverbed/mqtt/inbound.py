@@ -219,7 +219,7 @@ class Inbound:
             # mode that spreads (`none`, keys per topic) interleaves streams
             # message by message, and routing each message alone costs a wake-up
             # of each waiting session per message.
-            router = broker.router
+            fanout = broker.fanout
             runs: dict[StreamId, tuple[int, list[StoredMessage]]] = {}
             for i, message in enumerate(batch.messages, batch.start):
                 stream, offset = positions[i]
@@ -228,10 +228,10 @@ class Inbound:
                     if offset == run[0] + len(run[1]):
                         run[1].append(committed_row(message, offset))
                         continue
-                    router.committed(stream, *run)  # a gap: others appended between
+                    fanout.committed(stream, *run)  # a gap: others appended between
                 runs[stream] = (offset, [committed_row(message, offset)])
             for stream, (first, rows) in runs.items():
-                router.committed(stream, first, rows)
+                fanout.committed(stream, first, rows)
         self._send_acks()
         if self._batches:
             self.flush()  # what gathered while this commit was at the writer
@@ -242,7 +242,7 @@ class Inbound:
         if position is not None:
             self._broker.counts.committed += 1
             stream, offset = position
-            self._broker.router.committed(stream, offset, [committed_row(message, offset)])
+            self._broker.fanout.committed(stream, offset, [committed_row(message, offset)])
         self._send_acks()
 
     def _send_acks(self) -> None:

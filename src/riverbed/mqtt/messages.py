@@ -186,7 +186,7 @@ def _properties(
 
 
 def committed_row(message: Message, offset: int) -> StoredMessage:
-    """A message this broker just committed at `offset`, as the router hands it to
+    """A message this broker just committed at `offset`, as the fan-out hands it to
     sessions without reading it back (the id is not needed for delivery; the
     time is the commit's, within milliseconds of the stored one)."""
     return StoredMessage(

@@ -4,7 +4,7 @@ The package is layered top-down (docs/architecture.md, "The mqtt package"):
 `broker` (listeners, the registry of connections) over `websocket` over
 `connection` (the asyncio adapter of one client) over the helpers of one
 connection or of the broker (`following`, `inbound`, `wills` over `sharing`,
-`sys`) over this module over the sans-I/O core, the router, the pacer and the
+`sys`) over this module over the sans-I/O core, the fan-out, the pacer and the
 stores, over the codec. A module never imports one above it, not even for a
 type annotation: what it needs of the `Broker` is `Services` (what it needs of
 its `Connection`, the module says itself: `following.FollowingOwner`,
@@ -22,9 +22,9 @@ from riverbed.log.retention import Retainer
 from riverbed.metrics import Counts
 from riverbed.mqtt.acl import Authorizer
 from riverbed.mqtt.config import BrokerConfig
+from riverbed.mqtt.fanout import Fanout
 from riverbed.mqtt.pacer import CommitPacer
 from riverbed.mqtt.retained import RetainedStore
-from riverbed.mqtt.router import Router
 from riverbed.sessions.store import SessionStore
 from riverbed.sessions.writer import SessionWriter
 from riverbed.sharedsub.runtime import SharedRuntime
@@ -60,7 +60,7 @@ class Services(Protocol):
         ...
 
     @property
-    def router(self) -> Router: ...
+    def fanout(self) -> Fanout: ...
 
     @property
     def pacer(self) -> CommitPacer: ...

@@ -8,7 +8,7 @@ sans-I/O `SharedSubscriptionHandler`:
 - SUBSCRIBE / UNSUBSCRIBE of a shared filter go to the Handler, whose Borrowers
   talk to the Leader over the node's `SharedRuntime` (registered there by id);
 - a lease (`StartFetching`) becomes a stream of the session under a key of its
-  own (`Session.lease_key`): fetched from the router like any stream but
+  own (`Session.lease_key`): fetched from the fan-out like any stream but
   matched against the group's filter only, in the same in-flight window as the
   private subscriptions;
 - what the session reports of a lease (`LeaseMoved`: taken in, sent,
@@ -87,7 +87,7 @@ class SharingOwner(Protocol):
         ...
 
     def offer(self, stream: int, messages: object, upto: int) -> None:
-        """The router's answer to a fetch of one of the session's streams."""
+        """The fan-out's answer to a fetch of one of the session's streams."""
         ...
 
 
@@ -205,7 +205,7 @@ class Sharing:
                 messages = [m for m in messages if m.offset not in skip]  # type: ignore[attr-defined]
             conn.offer(key, messages, upto)
 
-        conn.broker.router.fetch(
+        conn.broker.fanout.fetch(
             held.stream_key, offset, limit, (conn, key), sink, held.topic_filter
         )
 
@@ -266,7 +266,7 @@ class Sharing:
                     self._reading.pop(Lease(borrower, stream), None)
                     held = self._by_lease.get(Lease(borrower, stream))
                     if held is not None and conn.session is not None:
-                        conn.broker.router.cancel(held.stream_key, (conn, held.key))
+                        conn.broker.fanout.cancel(held.stream_key, (conn, held.key))
                         conn.execute(conn.session.stop_lease(held.key, self._now()))
                 case Forget(borrower, stream):
                     self._reading.pop(Lease(borrower, stream), None)
@@ -311,9 +311,9 @@ class Sharing:
         old = self._by_lease.get(lease)
         if old is not None:
             self._drop(old)  # granted again: a stream of its own, from the new offset
-        stream_key = conn.broker.router.key_of(lease.stream)
+        stream_key = conn.broker.fanout.key_of(lease.stream)
         if stream_key is None:
-            # A stream the router has not seen yet (created a moment ago).
+            # A stream the fan-out has not seen yet (created a moment ago).
             conn.loop.create_task(self._start_later(lease, offset))
             return
         options = self._options.get(group) or Subscription(str(group), 0)
@@ -377,12 +377,12 @@ class Sharing:
 
     async def _start_later(self, lease: Lease, offset: int) -> None:
         try:
-            await self.conn.broker.router.refresh()
+            await self.conn.broker.fanout.refresh()
         except RiverbedError:
             log.exception("client %s: looking for stream %s failed", self.conn.client_id, lease)
         if lease not in self.handler.leases or self.conn.closing:
             return
-        if self.conn.broker.router.key_of(lease.stream) is None:
+        if self.conn.broker.fanout.key_of(lease.stream) is None:
             log.warning("client %s: stream %s of a lease not found", self.conn.client_id, lease)
             return
         self._start(lease, offset)
@@ -391,7 +391,7 @@ class Sharing:
         conn = self.conn
         self._by_key.pop(held.key, None)
         self._by_lease.pop(held.lease, None)
-        conn.broker.router.cancel(held.stream_key, (conn, held.key))
+        conn.broker.fanout.cancel(held.stream_key, (conn, held.key))
         if conn.session is not None:
             conn.session.forget_lease(held.key)
 

@@ -11,7 +11,7 @@ publishes little more than its uptime.
 Where the messages go: through the log, like any PUBLISH, into the built-in
 topic `sys` (one partition, binding `$SYS/#`), which keeps at most
 `SYS_MAX_MESSAGES` messages for at most `SYS_RETENTION_US`, read or not
-(retention policy `expired`, a `max_messages` limit): the live router
+(retention policy `expired`, a `max_messages` limit): the fan-out
 delivers them to online sessions, and an offline session is never owed more
 than that. The broker's retention thread applies that limit; with
 retention off (`[retention] interval = 0`) this task applies it to `sys`
@@ -298,7 +298,7 @@ def _retain(broker: Services, messages: Iterable[Message]) -> None:
 def _route(
     broker: Services, positions: Sequence[tuple[StreamId, int]], messages: Sequence[Message]
 ) -> None:
-    """Hand the committed messages to the live router, one run per stream."""
+    """Hand the committed messages to the fan-out, one run per stream."""
     runs: dict[StreamId, tuple[int, list[StoredMessage]]] = {}
     for (stream, offset), message in zip(positions, messages, strict=True):
         run = runs.get(stream)
@@ -306,10 +306,10 @@ def _route(
             run[1].append(committed_row(message, offset))
             continue
         if run is not None:
-            broker.router.committed(stream, *run)
+            broker.fanout.committed(stream, *run)
         runs[stream] = (offset, [committed_row(message, offset)])
     for stream, (first, rows) in runs.items():
-        broker.router.committed(stream, first, rows)
+        broker.fanout.committed(stream, first, rows)
 
 
 def ensure_sys_topic(broker: Services) -> None:

@@ -16,7 +16,7 @@ redelivers the window since the last checkpoint and loses nothing.
 
 The session never reads anything itself. It asks for messages with a `Fetch`
 effect (stream, offset, how many it has room for) and the runtime answers with
-an `Offered` event, from the broker's router when the session is live or from
+an `Offered` event, from the broker's fanout when the session is live or from
 storage when it is replaying: the session does not need to know which. One
 fetch per stream is outstanding at a time, so a stream's messages arrive in
 offset order and per-key order holds. Memory is bounded: a stream asks for at

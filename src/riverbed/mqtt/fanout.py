@@ -1,10 +1,10 @@
-"""The live router: committed messages to the online sessions that wait for them.
+"""The fan-out: committed messages to the online sessions that wait for them.
 
 Each session asks for its streams' messages one fetch at a time (`fetch(stream,
-offset, limit, sink)`, the runtime side of `sessions.session.Fetch`). The router
+offset, limit, sink)`, the runtime side of `sessions.session.Fetch`). The fan-out
 answers from where it is cheapest:
 
-- the offset is what the router has routed up to: the fetch waits (the session
+- the offset is what the fan-out has routed up to: the fetch waits (the session
   is *live*) and is answered as soon as the next messages of that stream are
   routed, with the messages its filters can match (found through the topic
   trie, once per message for all sessions) and the new position;
@@ -13,7 +13,7 @@ answers from where it is cheapest:
 - it is further back: read from storage (in a worker thread), the session is
   *replaying*.
 
-Per stream the router routes in offset order. Messages this broker committed
+Per stream the fan-out routes in offset order. Messages this broker committed
 arrive with their positions (`committed`); if one lands beyond a gap (another
 process appended in between), the gap is read first. Messages committed by
 others are found through the storage's wake-ups and the heads table, and read
@@ -21,12 +21,12 @@ once for all the sessions waiting on that stream. A stream nobody waits on is
 not read at all: its position just moves to the head.
 
 When the storage tells other processes' commits apart (PostgreSQL while its
-LISTEN connection is up: another node's commit), one of those makes the router
+LISTEN connection is up: another node's commit), one of those makes the fan-out
 look at the heads at once; wake-ups by this process's own commits (routed
 already, unless they came another way than `committed`) make it look at most
 every `poll_interval`. When the storage cannot tell them apart (SQLite) every
 wake-up counts the same, paced so; when it hears nothing of others (the LISTEN
-connection is down) the router looks every `poll_interval` on its own.
+connection is down) the fan-out looks every `poll_interval` on its own.
 
 Everything here runs on the event loop; storage calls go to threads, except the
 look at the heads of an embedded database (SQLite: a small local read).
@@ -95,7 +95,7 @@ class _Routed:
         return self.upto - len(self.buffer)
 
 
-class Router:
+class Fanout:
     """Routes each stream's committed messages, in offset order, to waiting sessions.
 
     `trie` maps filters to session handles (the same hashables the sessions pass
@@ -138,7 +138,7 @@ class Router:
         self._wanted = asyncio.Event()
         """Set while some session may wait on a stream: the watcher runs."""
         self.start_heads: dict[int, int] = {}
-        """Each stream's next offset when the router started (docs/broker.md, DUP)."""
+        """Each stream's next offset when the fan-out started (docs/broker.md, DUP)."""
 
     # --- lifecycle ---------------------------------------------------------------
     async def start(self) -> None:
@@ -146,7 +146,7 @@ class Router:
         self._learn(heads)
         self.started = True
         self.start_heads = {h.key: h.next_offset for h in heads}
-        self._watcher = asyncio.create_task(self._watch(), name="riverbed-router-watch")
+        self._watcher = asyncio.create_task(self._watch(), name="riverbed-fanout-watch")
 
     async def stop(self) -> None:
         # The flag as well as the cancel: on Python 3.11 `asyncio.wait_for` (inside
@@ -224,7 +224,7 @@ class Router:
         whether they are current. On an embedded database they are read now,
         on the event loop (the small heads table, as `refresh` does); otherwise
         they are as last seen: this broker's own commits are in them, others'
-        as of the last look, current while the router watches (refreshed on
+        as of the last look, current while the fan-out watches (refreshed on
         every wake-up), possibly old while it does not."""
         if self.storage.appends_inline:
             self._look(self.storage.list_streams())
@@ -233,7 +233,7 @@ class Router:
 
     # --- sessions --------------------------------------------------------------------
     def key_of(self, stream: StreamId) -> int | None:
-        """The key of a stream the router knows."""
+        """The key of a stream the fan-out knows."""
         return self._keys.get(stream)
 
     def fetch(
@@ -275,7 +275,7 @@ class Router:
     def _from_read_ahead(self, key: int, offset: int, limit: int, sink: Sink) -> bool:
         """Answer a replaying session's fetch from the stream's last storage read,
         if that covers `offset`: a session fetches its share of its queue at a
-        time, the router reads READ_AHEAD rows at a time."""
+        time, the fan-out reads READ_AHEAD rows at a time."""
         ahead = self._ahead.get(key)
         if ahead is None:
             return False

@@ -1,4 +1,4 @@
-"""The live router's answers to sessions' fetches (mqtt/router.py), in process."""
+"""The fan-out's answers to sessions' fetches (mqtt/fanout.py), in process."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 from harness.waiting import eventually_async
 from riverbed.log.log import Log
 from riverbed.model import Message, StoredMessage
-from riverbed.mqtt.router import READ_AHEAD, Router, Sink
+from riverbed.mqtt.fanout import READ_AHEAD, Fanout, Sink
 from riverbed.topics.trie import TopicTrie
 
 
@@ -39,8 +39,8 @@ def test_a_replaying_session_is_served_from_one_read_ahead(sqlite_url: str) -> N
 
         async def replay() -> list[tuple[int, int, int]]:
             trie: TopicTrie[Hashable] = TopicTrie()
-            router = Router(storage, trie, buffer_size=16)  # type: ignore[arg-type]
-            await router.start()
+            fanout = Fanout(storage, trie, buffer_size=16)  # type: ignore[arg-type]
+            await fanout.start()
             answers: list[tuple[int, int, int]] = []
             offset = 0
             try:
@@ -55,13 +55,13 @@ def test_a_replaying_session_is_served_from_one_read_ahead(sqlite_url: str) -> N
                     ) -> None:
                         done.set_result((rows, upto))
 
-                    router.fetch(head.key, offset, 62, "session", sink)
+                    fanout.fetch(head.key, offset, 62, "session", sink)
                     rows, upto = await done
                     assert [r.offset for r in rows] == list(range(offset, upto))
                     answers.append((offset, len(rows), upto))
                     offset = upto
             finally:
-                await router.stop()
+                await fanout.stop()
             return answers
 
         answers = asyncio.run(replay())
@@ -93,14 +93,14 @@ class SlowReads:
         return getattr(self._storage, name)
 
 
-async def _router_of_one_session(storage: Any) -> Router:
-    """A started router over `storage` whose trie has one session, "session",
+async def _fanout_of_one_session(storage: Any) -> Fanout:
+    """A started fan-out over `storage` whose trie has one session, "session",
     subscribed to the MQTT topic "a"."""
     trie: TopicTrie[Hashable] = TopicTrie()
     trie.add("a", "session")
-    router = Router(storage, trie)
-    await router.start()
-    return router
+    fanout = Fanout(storage, trie)
+    await fanout.start()
+    return fanout
 
 
 def _recorder() -> tuple[list[bytes], asyncio.Queue[int], Sink]:
@@ -118,7 +118,7 @@ def _recorder() -> tuple[list[bytes], asyncio.Queue[int], Sink]:
 def test_a_slow_catch_up_read_does_not_pass_over_what_was_committed_meanwhile(
     sqlite_url: str,
 ) -> None:
-    """A catch-up read returned after the router had routed everything it read
+    """A catch-up read returned after the fan-out had routed everything it read
     and learnt of a newer head: it took the empty remainder for a retention
     gap and jumped to the head, over a committed message nobody routed (found
     by the chaos run: one QoS 2 message lost by every live session and shared
@@ -135,30 +135,30 @@ def test_a_slow_catch_up_read_does_not_pass_over_what_was_committed_meanwhile(
             return row
 
         async def scenario() -> list[bytes]:
-            router = await _router_of_one_session(storage)
+            fanout = await _fanout_of_one_session(storage)
             got, answers, sink = _recorder()
             try:
-                router.fetch(head.key, head.next_offset, 100, "session", sink)
+                fanout.fetch(head.key, head.next_offset, 100, "session", sink)
                 storage.release.clear()
                 m0 = append(0)
-                await router.refresh()  # head moved: the catch-up reads m0, slowly
+                await fanout.refresh()  # head moved: the catch-up reads m0, slowly
                 await asyncio.to_thread(storage.reading.wait, 30)
-                router.committed(head.stream, m0.offset, [m0])  # routed meanwhile
+                fanout.committed(head.stream, m0.offset, [m0])  # routed meanwhile
                 upto = await asyncio.wait_for(answers.get(), 30)
-                router.fetch(head.key, upto, 100, "session", sink)
+                fanout.fetch(head.key, upto, 100, "session", sink)
                 append(1)
-                await router.refresh()  # a newer head, while the read is out
+                await fanout.refresh()  # a newer head, while the read is out
                 storage.release.set()
-                routed = router._streams[head.key]
+                routed = fanout._streams[head.key]
                 await eventually_async(lambda: not routed.catching_up, what="the catch-up through")
                 m2 = append(2)
-                router.committed(head.stream, m2.offset, [m2])
+                fanout.committed(head.stream, m2.offset, [m2])
                 while upto < m2.offset + 1:
                     upto = await asyncio.wait_for(answers.get(), 30)
                     if upto < m2.offset + 1:
-                        router.fetch(head.key, upto, 100, "session", sink)
+                        fanout.fetch(head.key, upto, 100, "session", sink)
             finally:
-                await router.stop()
+                await fanout.stop()
             return got
 
         assert asyncio.run(scenario()) == [b"0", b"1", b"2"]
@@ -169,9 +169,9 @@ def test_a_slow_catch_up_read_does_not_pass_over_what_was_committed_meanwhile(
 def test_a_stream_learnt_while_a_session_read_it_keeps_what_was_committed_meanwhile(
     sqlite_url: str,
 ) -> None:
-    """A session fetched from a stream the router did not know yet (a topic
+    """A session fetched from a stream the fan-out did not know yet (a topic
     created after its last look at the heads); the storage read came back empty,
-    but meanwhile a message was committed and the router learnt the stream with
+    but meanwhile a message was committed and the fan-out learnt the stream with
     that message below its first routed position. The empty read was taken for
     a retention gap and the session moved past the message (found by CI: a
     message produced over the HTTP API on PostgreSQL never reached an MQTT
@@ -181,17 +181,17 @@ def test_a_stream_learnt_while_a_session_read_it_keeps_what_was_committed_meanwh
         storage = SlowReads(log.storage)
 
         async def scenario() -> list[bytes]:
-            router = await _router_of_one_session(storage)
-            log.topics.create("r", 1)  # after the router's look: unknown to it
+            fanout = await _fanout_of_one_session(storage)
+            log.topics.create("r", 1)  # after the fan-out's look: unknown to it
             (head,) = log.storage.list_streams("r")
             got, answers, sink = _recorder()
             try:
                 storage.release.clear()
                 storage.reading.clear()
-                router.fetch(head.key, head.next_offset, 100, "session", sink)
+                fanout.fetch(head.key, head.next_offset, 100, "session", sink)
                 await asyncio.to_thread(storage.reading.wait, 30)  # read: empty
                 log.produce("r", [Message(b"0", key="k", mqtt_topic="a")])
-                await router.refresh()  # learns the stream, the message below its start
+                await fanout.refresh()  # learns the stream, the message below its start
                 storage.release.set()
                 upto = head.next_offset
                 while not got:
@@ -199,9 +199,9 @@ def test_a_stream_learnt_while_a_session_read_it_keeps_what_was_committed_meanwh
                     if not got and upto > head.next_offset:
                         break  # moved past the message without it
                     if not got:
-                        router.fetch(head.key, upto, 100, "session", sink)
+                        fanout.fetch(head.key, upto, 100, "session", sink)
             finally:
-                await router.stop()
+                await fanout.stop()
             return got
 
         assert asyncio.run(scenario()) == [b"0"]

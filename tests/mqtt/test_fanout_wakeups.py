@@ -1,4 +1,4 @@
-"""What wakes the live router (mqtt/router.py `_watch`): another process's commit
+"""What wakes the fan-out (mqtt/fanout.py `_watch`): another process's commit
 at once, told heads without a look at the heads table, the poll only when the
 storage hears nothing of other processes. In process, on a real SQLite storage
 whose wake-ups the test drives as PostgreSQL's LISTEN thread would."""
@@ -14,20 +14,20 @@ import pytest
 from harness.waiting import SLOW, eventually_async
 from riverbed.log.log import Log
 from riverbed.model import Message, StoredMessage
-from riverbed.mqtt import router as router_module
-from riverbed.mqtt.router import Router
+from riverbed.mqtt import fanout as fanout_module
+from riverbed.mqtt.fanout import Fanout
 from riverbed.storage.base import Hearing, StreamHead, Wakeups
 from riverbed.topics.trie import TopicTrie
 
 POLL = 60.0
-"""The router's `poll_interval` where the poll must not be what delivers."""
+"""The fan-out's `poll_interval` where the poll must not be what delivers."""
 PROMPT = 10.0 * SLOW
 """A delivery woken by a commit takes less than this (a sixth of POLL)."""
 
 
 class Heard:
     """A real storage whose wake-ups are the test's own (`hearing` as given),
-    counting the router's reads of the heads table."""
+    counting the fan-out's reads of the heads table."""
 
     def __init__(self, storage: Any, hearing: Hearing) -> None:
         self._storage = storage
@@ -54,24 +54,24 @@ def log(sqlite_url: str) -> Iterator[Log]:
 @pytest.fixture(autouse=True)
 def no_safety_look(monkeypatch: pytest.MonkeyPatch) -> None:
     """No look at the heads table for want of wake-ups (1 s) during a test."""
-    monkeypatch.setattr(router_module, "WATCH_TIMEOUT", POLL)
+    monkeypatch.setattr(fanout_module, "WATCH_TIMEOUT", POLL)
 
 
 class Session:
-    """One session of the router, subscribed to "a", fetching from stream `key`."""
+    """One session of the fan-out, subscribed to "a", fetching from stream `key`."""
 
-    def __init__(self, router: Router, key: int, offset: int) -> None:
-        self.router = router
+    def __init__(self, fanout: Fanout, key: int, offset: int) -> None:
+        self.fanout = fanout
         self.key = key
         self.offset = offset
         self.got: list[bytes] = []
         self.answered = asyncio.Event()
-        router.trie.add("a", "session")
+        fanout.trie.add("a", "session")
         self.fetch()
 
     def fetch(self) -> None:
         self.answered.clear()
-        self.router.fetch(self.key, self.offset, 100, "session", self._sink)
+        self.fanout.fetch(self.key, self.offset, 100, "session", self._sink)
 
     def _sink(self, key: int, rows: Sequence[StoredMessage], upto: int) -> None:
         self.got.extend(r.payload for r in rows)
@@ -90,43 +90,43 @@ class Session:
 
 
 def commit_elsewhere(log: Log, payload: bytes) -> int:
-    """Append as another process would (no `Router.committed`, no wake-up);
+    """Append as another process would (no `Fanout.committed`, no wake-up);
     the stream's new head."""
     log.produce("r", [Message(payload, key="k", mqtt_topic="a")])
     (head,) = log.storage.list_streams("r")
     return head.next_offset
 
 
-async def started(storage: Heard, poll_interval: float) -> tuple[Router, Session]:
+async def started(storage: Heard, poll_interval: float) -> tuple[Fanout, Session]:
     trie: TopicTrie[Hashable] = TopicTrie()
-    router = Router(storage, trie, poll_interval=poll_interval)  # type: ignore[arg-type]
-    await router.start()
+    fanout = Fanout(storage, trie, poll_interval=poll_interval)  # type: ignore[arg-type]
+    await fanout.start()
     (head,) = storage.list_streams("r")
-    session = Session(router, head.key, head.next_offset)
+    session = Session(fanout, head.key, head.next_offset)
     # Its watcher waits for wake-ups (the first wait sets the pace it asks for).
     await eventually_async(
-        lambda: storage.wakeups.poll_interval(0) == poll_interval, what="the router to wait"
+        lambda: storage.wakeups.poll_interval(0) == poll_interval, what="the fan-out to wait"
     )
-    return router, session
+    return fanout, session
 
 
 def test_another_process_commit_is_routed_at_once_from_the_heads_it_told(log: Log) -> None:
     storage = Heard(log.storage, Hearing.APART)
 
     async def scenario() -> tuple[list[bytes], int, int]:
-        router, session = await started(storage, POLL)
+        fanout, session = await started(storage, POLL)
         try:
             storage.wakeups.notify(others=True)  # as the LISTEN thread does when it connects
-            await eventually_async(lambda: router.looks == 1, what="the first look")
+            await eventually_async(lambda: fanout.looks == 1, what="the first look")
             read_before = storage.heads_read
             for n in range(3):
                 head = commit_elsewhere(log, b"%d" % n)
                 storage.wakeups.notify(others=True, heads={session.key: head})
-                # Within a sixth of the poll: each commit ends the router's rest.
+                # Within a sixth of the poll: each commit ends the fan-out's rest.
                 await session.receive(b"%d" % n)
-            return session.got, storage.heads_read - read_before, router.told
+            return session.got, storage.heads_read - read_before, fanout.told
         finally:
-            await router.stop()
+            await fanout.stop()
 
     got, heads_read, told = asyncio.run(scenario())
     assert got == [b"0", b"1", b"2"]
@@ -134,22 +134,22 @@ def test_another_process_commit_is_routed_at_once_from_the_heads_it_told(log: Lo
     assert told == 3
 
 
-def test_a_told_head_of_a_stream_not_known_yet_makes_the_router_look(log: Log) -> None:
+def test_a_told_head_of_a_stream_not_known_yet_makes_the_fanout_look(log: Log) -> None:
     storage = Heard(log.storage, Hearing.APART)
 
     async def scenario() -> tuple[int, int | None]:
-        router, _ = await started(storage, POLL)
+        fanout, _ = await started(storage, POLL)
         try:
             storage.wakeups.notify(others=True)
-            await eventually_async(lambda: router.looks == 1, what="the first look")
+            await eventually_async(lambda: fanout.looks == 1, what="the first look")
             log.topics.create("s", 1)
             log.produce("s", [Message(b"s", key="k", mqtt_topic="a")])
             (new,) = log.storage.list_streams("s")
             storage.wakeups.notify(others=True, heads={new.key: 1})
-            await eventually_async(lambda: router.looks == 2, PROMPT, "a look at the heads")
-            return router.told, router.heads().get(new.key)
+            await eventually_async(lambda: fanout.looks == 2, PROMPT, "a look at the heads")
+            return fanout.told, fanout.heads().get(new.key)
         finally:
-            await router.stop()
+            await fanout.stop()
 
     told, head = asyncio.run(scenario())
     assert (told, head) == (0, 1)
@@ -159,13 +159,13 @@ def test_a_storage_that_hears_nothing_of_others_is_polled(log: Log) -> None:
     storage = Heard(log.storage, Hearing.DEAF)
 
     async def scenario() -> list[bytes]:
-        router, session = await started(storage, 0.05)
+        fanout, session = await started(storage, 0.05)
         try:
             commit_elsewhere(log, b"polled")  # no wake-up at all
             await session.receive(b"polled")  # MIXED would wait for WATCH_TIMEOUT (POLL)
             return session.got
         finally:
-            await router.stop()
+            await fanout.stop()
 
     assert asyncio.run(scenario()) == [b"polled"]
 
@@ -174,39 +174,39 @@ def test_a_deaf_storage_that_hears_again_ends_the_poll_s_pause(log: Log) -> None
     storage = Heard(log.storage, Hearing.DEAF)
 
     async def scenario() -> list[bytes]:
-        router, session = await started(storage, POLL)
+        fanout, session = await started(storage, POLL)
         try:
-            await eventually_async(lambda: router.looks == 1, what="the first poll")
+            await eventually_async(lambda: fanout.looks == 1, what="the first poll")
             # The LISTEN connection is back: it hears APART and wakes once.
             storage.wakeups.hearing = Hearing.APART
             storage.wakeups.notify(others=True)
-            await eventually_async(lambda: router.looks == 2, PROMPT, "a look after the pause")
+            await eventually_async(lambda: fanout.looks == 2, PROMPT, "a look after the pause")
             head = commit_elsewhere(log, b"heard")
             storage.wakeups.notify(others=True, heads={session.key: head})
             await session.receive(b"heard")
             return session.got
         finally:
-            await router.stop()
+            await fanout.stop()
 
     assert asyncio.run(scenario()) == [b"heard"]
 
 
 def test_own_wake_ups_are_paced_when_others_are_told_apart(log: Log) -> None:
-    """This process's own commits wake the router too; they were routed
+    """This process's own commits wake the fan-out too; they were routed
     (`committed`) and a look for them waits for the rest's end."""
     storage = Heard(log.storage, Hearing.APART)
 
     async def scenario() -> tuple[int, list[bytes]]:
-        router, session = await started(storage, 0.2)
+        fanout, session = await started(storage, 0.2)
         try:
             storage.wakeups.notify(others=True)
-            await eventually_async(lambda: router.looks == 1, what="the first look")
+            await eventually_async(lambda: fanout.looks == 1, what="the first look")
             commit_elsewhere(log, b"own")  # as if through the HTTP API: not `committed`
             storage.wakeups.notify()
             await session.receive(b"own")
-            return router.looks, session.got
+            return fanout.looks, session.got
         finally:
-            await router.stop()
+            await fanout.stop()
 
     looks, got = asyncio.run(scenario())
     assert got == [b"own"]
@@ -217,19 +217,19 @@ def test_others_commits_are_told_while_own_wake_ups_wait_for_their_look(log: Log
     storage = Heard(log.storage, Hearing.APART)
 
     async def scenario() -> tuple[list[bytes], int, int]:
-        router, session = await started(storage, 8.0)
+        fanout, session = await started(storage, 8.0)
         try:
             storage.wakeups.notify(others=True)
-            await eventually_async(lambda: router.looks == 1, what="the first look")
+            await eventually_async(lambda: fanout.looks == 1, what="the first look")
             storage.wakeups.notify()  # our own: a look within the pace
             head = commit_elsewhere(log, b"theirs")
             storage.wakeups.notify(others=True, heads={session.key: head})
             await session.receive(b"theirs")
-            told, looks = router.told, router.looks
-            await eventually_async(lambda: router.looks == 2, 30 * SLOW, "the look owed")
+            told, looks = fanout.told, fanout.looks
+            await eventually_async(lambda: fanout.looks == 2, 30 * SLOW, "the look owed")
             return session.got, told, looks
         finally:
-            await router.stop()
+            await fanout.stop()
 
     got, told, looks = asyncio.run(scenario())
     assert (got, told, looks) == ([b"theirs"], 1, 1)
@@ -238,4 +238,4 @@ def test_others_commits_are_told_while_own_wake_ups_wait_for_their_look(log: Log
 def test_the_poll_interval_must_be_positive(log: Log) -> None:
     trie: TopicTrie[Hashable] = TopicTrie()
     with pytest.raises(ValueError, match="poll_interval 0 must be more than 0 seconds"):
-        Router(log.storage, trie, poll_interval=0)
+        Fanout(log.storage, trie, poll_interval=0)
