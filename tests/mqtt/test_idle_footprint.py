@@ -180,7 +180,7 @@ def test_using_a_session_leaves_the_shared_empties_empty() -> None:
     effects += busy.handle(Persisted(1), 0.0)
     busy.handle_all([Acked(1), Received(2), Acked(3)], 0.0)
     busy.handle_all([Persisted(2), Completed(2)], 0.0)
-    busy.lease(busy.lease_key(), 0, Subscription("t/#", 1), 0.0)
+    busy.grant(busy.grant_key(), 0, Subscription("t/#", 1), 0.0)
     assert effects and own_containers(busy, idle)
     assert shared_not_empty(idle) == []
     assert own_containers(idle, idle_session("third")) == []
@@ -189,7 +189,7 @@ def test_using_a_session_leaves_the_shared_empties_empty() -> None:
 def test_a_caught_up_subscribers_streams_hold_no_containers_of_their_own() -> None:
     """A subscriber follows a stream per partition: one that has delivered and
     had everything acknowledged keeps no queue, no in-flight dict and no
-    lease lists of its own (an empty deque alone is 760 bytes)."""
+    grant lists of its own (an empty deque alone is 760 bytes)."""
     session = Session("sub", [Subscription("t/#", 2)])
     session.handle_all([Follow(key, 0) for key in range(16)], 0.0)
     messages = [StoredMessage(i, b"", 0, "t/x", "k", b"m", None, 1 + i % 2, 0) for i in range(4)]

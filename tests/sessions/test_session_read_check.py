@@ -1,5 +1,5 @@
 """The read check in the session, sans-I/O: a message of a topic the client may
-not read is passed over on every path (its own streams, a lease, retained
+not read is passed over on every path (its own streams, a grant, retained
 messages) like one no subscription matches: no place in the window, no hold on
 the cursor."""
 
@@ -13,7 +13,7 @@ from riverbed.sessions.session import (
     Deliver,
     Effect,
     Follow,
-    LeaseMoved,
+    GrantMoved,
     Offered,
     Session,
     Subscription,
@@ -49,13 +49,13 @@ def test_withheld_messages_take_no_place_in_the_window_nor_hold_the_cursor() -> 
     assert [c.cursors for c in checkpoints] == [{1: 7}]
 
 
-def test_a_lease_reports_withheld_messages_as_taken() -> None:
+def test_a_grant_reports_withheld_messages_as_taken() -> None:
     s = session()
-    key = s.lease_key()
-    s.lease(key, 0, Subscription("#", 1), now=0.0)
+    key = s.grant_key()
+    s.grant(key, 0, Subscription("#", 1), now=0.0)
     effects = s.handle(Offered(key, [msg(0, "secrets/a"), msg(1, "b"), msg(2, "secrets/c")], 3), 0)
     assert [d.message.offset for d in of(Deliver, effects)] == [1]
-    assert of(LeaseMoved, effects) == [LeaseMoved(key, 3, (1,), ())]
+    assert of(GrantMoved, effects) == [GrantMoved(key, 3, (1,), ())]
 
 
 def test_retained_messages_obey_the_read_check() -> None:

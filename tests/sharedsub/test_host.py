@@ -3,7 +3,7 @@ both backends: Leaders started on demand from the group record, progress
 persisted and resumed, one Leader per group across nodes, fencing.
 
 Sessions are model clients around the sans-I/O Handler (take in what their
-leases' streams hold, acknowledge it); the clocks are fakes moved by the test.
+grants' streams hold, acknowledge it); the clocks are fakes moved by the test.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class Node:
 
 class Client:
     """A session with a shared subscription: takes in every message of its
-    leases and acknowledges it when told."""
+    grants and acknowledges it when told."""
 
     def __init__(self, node: Node, name: str, clock: FakeClock, log: Log) -> None:
         self.node, self.clock, self.log = node, clock, log
@@ -62,18 +62,18 @@ class Client:
         self.apply(self.handler.receive(message, self.clock()))
 
     def pump(self) -> int:
-        """Take in and acknowledge what the leases' streams hold."""
+        """Take in and acknowledge what the grants' streams hold."""
         keys = {h.stream: h.key for h in self.log.storage.list_streams()}
         done = 0
-        for lease, position in list(self.handler.leases.items()):
-            rows = self.log.storage.read(keys[lease.stream], position, 100)
+        for grant, position in list(self.handler.grants.items()):
+            rows = self.log.storage.read(keys[grant.stream], position, 100)
             if not rows:
                 continue
             offsets = [r.offset for r in rows]
-            self.got.setdefault(lease.stream, []).extend(offsets)
-            self.apply(self.handler.fetched(lease, offsets[-1] + 1, offsets, self.clock()))
+            self.got.setdefault(grant.stream, []).extend(offsets)
+            self.apply(self.handler.fetched(grant, offsets[-1] + 1, offsets, self.clock()))
             for offset in offsets:
-                self.apply(self.handler.acked(lease, offset, self.clock()))
+                self.apply(self.handler.acked(grant, offset, self.clock()))
             done += len(offsets)
         return done
 

@@ -39,7 +39,7 @@ FAST = SharedSubConfig(
 
 
 class Sharer:
-    """A session with `$share/g/t/#`: takes in and acknowledges what its leases hold."""
+    """A session with `$share/g/t/#`: takes in and acknowledges what its grants hold."""
 
     def __init__(self, runtime: SharedRuntime, log: Log, name: str) -> None:
         self.runtime, self.log = runtime, log
@@ -62,14 +62,14 @@ class Sharer:
     def step(self) -> None:
         now = time.monotonic()
         keys = {h.stream: h.key for h in self.log.storage.list_streams()}
-        for lease, position in list(self.handler.leases.items()):
-            rows = self.log.storage.read(keys[lease.stream], position, 50)
+        for grant, position in list(self.handler.grants.items()):
+            rows = self.log.storage.read(keys[grant.stream], position, 50)
             if rows:
                 offsets = [r.offset for r in rows]
-                self.got.extend((str(lease.stream), o) for o in offsets)
-                self.apply(self.handler.fetched(lease, offsets[-1] + 1, offsets, now))
+                self.got.extend((str(grant.stream), o) for o in offsets)
+                self.apply(self.handler.fetched(grant, offsets[-1] + 1, offsets, now))
                 for offset in offsets:
-                    self.apply(self.handler.acked(lease, offset, now))
+                    self.apply(self.handler.acked(grant, offset, now))
         self.apply(self.handler.tick(now))
 
 
@@ -116,13 +116,13 @@ def test_two_sharers_split_the_streams_and_one_hands_over(log: Log) -> None:
             b.apply(b.handler.subscribe(SHARE, time.monotonic()))
 
             def split() -> bool:
-                return len(a.handler.leases) + len(b.handler.leases) >= 4 and all(
-                    s.handler.leases for s in (a, b)
+                return len(a.handler.grants) + len(b.handler.grants) >= 4 and all(
+                    s.handler.grants for s in (a, b)
                 )
 
             await _run([a, b], split)
             await _run([a, b], lambda: len(a.got) + len(b.got) >= 200)
-            both = len(a.handler.leases), len(b.handler.leases)
+            both = len(a.handler.grants), len(b.handler.grants)
             # The Leader saves who holds what (for `riverbed group describe`).
             store = GroupStore(log.storage)
 
@@ -171,11 +171,11 @@ def test_sharers_on_two_nodes_share_one_leader_over_postgres(postgres_url: str) 
             a, b = Sharer(one, log_1, "a"), Sharer(two, log_2, "b")
             try:
                 a.apply(a.handler.subscribe(SHARE, time.monotonic()))
-                await _run([a, b], lambda: bool(a.handler.leases))  # node-1 leads
+                await _run([a, b], lambda: bool(a.handler.grants))  # node-1 leads
                 b.apply(b.handler.subscribe(SHARE, time.monotonic()))
                 await _run(
                     [a, b],
-                    lambda: len(a.handler.leases) == 10 and len(b.handler.leases) == 10,
+                    lambda: len(a.handler.grants) == 10 and len(b.handler.grants) == 10,
                 )
                 _publish(log_1, 200, 300)
                 await _run([a, b], lambda: len(a.got) + len(b.got) >= 300)

@@ -2,7 +2,7 @@
 their Shared Subscription Handlers, a model of the log, the in-process bus and
 a fake clock. Nothing sleeps: time moves only in `advance`.
 
-Each session is a model client: `fetch` takes messages of its leases in (all in
+Each session is a model client: `fetch` takes messages of its grants in (all in
 flight), `ack` acknowledges one. The world records what it checks afterwards:
 deliveries per stream, acknowledged offsets, the offsets streams were granted
 from.
@@ -19,7 +19,7 @@ from riverbed.model import StreamId
 from riverbed.sharedsub.borrower import Forget, Send, StartFetching, StopFetching
 from riverbed.sharedsub.bus import InProcessBus, Registry
 from riverbed.sharedsub.config import SharedSubConfig
-from riverbed.sharedsub.handler import Lease, SessionEffect, SharedSubscriptionHandler
+from riverbed.sharedsub.handler import Grant, SessionEffect, SharedSubscriptionHandler
 from riverbed.sharedsub.leader import Effect as LeaderEffect
 from riverbed.sharedsub.leader import (
     Leader,
@@ -99,7 +99,7 @@ class Session:
                 case Send(to, message):
                     self.world.bus.send(to, message)
                 case StartFetching(borrower, stream, offset):
-                    self.world.on_start(self, Lease(borrower, stream), offset)
+                    self.world.on_start(self, Grant(borrower, stream), offset)
                 case StopFetching() | Forget():
                     pass
         for borrower in self.handler.agent.borrowers:
@@ -111,41 +111,41 @@ class Session:
         self.apply(self.handler.receive(message, self.world.now))
 
     def fetch(self, limit: int = 5) -> int:
-        """Take in up to `limit` messages of each lease; all go in flight."""
+        """Take in up to `limit` messages of each grant; all go in flight."""
         taken = 0
-        for lease, position in sorted(
-            self.handler.leases.items(), key=lambda kv: _lease_order(kv[0])
+        for grant, position in sorted(
+            self.handler.grants.items(), key=lambda kv: _grant_order(kv[0])
         ):
-            head = self.world.log.head(lease.stream)
+            head = self.world.log.head(grant.stream)
             upto = min(head.next_offset, position + limit)
             if upto <= position:
                 continue
             offsets = range(position, upto)
             for offset in offsets:
-                self.world.delivered.setdefault(lease.stream, []).append(offset)
+                self.world.delivered.setdefault(grant.stream, []).append(offset)
             taken += len(offsets)
-            self.apply(self.handler.fetched(lease, upto, offsets, self.world.now))
+            self.apply(self.handler.fetched(grant, upto, offsets, self.world.now))
         return taken
 
-    def in_flight(self) -> list[tuple[Lease, int]]:
+    def in_flight(self) -> list[tuple[Grant, int]]:
         out = []
-        for lease in sorted(self.handler._windows, key=_lease_order):
-            out.extend((lease, o) for o in sorted(self.handler.in_flight(lease)))
+        for grant in sorted(self.handler._windows, key=_grant_order):
+            out.extend((grant, o) for o in sorted(self.handler.in_flight(grant)))
         return out
 
-    def ack(self, lease: Lease, offset: int) -> None:
-        if offset in self.handler.in_flight(lease):
-            if offset > self.world.first_unacked(lease.stream):
+    def ack(self, grant: Grant, offset: int) -> None:
+        if offset in self.handler.in_flight(grant):
+            if offset > self.world.first_unacked(grant.stream):
                 # Above a hole: the group's progress cannot pass it yet, so a
                 # next holder may get it again (from this in-flight window).
-                self.world.above_hole.setdefault(lease.stream, set()).add(offset)
-            self.world.acked.setdefault(lease.stream, set()).add(offset)
-        self.apply(self.handler.acked(lease, offset, self.world.now))
+                self.world.above_hole.setdefault(grant.stream, set()).add(offset)
+            self.world.acked.setdefault(grant.stream, set()).add(offset)
+        self.apply(self.handler.acked(grant, offset, self.world.now))
 
     def ack_all(self) -> int:
         pairs = self.in_flight()
-        for lease, offset in pairs:
-            self.ack(lease, offset)
+        for grant, offset in pairs:
+            self.ack(grant, offset)
         return len(pairs)
 
 
@@ -173,8 +173,8 @@ class World:
         self.incarnations = 0
         self.delivered: dict[StreamId, list[int]] = {}
         self.acked: dict[StreamId, set[int]] = {}
-        self.grants: list[tuple[Lease, int, int]] = []
-        """(lease, granted offset, first unacknowledged offset at that time)."""
+        self.grants: list[tuple[Grant, int, int]] = []
+        """(grant, granted offset, first unacknowledged offset at that time)."""
         self.above_hole: dict[StreamId, set[int]] = {}
         """Offsets acknowledged while an offset below was not (see `Session.ack`)."""
         self.lineage_violations: list[StreamId] = []
@@ -263,13 +263,13 @@ class World:
         for borrower in s.registered:
             self.bus.unregister(borrower)
 
-    def on_start(self, session: Session, lease: Lease, offset: int) -> None:
-        acked = self.acked.get(lease.stream, set())
+    def on_start(self, session: Session, grant: Grant, offset: int) -> None:
+        acked = self.acked.get(grant.stream, set())
         first_unacked = 0
         while first_unacked in acked:
             first_unacked += 1
-        self.grants.append((lease, offset, first_unacked))
-        stream = lease.stream
+        self.grants.append((grant, offset, first_unacked))
+        stream = grant.stream
         if stream.generation > 0:
             # Lineage: every stream of the lineage before must be fully consumed.
             previous = self.log.generations[stream.generation - 1].record
@@ -338,5 +338,5 @@ class World:
         )
 
 
-def _lease_order(lease: Lease) -> tuple[str, tuple[str, int, int]]:
-    return (lease.borrower, stream_order(lease.stream))
+def _grant_order(grant: Grant) -> tuple[str, tuple[str, int, int]]:
+    return (grant.borrower, stream_order(grant.stream))

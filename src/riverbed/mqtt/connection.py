@@ -107,7 +107,7 @@ from riverbed.sessions.session import (
     Effect,
     Event,
     Fetch,
-    LeaseMoved,
+    GrantMoved,
     Offered,
     Persist,
     Persisted,
@@ -872,7 +872,7 @@ class Connection(asyncio.Protocol):
                         self.broker.fanout.fetch(stream, offset, limit, self, self.offer)
                     elif self.sharing is not None:
                         self.sharing.fetch(stream, offset, limit)
-                case LeaseMoved():
+                case GrantMoved():
                     if self.sharing is not None:
                         self.sharing.moved(effect)
                 case Checkpoint():
@@ -901,7 +901,7 @@ class Connection(asyncio.Protocol):
                     return
                 record = self.record()
                 sharing = self.sharing
-                # Shared leases' messages the client has (PUBREC came) are
+                # Shared grants' messages the client has (PUBREC came) are
                 # recorded as the group's in the same transaction (mqtt/sharing.py).
                 also = () if sharing is None else sharing.released(record.qos2)
                 self.stored = await asyncio.wrap_future(
@@ -921,7 +921,7 @@ class Connection(asyncio.Protocol):
 
     async def _record_released(self, session: Session) -> None:
         """Before its Borrowers leave (their streams go to other members at
-        once): the shared leases' messages whose PUBREC came are recorded as
+        once): the shared grants' messages whose PUBREC came are recorded as
         released, or another member could be lent them before the record says
         so (mqtt/sharing.py). The session's last write may still be on its way,
         and what came after it was never asked for (a closing connection

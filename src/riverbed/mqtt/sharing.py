@@ -7,19 +7,19 @@ sans-I/O `SharedSubscriptionHandler`:
 
 - SUBSCRIBE / UNSUBSCRIBE of a shared filter go to the Handler, whose Borrowers
   talk to the Leader over the node's `SharedRuntime` (registered there by id);
-- a lease (`StartFetching`) becomes a stream of the session under a key of its
-  own (`Session.lease_key`): fetched from the fan-out like any stream but
+- a grant (`StartFetching`) becomes a stream of the session under a key of its
+  own (`Session.grant_key`): fetched from the fan-out like any stream but
   matched against the group's filter only, in the same in-flight window as the
   private subscriptions;
-- what the session reports of a lease (`LeaseMoved`: taken in, sent,
+- what the session reports of a grant (`GrantMoved`: taken in, sent,
   acknowledged) goes back to the Handler, which reports progress to the Leader;
-- `StopFetching` (revoke, unsubscribe) stops the lease's stream, `Forget` drops it;
+- `StopFetching` (revoke, unsubscribe) stops the grant's stream, `Forget` drops it;
 - when the connection closes, every Borrower leaves with its progress.
 
-QoS 2 exactly once to the group: a lease's QoS 2 message whose PUBREC came is
+QoS 2 exactly once to the group: a grant's QoS 2 message whose PUBREC came is
 the client's (it is completed by this session, across restarts). The record
 write that holds its PUBREL back also records it as released to the group
-(`released`, `sharedsub.claims.RELEASED_NAMESPACE`); a lease of a group
+(`released`, `sharedsub.claims.RELEASED_NAMESPACE`); a grant of a group
 subscribed with QoS 2 starts only after reading which of its offsets are
 released already, and passes them over. So a Leader that died before saving
 the progress past them (its successor resumes from the saved progress) does
@@ -43,17 +43,17 @@ from typing import Protocol, assert_never
 from riverbed.errors import RiverbedError
 from riverbed.mqtt.ports import Services
 from riverbed.sessions.qos2 import Phase, WindowEntry
-from riverbed.sessions.session import Effect, LeaseMoved, Session, Subscription
+from riverbed.sessions.session import Effect, GrantMoved, Session, Subscription
 from riverbed.sharedsub.borrower import Forget, Send, StartFetching, StopFetching
 from riverbed.sharedsub.claims import RELEASED_NAMESPACE, released_key, released_offsets
-from riverbed.sharedsub.handler import Lease, SessionEffect, SharedSubscriptionHandler
+from riverbed.sharedsub.handler import Grant, SessionEffect, SharedSubscriptionHandler
 from riverbed.sharedsub.protocol import GroupId, Message, ToBorrower
 
 log = logging.getLogger(__name__)
 
 SHARED_PREFIXES = ("$share/", "$queue/")
 READ_RETRY = 1.0
-"""Seconds before a failed read of a lease's released offsets is tried again."""
+"""Seconds before a failed read of a grant's released offsets is tried again."""
 
 
 def is_shared(topic_filter: str) -> bool:
@@ -93,9 +93,9 @@ class SharingOwner(Protocol):
 
 @dataclass(slots=True)
 class _Held:
-    """A lease the session fetches."""
+    """A grant the session fetches."""
 
-    lease: Lease
+    grant: Grant
     key: int
     """The session's key for it (below RETAINED)."""
     stream_key: int
@@ -109,8 +109,8 @@ class Sharing:
     """The shared subscriptions of one connection's session."""
 
     __slots__ = (
+        "_by_grant",
         "_by_key",
-        "_by_lease",
         "_marked",
         "_options",
         "_reading",
@@ -135,15 +135,15 @@ class Sharing:
         """The options each group was last subscribed with (kept after an
         unsubscribe: a Borrower handing its streams back may still get one)."""
         self._by_key: dict[int, _Held] = {}
-        self._by_lease: dict[Lease, _Held] = {}
+        self._by_grant: dict[Grant, _Held] = {}
         self._sources: dict[int, tuple[GroupId, int]] = {}
-        """Per lease key ever used by this connection, the group and the log's
-        key of the stream: a revoked lease's QoS 2 messages still in flight
+        """Per grant key ever used by this connection, the group and the log's
+        key of the stream: a revoked grant's QoS 2 messages still in flight
         are released to that group."""
         self._marked: set[tuple[int, int]] = set()
-        """(lease key, offset) of window entries recorded as released."""
-        self._reading: dict[Lease, object] = {}
-        """Leases waiting for the read of their released offsets (a token each:
+        """(grant key, offset) of window entries recorded as released."""
+        self._reading: dict[Grant, object] = {}
+        """Grants waiting for the read of their released offsets (a token each:
         a newer grant, a stop or a forget replaces or removes it)."""
         self._registered: set[str] = set()
         self._registered_generation = -1
@@ -155,7 +155,7 @@ class Sharing:
     def subscribe(self, subscription: Subscription) -> bool:
         """Share the group `subscription.topic_filter` names (validated by the
         caller with `GroupId.parse`); True if the session shared it already (its
-        options are replaced: leases granted from now on use them)."""
+        options are replaced: grants granted from now on use them)."""
         text = subscription.topic_filter
         existed = text in self.subscriptions
         self.subscriptions[text] = subscription
@@ -192,7 +192,7 @@ class Sharing:
 
     # --- the session's side ---------------------------------------------------------
     def fetch(self, key: int, offset: int, limit: int) -> None:
-        """The session's `Fetch` of a lease's stream."""
+        """The session's `Fetch` of a grant's stream."""
         held = self._by_key.get(key)
         if held is None:
             return  # forgotten meanwhile: nothing to answer
@@ -209,17 +209,17 @@ class Sharing:
             held.stream_key, offset, limit, (conn, key), sink, held.topic_filter
         )
 
-    def moved(self, effect: LeaseMoved) -> None:
-        """The session's report of a lease's stream."""
+    def moved(self, effect: GrantMoved) -> None:
+        """The session's report of a grant's stream."""
         held = self._by_key.get(effect.stream)
         if held is None:
             return
         self._run(
-            self.handler.report(held.lease, effect.taken, effect.sent, effect.acked, self._now())
+            self.handler.report(held.grant, effect.taken, effect.sent, effect.acked, self._now())
         )
 
     def released(self, window: Sequence[WindowEntry]) -> list[tuple[str, str, bytes]]:
-        """The KV entries recording the lease messages of `window` (the QoS 2
+        """The KV entries recording the granted streams' messages of `window` (the QoS 2
         window about to be written) released to their group's member (PUBREC
         came) that are not recorded yet: for `SessionWriter.write(also=...)`."""
         out: list[tuple[str, str, bytes]] = []
@@ -241,7 +241,7 @@ class Sharing:
             for e in window
             if e.phase is not Phase.SENT and e.stream in self._sources
         }
-        # Leases gone with nothing of theirs left in the window need no source.
+        # Grants gone with nothing of theirs left in the window need no source.
         live = {e.stream for e in window}
         for key in [k for k in self._sources if k not in live and k not in self._by_key]:
             del self._sources[key]
@@ -261,16 +261,16 @@ class Sharing:
                 case Send(to, message):
                     runtime.send(to, message)
                 case StartFetching(borrower, stream, offset):
-                    self._start(Lease(borrower, stream), offset)
+                    self._start(Grant(borrower, stream), offset)
                 case StopFetching(borrower, stream):
-                    self._reading.pop(Lease(borrower, stream), None)
-                    held = self._by_lease.get(Lease(borrower, stream))
+                    self._reading.pop(Grant(borrower, stream), None)
+                    held = self._by_grant.get(Grant(borrower, stream))
                     if held is not None and conn.session is not None:
                         conn.broker.fanout.cancel(held.stream_key, (conn, held.key))
-                        conn.execute(conn.session.stop_lease(held.key, self._now()))
+                        conn.execute(conn.session.stop_grant(held.key, self._now()))
                 case Forget(borrower, stream):
-                    self._reading.pop(Lease(borrower, stream), None)
-                    held = self._by_lease.get(Lease(borrower, stream))
+                    self._reading.pop(Grant(borrower, stream), None)
+                    held = self._by_grant.get(Grant(borrower, stream))
                     if held is not None:
                         self._drop(held)
                 case _:
@@ -298,39 +298,39 @@ class Sharing:
         self._registered = current
         # A Borrower that ended (left after an unsubscribe, or was replaced) says
         # nothing more of its streams.
-        for held in [h for h in self._by_key.values() if h.lease.borrower not in current]:
+        for held in [h for h in self._by_key.values() if h.grant.borrower not in current]:
             self._drop(held)
 
-    def _start(self, lease: Lease, offset: int) -> None:
+    def _start(self, grant: Grant, offset: int) -> None:
         conn = self.conn
         session = conn.session
-        group = self.handler.group_of(lease)
+        group = self.handler.group_of(grant)
         if session is None or group is None:
             return
-        self._reading.pop(lease, None)
-        old = self._by_lease.get(lease)
+        self._reading.pop(grant, None)
+        old = self._by_grant.get(grant)
         if old is not None:
             self._drop(old)  # granted again: a stream of its own, from the new offset
-        stream_key = conn.broker.fanout.key_of(lease.stream)
+        stream_key = conn.broker.fanout.key_of(grant.stream)
         if stream_key is None:
             # A stream the fan-out has not seen yet (created a moment ago).
-            conn.loop.create_task(self._start_later(lease, offset))
+            conn.loop.create_task(self._start_later(grant, offset))
             return
         options = self._options.get(group) or Subscription(str(group), 0)
         if options.qos == 2:
             # Which of its QoS 2 messages went to a member's client already.
-            token = self._reading[lease] = object()
-            conn.loop.create_task(self._start_after_reading(lease, offset, stream_key, token))
+            token = self._reading[grant] = object()
+            conn.loop.create_task(self._start_after_reading(grant, offset, stream_key, token))
             return
-        self._begin(lease, offset, stream_key, frozenset())
+        self._begin(grant, offset, stream_key, frozenset())
 
     async def _start_after_reading(
-        self, lease: Lease, offset: int, stream_key: int, token: object
+        self, grant: Grant, offset: int, stream_key: int, token: object
     ) -> None:
         broker = self.conn.broker
         while True:
-            group = self.handler.group_of(lease)
-            if group is None or self._reading.get(lease) is not token or self.conn.closing:
+            group = self.handler.group_of(grant)
+            if group is None or self._reading.get(grant) is not token or self.conn.closing:
                 return  # stopped, forgotten or granted again meanwhile
             try:
                 skip = await broker.read(
@@ -338,32 +338,32 @@ class Sharing:
                 )
                 break
             except RiverbedError as exc:
-                # Unknown: nothing of the lease goes out before it is known (that
-                # could be a second delivery); try again while the lease lasts.
+                # Unknown: nothing of the grant goes out before it is known (that
+                # could be a second delivery); try again while the grant lasts.
                 log.warning(
                     "client %s: reading the released offsets of %s failed (%s); trying again",
                     self.conn.client_id,
-                    lease,
+                    grant,
                     exc,
                 )
                 await asyncio.sleep(READ_RETRY)
-        if self._reading.get(lease) is not token or self.conn.closing:
+        if self._reading.get(grant) is not token or self.conn.closing:
             return
-        del self._reading[lease]
-        self._begin(lease, offset, stream_key, skip)
+        del self._reading[grant]
+        self._begin(grant, offset, stream_key, skip)
 
-    def _begin(self, lease: Lease, offset: int, stream_key: int, skip: frozenset[int]) -> None:
+    def _begin(self, grant: Grant, offset: int, stream_key: int, skip: frozenset[int]) -> None:
         conn = self.conn
         session = conn.session
-        group = self.handler.group_of(lease)
+        group = self.handler.group_of(grant)
         if session is None or group is None:
             return
         options = self._options.get(group) or Subscription(str(group), 0)
-        key = session.lease_key()
+        key = session.grant_key()
         topic_filter = group.topic_filter
-        held = _Held(lease, key, stream_key, topic_filter, skip)
+        held = _Held(grant, key, stream_key, topic_filter, skip)
         self._by_key[key] = held
-        self._by_lease[lease] = held
+        self._by_grant[grant] = held
         self._sources[key] = (group, stream_key)
         sub = Subscription(
             topic_filter,
@@ -373,27 +373,27 @@ class Sharing:
             0,
             options.identifier,
         )
-        conn.execute(session.lease(key, offset, sub, self._now()))
+        conn.execute(session.grant(key, offset, sub, self._now()))
 
-    async def _start_later(self, lease: Lease, offset: int) -> None:
+    async def _start_later(self, grant: Grant, offset: int) -> None:
         try:
             await self.conn.broker.fanout.refresh()
         except RiverbedError:
-            log.exception("client %s: looking for stream %s failed", self.conn.client_id, lease)
-        if lease not in self.handler.leases or self.conn.closing:
+            log.exception("client %s: looking for stream %s failed", self.conn.client_id, grant)
+        if grant not in self.handler.grants or self.conn.closing:
             return
-        if self.conn.broker.fanout.key_of(lease.stream) is None:
-            log.warning("client %s: stream %s of a lease not found", self.conn.client_id, lease)
+        if self.conn.broker.fanout.key_of(grant.stream) is None:
+            log.warning("client %s: stream %s of a grant not found", self.conn.client_id, grant)
             return
-        self._start(lease, offset)
+        self._start(grant, offset)
 
     def _drop(self, held: _Held) -> None:
         conn = self.conn
         self._by_key.pop(held.key, None)
-        self._by_lease.pop(held.lease, None)
+        self._by_grant.pop(held.grant, None)
         conn.broker.fanout.cancel(held.stream_key, (conn, held.key))
         if conn.session is not None:
-            conn.session.forget_lease(held.key)
+            conn.session.forget_grant(held.key)
 
     # --- time -------------------------------------------------------------------------
     def _now(self) -> float:

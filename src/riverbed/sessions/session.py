@@ -25,7 +25,7 @@ most its share of `queue_limit`.
 Read access: `readable(topic_name)`, when given, says whether the client may
 receive a message of that topic (the ACL's read rule, `mqtt.acl.TopicCheck`).
 A message it may not read is passed over like one that matches no subscription,
-on every path: the session's own streams (live or replayed), a lease's, and
+on every path: the session's own streams (live or replayed), a grant's, and
 retained messages. So a withheld QoS 1/2 message takes no place in the window
 and does not hold the cursor back.
 
@@ -47,18 +47,18 @@ QoS 2 message holds the cursor until its PUBCOMP, like a QoS 1 one until PUBACK.
 Messages after a held PUBLISH wait behind it, whatever their QoS: the client gets
 them in log order (MQTT orders only within a QoS level; per-key order does not).
 
-Leases (shared subscriptions, `sharedsub/`): a stream lent to one of the
+Grants (shared subscriptions, `sharedsub/`): a stream lent to one of the
 session's Borrowers is a stream of its own in the session, under a key below
-RETAINED (`lease_key`), matched against that one subscription only, sharing the
+RETAINED (`grant_key`), matched against that one subscription only, sharing the
 in-flight window with everything else. It is never checkpointed here: the
-session reports what it took in, sent and had acknowledged (`LeaseMoved`) and
-the group's Leader keeps the progress. `stop_lease` stops fetching and drops
+session reports what it took in, sent and had acknowledged (`GrantMoved`) and
+the group's Leader keeps the progress. `stop_grant` stops fetching and drops
 what was not sent (the stream is revoked; acknowledgements still come),
-`forget_lease` drops it.
+`forget_grant` drops it.
 
 Events: `Follow`, `Offered`, `Acked`, `Received`, `Completed`, `Persisted`,
 `Tick`. Effects: `Deliver`, `Release`, `Fetch`, `Checkpoint`, `Persist`,
-`LeaseMoved`.
+`GrantMoved`.
 Subscriptions change through `subscribe` / `unsubscribe`, which answer directly.
 """
 
@@ -87,7 +87,7 @@ to): an idle session holds no containers it does not use."""
 
 class _NoEntries(dict[Any, Any]):
     """The empty mapping every session shares for what it has none of yet
-    (subscriptions, streams, packet ids in flight, a QoS 2 window, leases): a
+    (subscriptions, streams, packet ids in flight, a QoS 2 window, grants): a
     session makes a dict of its own before its first entry. Writing into the
     shared one would be a bug, so it raises."""
 
@@ -117,12 +117,12 @@ _NO_QUEUE: deque[Any] = _NoQueue()
 
 
 class _NoOffsets(list[int]):
-    """The lists `sent_new` / `acked_new` of a stream that is not a lease."""
+    """The lists `sent_new` / `acked_new` of a stream that is not a grant."""
 
     __slots__ = ()
 
     def append(self, item: int) -> NoReturn:
-        raise TypeError("only a lease's stream reports what it sent")
+        raise TypeError("only a grant's stream reports what it sent")
 
 
 _NO_OFFSETS: list[int] = _NoOffsets()
@@ -247,8 +247,8 @@ class Persist:
 
 
 @dataclass(frozen=True, slots=True)
-class LeaseMoved:
-    """A lease's stream moved: taken in up to `taken` (exclusive: the first
+class GrantMoved:
+    """A grant's stream moved: taken in up to `taken` (exclusive: the first
     offset not sent yet), `sent` offsets now expect an acknowledgement, `acked`
     ones got it (`sharedsub.handler.SharedSubscriptionHandler.report`)."""
 
@@ -258,7 +258,7 @@ class LeaseMoved:
     acked: tuple[int, ...]
 
 
-Effect = Deliver | Release | Fetch | Checkpoint | Persist | LeaseMoved
+Effect = Deliver | Release | Fetch | Checkpoint | Persist | GrantMoved
 
 
 # --------------------------------------------------------------------- state
@@ -288,17 +288,17 @@ class _Stream:
     """Offsets of restored QoS 2 messages waiting for PUBCOMP (not re-sent)."""
     fetching: bool = False
     dropped: bool = False
-    """No longer followed (its topic is no longer reached, or a lease was
+    """No longer followed (its topic is no longer reached, or a grant was
     revoked): what was sent is completed, nothing more is fetched, queued or
     checkpointed."""
-    lease: Subscription | None = None
-    """A lease's stream: the one subscription its messages are matched against."""
+    grant: Subscription | None = None
+    """A grant's stream: the one subscription its messages are matched against."""
     reported: int = -1
-    """A lease: the `taken` of its last `LeaseMoved`."""
+    """A grant: the `taken` of its last `GrantMoved`."""
     sent_new: list[int] = field(default_factory=lambda: _NO_OFFSETS)
-    """A lease: offsets sent since its last `LeaseMoved` (a list of its own)."""
+    """A grant: offsets sent since its last `GrantMoved` (a list of its own)."""
     acked_new: list[int] = field(default_factory=lambda: _NO_OFFSETS)
-    """A lease: offsets acknowledged since its last `LeaseMoved`."""
+    """A grant: offsets acknowledged since its last `GrantMoved`."""
 
     def cursor(self) -> int:
         if self.outstanding:
@@ -333,12 +333,12 @@ class Session:
         "_check",
         "_check_all",
         "_dirty",
+        "_grants",
         "_held",
         "_inflight",
         "_last_checkpoint",
-        "_leases",
         "_moved",
-        "_next_lease_key",
+        "_next_grant_key",
         "_next_packet_id",
         "_persist_seq",
         "_persisting",
@@ -418,17 +418,17 @@ class Session:
         self._persisting = False
         self._dirty = False
         self._resend: tuple[Release, ...] = ()
-        self._leases: dict[int, _Stream] = _NONE
-        """The leases' streams (also in `_streams`)."""
-        self._next_lease_key = min((e.stream for e in qos2_window), default=0)
-        self._next_lease_key = min(self._next_lease_key, RETAINED) - 1
+        self._grants: dict[int, _Stream] = _NONE
+        """The grants' streams (also in `_streams`)."""
+        self._next_grant_key = min((e.stream for e in qos2_window), default=0)
+        self._next_grant_key = min(self._next_grant_key, RETAINED) - 1
         restored: dict[tuple[int, int], WindowEntry] = {}
         inflight: dict[int, tuple[int, int]] = {}
         reserved: set[int] = set()
         resend: list[Release] = []
         for entry in qos2_window:
             if entry.stream <= RETAINED and entry.phase is not Phase.RELEASED:
-                # Neither a retained message nor a lease's (its stream is the
+                # Neither a retained message nor a grant's (its stream is the
                 # group's now) is sent again after a restart.
                 continue
             restored[(entry.stream, entry.offset)] = entry
@@ -480,16 +480,16 @@ class Session:
                 del self._streams[key]
                 self._check_all = True
 
-    # --- leases -------------------------------------------------------------------
-    def lease_key(self) -> int:
-        """A key for a new lease's stream: below RETAINED, never used before in
+    # --- grants -------------------------------------------------------------------
+    def grant_key(self) -> int:
+        """A key for a new grant's stream: below RETAINED, never used before in
         this session (nor by a restored QoS 2 window entry)."""
-        key = self._next_lease_key
-        self._next_lease_key -= 1
+        key = self._next_grant_key
+        self._next_grant_key -= 1
         return key
 
-    def lease(self, key: int, offset: int, subscription: Subscription, now: float) -> list[Effect]:
-        """Start fetching a lease's stream (key from `lease_key`) from `offset`,
+    def grant(self, key: int, offset: int, subscription: Subscription, now: float) -> list[Effect]:
+        """Start fetching a grant's stream (key from `grant_key`) from `offset`,
         matching `subscription` only."""
         state = _Stream(
             key,
@@ -497,25 +497,25 @@ class Session:
             offset,
             0,
             offset,
-            lease=subscription,
+            grant=subscription,
             reported=offset,
             sent_new=[],
             acked_new=[],
         )
         if self._streams is _NONE:
             self._streams = {}
-        if self._leases is _NONE:
-            self._leases = {}
+        if self._grants is _NONE:
+            self._grants = {}
         self._streams[key] = state
-        self._leases[key] = state
+        self._grants[key] = state
         self._check_all = True
         return self.handle(Tick(), now)
 
-    def stop_lease(self, key: int, now: float) -> list[Effect]:
-        """Fetch and send no more of the lease (revoked); what was taken in and
+    def stop_grant(self, key: int, now: float) -> list[Effect]:
+        """Fetch and send no more of the grant (revoked); what was taken in and
         not sent is dropped, so `taken` goes back to the first of it. What was
         sent is still reported as it is acknowledged."""
-        state = self._leases.get(key)
+        state = self._grants.get(key)
         if state is None or state.dropped:
             return []
         state.dropped = True
@@ -525,10 +525,10 @@ class Session:
         self._not_ready(key)
         return self.handle(Tick(), now)
 
-    def forget_lease(self, key: int) -> None:
-        """Drop the lease's stream. Messages of it still in flight keep their
+    def forget_grant(self, key: int) -> None:
+        """Drop the grant's stream. Messages of it still in flight keep their
         packet ids until the client answers; nothing more is reported."""
-        state = self._leases.pop(key, None)
+        state = self._grants.pop(key, None)
         if state is None:
             return
         del self._streams[key]
@@ -536,8 +536,8 @@ class Session:
         self._check_all = True
 
     @property
-    def leases(self) -> frozenset[int]:
-        return frozenset(self._leases)
+    def grants(self) -> frozenset[int]:
+        return frozenset(self._grants)
 
     # --- inspection --------------------------------------------------------------
     @property
@@ -554,9 +554,9 @@ class Session:
 
     def cursors(self) -> dict[int, int]:
         """Every followed stream's cursor: the first offset not yet done (not
-        leases': their progress is the group's)."""
+        grants': their progress is the group's)."""
         return {
-            key: s.cursor() for key, s in self._streams.items() if not s.dropped and s.lease is None
+            key: s.cursor() for key, s in self._streams.items() if not s.dropped and s.grant is None
         }
 
     def sent(self) -> dict[int, int]:
@@ -607,8 +607,8 @@ class Session:
             self._apply(event, effects)
         self._pump(effects, now)
         self._fetch(effects)
-        if self._leases:
-            self._report_leases(effects)
+        if self._grants:
+            self._report_grants(effects)
         if self._dirty and not self._persisting:
             self._dirty = False
             self._persisting = True
@@ -632,7 +632,7 @@ class Session:
                         outstanding.pop(offset, None)
                         if not outstanding:
                             state.outstanding = _NONE
-                        if state.lease is not None:
+                        if state.grant is not None:
                             state.acked_new.append(offset)
                         elif state.dropped and not state.outstanding and not state.released:
                             del self._streams[key]
@@ -781,7 +781,7 @@ class Session:
                 state.outstanding = _NONE
             if not state.released:
                 state.released = _NONE
-            if state.lease is not None:
+            if state.grant is not None:
                 state.acked_new.append(entry.offset)
             elif state.dropped and not state.outstanding and not state.released:
                 del self._streams[entry.stream]
@@ -800,8 +800,8 @@ class Session:
         if upto <= state.fetched:
             return
         was_empty = not state.pending
-        window = self._window if state.lease is None else None
-        lease = state.lease
+        window = self._window if state.grant is None else None
+        grant = state.grant
         readable = self._readable
         for message in messages:
             offset = message.offset
@@ -811,7 +811,7 @@ class Session:
                 entry = window.get((key, offset))
                 if entry is not None and entry.phase is not Phase.SENT:
                     continue  # its PUBLISH went through before the restart
-            queued = self._match(message) if lease is None else _match_lease(lease, message)
+            queued = self._match(message) if grant is None else _match_grant(grant, message)
             if queued is not None and (readable is None or readable(message.mqtt_topic)):
                 if state.pending is _NO_QUEUE:
                     state.pending = deque()
@@ -874,7 +874,7 @@ class Session:
             if item.qos > 0:
                 restored = (
                     self._window.get((key, item.offset))
-                    if self._window and state.lease is None
+                    if self._window and state.grant is None
                     else None
                 )
                 if restored is not None and restored.phase is Phase.SENT:
@@ -896,7 +896,7 @@ class Session:
                 if state.outstanding is _NONE:
                     state.outstanding = {}
                 state.outstanding[item.offset] = None
-                if state.lease is not None:
+                if state.grant is not None:
                     state.sent_new.append(item.offset)
             deliver = Deliver(
                 key, item.message, item.qos, packet_id, dup, item.retain, item.identifiers
@@ -953,7 +953,7 @@ class Session:
             key: offset
             for key, state in self._streams.items()
             if not state.dropped
-            and state.lease is None
+            and state.grant is None
             and (offset := state.cursor()) != state.committed
         }
         self._acks = 0
@@ -967,8 +967,8 @@ class Session:
         if changed:
             effects.append(Checkpoint(changed, self.sent()))
 
-    def _report_leases(self, effects: list[Effect]) -> None:
-        for key, state in self._leases.items():
+    def _report_grants(self, effects: list[Effect]) -> None:
+        for key, state in self._grants.items():
             taken = state.reported
             if not state.dropped:
                 taken = state.pending[0].offset if state.pending else state.fetched
@@ -976,13 +976,13 @@ class Session:
             if taken == state.reported and not sent and not acked:
                 continue
             state.reported = taken
-            effects.append(LeaseMoved(key, taken, tuple(sent), tuple(acked)))
+            effects.append(GrantMoved(key, taken, tuple(sent), tuple(acked)))
             sent.clear()
             acked.clear()
 
 
-def _match_lease(sub: Subscription, message: StoredMessage) -> _Queued | None:
-    """A lease's message: for its one subscription (No Local is not allowed on a
+def _match_grant(sub: Subscription, message: StoredMessage) -> _Queued | None:
+    """A grant's message: for its one subscription (No Local is not allowed on a
     shared subscription [MQTT-3.8.3-4]), or not at all."""
     if not matches(sub.topic_filter, message.mqtt_topic):
         return None

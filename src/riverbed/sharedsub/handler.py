@@ -11,21 +11,21 @@ What the session calls:
   or `$queue/FILTER`;
 - `receive(message, now)` with a message the bus delivered to this session's
   Borrowers;
-- `fetched(lease, upto, in_flight)` after taking the lease's stream in up to
+- `fetched(grant, upto, in_flight)` after taking the grant's stream in up to
   offset `upto` (exclusive), with the offsets it sent to the client and expects
   to be acknowledged (QoS 1/2; QoS 0 deliveries and messages that did not match
   the filter are simply not listed);
-- `acked(lease, offset, now)` when the client acknowledged one of them;
-- `report(lease, taken, sent, acked, now)`: both at once, for what a session
+- `acked(grant, offset, now)` when the client acknowledged one of them;
+- `report(grant, taken, sent, acked, now)`: both at once, for what a session
   did in one step (one progress report, not one per message);
 - `disconnect(now)` when the session goes offline; `tick(now)` at
   `next_deadline()`.
 
 What comes back (`SessionEffect`): `Send` (put on the bus), `StartFetching`
-(a new lease: fetch its stream from an offset), `StopFetching` (fetch no more,
-keep acknowledging), `Forget` (drop the lease and its in-flight messages).
+(a new grant: fetch its stream from an offset), `StopFetching` (fetch no more,
+keep acknowledging), `Forget` (drop the grant and its in-flight messages).
 
-The Handler keeps, per lease, the fetched position and the in-flight offsets;
+The Handler keeps, per grant, the fetched position and the in-flight offsets;
 the progress it reports is the first offset not yet done (the lowest in flight,
 else the fetched position), so the Leader only ever saves a contiguous
 acknowledged prefix and a new Borrower redelivers at most the in-flight window.
@@ -55,7 +55,7 @@ SessionEffect = Send | StartFetching | StopFetching | Forget
 
 
 @dataclass(frozen=True, slots=True)
-class Lease:
+class Grant:
     """A stream lent to one Borrower of this session."""
 
     borrower: BorrowerId
@@ -81,21 +81,21 @@ class SharedSubscriptionHandler:
         self, session_id: str, config: SharedSubConfig, *, nonce: str | None = None
     ) -> None:
         self.agent = Agent(session_id, config, nonce=nonce)
-        self._windows: dict[Lease, _Window] = {}
+        self._windows: dict[Grant, _Window] = {}
 
     # ----------------------------------------------------------------- queries
 
     @property
-    def leases(self) -> dict[Lease, int]:
-        """Leases the session may fetch now, with the offset to fetch from."""
+    def grants(self) -> dict[Grant, int]:
+        """Grants the session may fetch now, with the offset to fetch from."""
         return {k: w.fetched for k, w in self._windows.items() if not w.stopping}
 
-    def in_flight(self, lease: Lease) -> frozenset[int]:
-        window = self._windows.get(lease)
+    def in_flight(self, grant: Grant) -> frozenset[int]:
+        window = self._windows.get(grant)
         return frozenset() if window is None else frozenset(window.in_flight)
 
-    def group_of(self, lease: Lease) -> GroupId | None:
-        borrower = self.agent.borrowers.get(lease.borrower)
+    def group_of(self, grant: Grant) -> GroupId | None:
+        borrower = self.agent.borrowers.get(grant.borrower)
         return None if borrower is None else borrower.group
 
     def next_deadline(self) -> float | None:
@@ -114,35 +114,35 @@ class SharedSubscriptionHandler:
         return self._run(self.agent.receive(message, now), now)
 
     def fetched(
-        self, lease: Lease, upto: int, in_flight: Iterable[int], now: float
+        self, grant: Grant, upto: int, in_flight: Iterable[int], now: float
     ) -> list[SessionEffect]:
-        """The session took in `lease`'s stream up to `upto`, sending `in_flight`.
+        """The session took in `grant`'s stream up to `upto`, sending `in_flight`.
 
-        Ignored for a lease that is stopping or gone: the session must not deliver
-        anything of such a lease (it got `StopFetching` / `Forget` first)."""
-        window = self._windows.get(lease)
+        Ignored for a grant that is stopping or gone: the session must not deliver
+        anything of such a grant (it got `StopFetching` / `Forget` first)."""
+        window = self._windows.get(grant)
         if window is None or window.stopping or upto < window.fetched:
             return []
         before = window.progress
         window.in_flight.update(o for o in in_flight if window.fetched <= o < upto)
         window.fetched = upto
-        return self._moved(lease, window, before, now)
+        return self._moved(grant, window, before, now)
 
-    def acked(self, lease: Lease, offset: int, now: float) -> list[SessionEffect]:
-        """The client acknowledged `offset` of the lease (ignored if unknown)."""
-        window = self._windows.get(lease)
+    def acked(self, grant: Grant, offset: int, now: float) -> list[SessionEffect]:
+        """The client acknowledged `offset` of the grant (ignored if unknown)."""
+        window = self._windows.get(grant)
         if window is None or offset not in window.in_flight:
             return []
         before = window.progress
         window.in_flight.discard(offset)
-        return self._moved(lease, window, before, now)
+        return self._moved(grant, window, before, now)
 
     def report(
-        self, lease: Lease, taken: int, sent: Iterable[int], acked: Iterable[int], now: float
+        self, grant: Grant, taken: int, sent: Iterable[int], acked: Iterable[int], now: float
     ) -> list[SessionEffect]:
-        """`fetched(lease, taken, sent)` then `acked` for each of `acked`, with one
+        """`fetched(grant, taken, sent)` then `acked` for each of `acked`, with one
         progress report at most."""
-        window = self._windows.get(lease)
+        window = self._windows.get(grant)
         if window is None:
             return []
         before = window.progress
@@ -150,7 +150,7 @@ class SharedSubscriptionHandler:
             window.in_flight.update(o for o in sent if window.fetched <= o < taken)
             window.fetched = taken
         window.in_flight.difference_update(acked)
-        return self._moved(lease, window, before, now)
+        return self._moved(grant, window, before, now)
 
     def disconnect(self, now: float) -> list[SessionEffect]:
         return self._run(self.agent.disconnect(now), now)
@@ -160,19 +160,19 @@ class SharedSubscriptionHandler:
 
     # ----------------------------------------------------------------- internals
 
-    def _moved(self, lease: Lease, window: _Window, before: int, now: float) -> list[SessionEffect]:
+    def _moved(self, grant: Grant, window: _Window, before: int, now: float) -> list[SessionEffect]:
         effects: list[Effect] = []
         if window.progress > before:
-            effects += self.agent.progress(lease.borrower, lease.stream, window.progress, now)
+            effects += self.agent.progress(grant.borrower, grant.stream, window.progress, now)
         if window.stopping and not window.in_flight:
-            del self._windows[lease]
-            effects += self.agent.drained(lease.borrower, lease.stream, window.progress, now)
+            del self._windows[grant]
+            effects += self.agent.drained(grant.borrower, grant.stream, window.progress, now)
         return self._run(effects, now)
 
     def _run(self, effects: list[Effect], now: float) -> list[SessionEffect]:
         """Apply the Agent's effects on the windows; return the session's share.
 
-        A stop of a lease with nothing in flight drains at once, which goes back
+        A stop of a grant with nothing in flight drains at once, which goes back
         into the Agent: hence the work list."""
         out: list[SessionEffect] = []
         work = list(effects)
@@ -180,22 +180,22 @@ class SharedSubscriptionHandler:
             effect = work.pop(0)
             match effect:
                 case StartFetching(borrower, stream, offset):
-                    self._windows[Lease(borrower, stream)] = _Window(offset)
+                    self._windows[Grant(borrower, stream)] = _Window(offset)
                     out.append(effect)
                 case StopFetching(borrower, stream):
-                    lease = Lease(borrower, stream)
-                    window = self._windows.get(lease)
+                    grant = Grant(borrower, stream)
+                    window = self._windows.get(grant)
                     out.append(effect)
                     if window is None:
                         continue
                     window.stopping = True
                     if not window.in_flight:
-                        del self._windows[lease]
+                        del self._windows[grant]
                         work.extend(self.agent.drained(borrower, stream, window.progress, now))
                 case Forget(borrower, stream):
                     # Also when its window is gone (drained at the stop): the
                     # session still has the stream until it hears this.
-                    self._windows.pop(Lease(borrower, stream), None)
+                    self._windows.pop(Grant(borrower, stream), None)
                     out.append(effect)
                 case Send():
                     out.append(effect)

@@ -1,6 +1,6 @@
-"""Leases in the session (shared subscriptions, issue 5): a stream lent by a
+"""Grants in the session (shared subscriptions, issue 5): a stream lent by a
 group's Leader, fetched and delivered like any stream but matched against its
-one subscription, never checkpointed, reported with `LeaseMoved`."""
+one subscription, never checkpointed, reported with `GrantMoved`."""
 
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ from riverbed.sessions.session import (
     Effect,
     Fetch,
     Follow,
-    LeaseMoved,
+    GrantMoved,
     Offered,
     Session,
     Subscription,
 )
 from riverbed.sharedsub.config import SharedSubConfig
-from riverbed.sharedsub.handler import Lease, SharedSubscriptionHandler, _Window
+from riverbed.sharedsub.handler import Grant, SharedSubscriptionHandler, _Window
 
 
 def msg(offset: int, topic: str = "w/x", qos: int = 1) -> StoredMessage:
@@ -38,11 +38,11 @@ def of(kind: type, effects: list[Effect]) -> list:  # type: ignore[type-arg]
 SHARED = Subscription("w/#", 1, identifier=7)
 
 
-def test_a_lease_fetches_and_delivers_only_what_its_filter_matches() -> None:
+def test_a_grant_fetches_and_delivers_only_what_its_filter_matches() -> None:
     s = Session("c", [Subscription("other/#", 1)], queue_limit=10)
-    key = s.lease_key()
+    key = s.grant_key()
     assert key < RETAINED
-    effects = s.lease(key, 5, SHARED, now=0.0)
+    effects = s.grant(key, 5, SHARED, now=0.0)
     assert of(Fetch, effects) == [Fetch(key, 5, 10)]
     effects = s.handle(Offered(key, [msg(5), msg(6, "z/y"), msg(7, qos=0)], 9), now=0.0)
     sent = of(Deliver, effects)
@@ -51,29 +51,29 @@ def test_a_lease_fetches_and_delivers_only_what_its_filter_matches() -> None:
         (7, 0, (7,)),
     ]
     # Taken in up to 9; only the QoS 1 message waits for an acknowledgement.
-    assert of(LeaseMoved, effects) == [LeaseMoved(key, 9, (5,), ())]
-    moved = of(LeaseMoved, s.handle(Acked(sent[0].packet_id), now=0.0))
-    assert moved == [LeaseMoved(key, 9, (), (5,))]
+    assert of(GrantMoved, effects) == [GrantMoved(key, 9, (5,), ())]
+    moved = of(GrantMoved, s.handle(Acked(sent[0].packet_id), now=0.0))
+    assert moved == [GrantMoved(key, 9, (), (5,))]
 
 
-def test_leases_share_the_in_flight_window_with_private_streams() -> None:
+def test_grants_share_the_in_flight_window_with_private_streams() -> None:
     s = Session("c", [Subscription("w/#", 1)], window=3, queue_limit=100)
     s.handle(Follow(1, 0), now=0.0)
-    key = s.lease_key()
-    s.lease(key, 0, SHARED, now=0.0)
+    key = s.grant_key()
+    s.grant(key, 0, SHARED, now=0.0)
     s.handle(Offered(1, [msg(0), msg(1)], 2), now=0.0)
     effects = s.handle(Offered(key, [msg(0), msg(1)], 2), now=0.0)
     assert s.inflight == 3 and s.queued == 1
-    # What waits is not reported as taken: the lease's progress stays below it.
-    (moved,) = of(LeaseMoved, effects)
+    # What waits is not reported as taken: the grant's progress stays below it.
+    (moved,) = of(GrantMoved, effects)
     assert moved.taken == 1 and moved.sent == (0,)
 
 
-def test_a_lease_is_never_checkpointed() -> None:
+def test_a_grant_is_never_checkpointed() -> None:
     s = Session("c", [Subscription("w/#", 1)], checkpoint_every=1)
     s.handle(Follow(1, 0), now=0.0)
-    key = s.lease_key()
-    s.lease(key, 0, SHARED, now=0.0)
+    key = s.grant_key()
+    s.grant(key, 0, SHARED, now=0.0)
     delivered = of(Deliver, s.handle(Offered(key, [msg(0)], 1), now=0.0))
     s.handle(Offered(1, [msg(0)], 1), now=0.0)
     effects = s.handle_all([Acked(d.packet_id) for d in delivered], now=5.0)
@@ -83,39 +83,39 @@ def test_a_lease_is_never_checkpointed() -> None:
     assert key not in s.checkpoint(now=6.0).cursors
 
 
-def test_a_stopped_lease_sends_no_more_but_reports_its_acknowledgements() -> None:
+def test_a_stopped_grant_sends_no_more_but_reports_its_acknowledgements() -> None:
     s = Session("c", [], window=2, queue_limit=100)
-    key = s.lease_key()
-    s.lease(key, 0, SHARED, now=0.0)
+    key = s.grant_key()
+    s.grant(key, 0, SHARED, now=0.0)
     effects = s.handle(Offered(key, [msg(0), msg(1), msg(2), msg(3)], 4), now=0.0)
     first, second = of(Deliver, effects)
-    assert of(LeaseMoved, effects) == [LeaseMoved(key, 2, (0, 1), ())]
-    assert s.stop_lease(key, now=0.0) == []  # nothing changed that the Handler must hear
+    assert of(GrantMoved, effects) == [GrantMoved(key, 2, (0, 1), ())]
+    assert s.stop_grant(key, now=0.0) == []  # nothing changed that the Handler must hear
     assert s.queued == 0  # 2 and 3 dropped: the next holder sends them
     effects = s.handle_all([Acked(first.packet_id), Acked(second.packet_id)], now=0.0)
     assert of(Deliver, effects) == [] and of(Fetch, effects) == []
-    assert of(LeaseMoved, effects) == [LeaseMoved(key, 2, (), (0, 1))]
+    assert of(GrantMoved, effects) == [GrantMoved(key, 2, (), (0, 1))]
     # A late answer to a fetch is ignored.
     assert of(Deliver, s.handle(Offered(key, [msg(4)], 5), now=0.0)) == []
-    s.forget_lease(key)
-    assert key not in s.leases and key not in s.streams
+    s.forget_grant(key)
+    assert key not in s.grants and key not in s.streams
 
 
-def test_a_forgotten_leases_messages_keep_their_packet_ids_until_answered() -> None:
+def test_a_forgotten_grants_messages_keep_their_packet_ids_until_answered() -> None:
     s = Session("c", [], window=1, queue_limit=100)
-    key = s.lease_key()
-    s.lease(key, 0, SHARED, now=0.0)
+    key = s.grant_key()
+    s.grant(key, 0, SHARED, now=0.0)
     (sent,) = of(Deliver, s.handle(Offered(key, [msg(0), msg(1)], 2), now=0.0))
-    s.forget_lease(key)
+    s.forget_grant(key)
     assert s.inflight == 1  # the client may still answer it
     effects = s.handle(Acked(sent.packet_id), now=0.0)
-    assert s.inflight == 0 and of(LeaseMoved, effects) == []
+    assert s.inflight == 0 and of(GrantMoved, effects) == []
 
 
-def test_lease_keys_are_new_also_after_a_restored_qos2_window() -> None:
+def test_grant_keys_are_new_also_after_a_restored_qos2_window() -> None:
     restored = [WindowEntry(-4, 3, 9, Phase.RELEASED)]
     s = Session("c", [], qos2_window=restored)
-    keys = {s.lease_key() for _ in range(5)}
+    keys = {s.grant_key() for _ in range(5)}
     assert len(keys) == 5 and max(keys) < -4
 
 
@@ -136,30 +136,30 @@ Op = tuple[str, int]
     ),
     st.integers(min_value=1, max_value=4),
 )
-def test_the_handlers_progress_is_the_sessions_cursor_of_the_lease(
+def test_the_handlers_progress_is_the_sessions_cursor_of_the_grant(
     ops: list[Op], window: int
 ) -> None:
     """Reports fed to a Handler window keep its progress (what the Leader would
-    save) equal to the session's own cursor of the lease: the first message
+    save) equal to the session's own cursor of the grant: the first message
     neither acknowledged nor skipped. So a crash redelivers at most what was
     sent or waiting, and skips nothing."""
     s = Session("c", [], window=window, queue_limit=6)
     handler = SharedSubscriptionHandler("c", SharedSubConfig())
-    lease = Lease("b", STREAM)
-    handler_window = handler._windows[lease] = _Window(0)  # as a grant from 0 leaves it
-    key = s.lease_key()
+    grant = Grant("b", STREAM)
+    handler_window = handler._windows[grant] = _Window(0)  # as a grant from 0 leaves it
+    key = s.grant_key()
     head = 0
     outstanding: list[int] = []
 
     def run(effects: list[Effect]) -> None:
         for effect in effects:
-            if isinstance(effect, LeaseMoved):
+            if isinstance(effect, GrantMoved):
                 assert effect.stream == key
-                handler.report(lease, effect.taken, effect.sent, effect.acked, now=0.0)
+                handler.report(grant, effect.taken, effect.sent, effect.acked, now=0.0)
             elif isinstance(effect, Deliver) and effect.packet_id is not None:
                 outstanding.append(effect.packet_id)
 
-    run(s.lease(key, 0, SHARED, now=0.0))
+    run(s.grant(key, 0, SHARED, now=0.0))
     fetch_from = 0
     for op, n in ops:
         if op == "offer":
