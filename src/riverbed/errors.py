@@ -46,6 +46,14 @@ class ProtocolError(InvalidInput):
         return (type(self), (self.reason_code, str(self)))
 
 
+class LocalProtocolError(RiverbedError):
+    """The MQTT connection core was misused by the code driving it (an event in
+    the wrong state, a delivery beyond the client's window): a bug on the
+    server's side, not the client's. `ProtocolError` is the peer's fault (h11
+    draws the same line); this one closes the connection with 0x80 Unspecified
+    error and is logged as a bug."""
+
+
 class InvalidPartitionCount(InvalidInput):
     """A partition count is not 1, 2, 3 or a multiple of 4 or 6 (seed 003)."""
 

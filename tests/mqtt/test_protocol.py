@@ -7,6 +7,7 @@ import itertools
 
 import pytest
 
+from riverbed.errors import LocalProtocolError
 from riverbed.mqtt.codec import (
     MQTT_5,
     NO_PUBLISH_PROPERTIES,
@@ -37,7 +38,6 @@ from riverbed.mqtt.codec import (
 from riverbed.mqtt.codec.packets import Connect
 from riverbed.mqtt.protocol import (
     ConnectionCore,
-    LocalProtocolError,
     ProtocolLimits,
     State,
 )

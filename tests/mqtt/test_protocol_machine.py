@@ -24,6 +24,7 @@ from hypothesis.stateful import (
     rule,
 )
 
+from riverbed.errors import LocalProtocolError
 from riverbed.mqtt.codec import (
     MQTT_5,
     NO_PUBLISH_PROPERTIES,
@@ -43,7 +44,7 @@ from riverbed.mqtt.codec import (
     Pubrel,
     encode,
 )
-from riverbed.mqtt.protocol import ConnectionCore, LocalProtocolError, ProtocolLimits, State
+from riverbed.mqtt.protocol import ConnectionCore, ProtocolLimits, State
 from riverbed.mqtt.protocol_effects import (
     Append,
     Authenticated,

@@ -52,7 +52,7 @@ from dataclasses import replace
 from typing import Protocol, assert_never
 
 from riverbed.clock import Tick, now_us
-from riverbed.errors import PreconditionFailed, ProtocolError, RiverbedError
+from riverbed.errors import LocalProtocolError, PreconditionFailed, ProtocolError, RiverbedError
 from riverbed.log.appender import store_refused
 from riverbed.mqtt.codec import (
     MQTT_5,
@@ -77,7 +77,6 @@ from riverbed.mqtt.ports import Services
 from riverbed.mqtt.protocol import (
     CONNECT_TIMEOUT,
     ConnectionCore,
-    LocalProtocolError,
     ProtocolLimits,
 )
 from riverbed.mqtt.protocol_effects import (

@@ -60,7 +60,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import assert_never, cast
 
-from riverbed.errors import ProtocolError, RiverbedError
+from riverbed.errors import LocalProtocolError, ProtocolError
 from riverbed.mqtt.codec import (
     MQTT_5,
     NO_PUBLISH_PROPERTIES,
@@ -120,11 +120,6 @@ CONNECT_TIMEOUT = 10.0
 CLIENT_RECEIVE_MAXIMUM = 0xFFFF
 """A client's Receive Maximum when its CONNECT names none (MQTT 5.0 §3.1.2.11.3)."""
 SYS_PREFIX = "$SYS"
-
-
-class LocalProtocolError(RiverbedError):
-    """The runtime misused the core (an event in the wrong state, a delivery
-    beyond the client's window): a bug on the server's side, not the client's."""
 
 
 class State(Enum):
