@@ -61,9 +61,9 @@ if TYPE_CHECKING:
     from riverbed.model import Message, MessageId, StoredMessage
     from riverbed.storage import open_storage
     from riverbed.storage.base import RetentionPolicy, Storage
-    from riverbed.subscriptions.cursors import Consumer, Delivery, StreamLag, Subscriptions
     from riverbed.subscriptions.definition import RetryPolicy
     from riverbed.subscriptions.handling import Batch, ErrorPolicy, Failure, Guarantee, OnError
+    from riverbed.subscriptions.named import Consumer, Delivery, StreamLag, Subscriptions
     from riverbed.subscriptions.workers import Worker
 
 __version__ = "0.1.0"
@@ -76,10 +76,10 @@ _LAZY = {
     "open_storage": "riverbed.storage",
     "RetentionPolicy": "riverbed.storage.base",
     "Storage": "riverbed.storage.base",
-    "Consumer": "riverbed.subscriptions.cursors",
-    "Delivery": "riverbed.subscriptions.cursors",
-    "StreamLag": "riverbed.subscriptions.cursors",
-    "Subscriptions": "riverbed.subscriptions.cursors",
+    "Consumer": "riverbed.subscriptions.named",
+    "Delivery": "riverbed.subscriptions.named",
+    "StreamLag": "riverbed.subscriptions.named",
+    "Subscriptions": "riverbed.subscriptions.named",
     "RetryPolicy": "riverbed.subscriptions.definition",
     "Batch": "riverbed.subscriptions.handling",
     "ErrorPolicy": "riverbed.subscriptions.handling",

@@ -12,7 +12,7 @@ import pytest
 from harness.cli import rb
 from riverbed.errors import InvalidInput
 from riverbed.log.log import Log
-from riverbed.subscriptions.cursors import Subscriptions
+from riverbed.subscriptions.named import Subscriptions
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ from harness.cli import rb
 from riverbed.errors import AlreadyExists
 from riverbed.log.log import Log
 from riverbed.storage.base import RetentionPolicy
-from riverbed.subscriptions.cursors import Subscriptions
 from riverbed.subscriptions.definition import Definitions, DeliveryDefinition, parse_endpoint
+from riverbed.subscriptions.named import Subscriptions
 from riverbed.subscriptions.provisioning import create_delivering
 
 

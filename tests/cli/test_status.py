@@ -18,7 +18,7 @@ from riverbed.model import Message
 from riverbed.sessions.store import SessionRecord, SessionStore, node_lease
 from riverbed.storage import open_storage
 from riverbed.storage.leases import Leases
-from riverbed.subscriptions.cursors import Subscriptions
+from riverbed.subscriptions.named import Subscriptions
 
 SECOND = 1_000_000
 

@@ -18,7 +18,6 @@ from riverbed.log.topics import Topics
 from riverbed.model import Message
 from riverbed.storage.base import Storage
 from riverbed.subscriptions.batch import MainRange, ShardRunner, batch_marker
-from riverbed.subscriptions.cursors import Subscriptions
 from riverbed.subscriptions.definition import (
     ConsumptionPolicy,
     Definitions,
@@ -27,6 +26,7 @@ from riverbed.subscriptions.definition import (
     RetryPolicy,
 )
 from riverbed.subscriptions.endpoint import Deliverer, deliverer
+from riverbed.subscriptions.named import Subscriptions
 from riverbed.subscriptions.pipeline import is_idle
 from riverbed.subscriptions.provisioning import create_delivering
 from riverbed.subscriptions.queues import QueuedMessage

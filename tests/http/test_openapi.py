@@ -30,7 +30,7 @@ from riverbed.http.app import make_app
 from riverbed.http.context import HttpContext
 from riverbed.log.log import Log
 from riverbed.model import Message
-from riverbed.subscriptions.cursors import Subscriptions
+from riverbed.subscriptions.named import Subscriptions
 
 DOCUMENT = "/api/v1/openapi.json"
 EXAMPLES = 25

@@ -13,7 +13,7 @@ from riverbed.log.log import Log
 from riverbed.model import Message, StreamId
 from riverbed.storage import open_storage
 from riverbed.storage.base import StorageTopicRecord, StreamHead
-from riverbed.subscriptions.cursors import Consumer, Subscriptions
+from riverbed.subscriptions.named import Consumer, Subscriptions
 
 
 def gen(generation: int, partitions: int, k: int) -> StorageTopicRecord:

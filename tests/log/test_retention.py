@@ -11,7 +11,7 @@ from riverbed.log.retention import RetentionResult, run_retention
 from riverbed.model import Message, StoredMessage, StreamId
 from riverbed.storage import Storage
 from riverbed.storage.base import RetentionPolicy, StartKind
-from riverbed.subscriptions.cursors import Consumer, Subscriptions
+from riverbed.subscriptions.named import Consumer, Subscriptions
 
 HOUR = 3_600_000_000
 S0 = StreamId("t", 0, 0)

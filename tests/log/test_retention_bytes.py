@@ -22,7 +22,7 @@ from riverbed.storage.base import RetentionPolicy
 from riverbed.storage.schema import MIGRATIONS
 from riverbed.storage.sql import core as sql_core
 from riverbed.storage.sql import messages as sql_messages
-from riverbed.subscriptions.cursors import Subscriptions
+from riverbed.subscriptions.named import Subscriptions
 
 HOUR = 3_600_000_000
 S0 = StreamId("t", 0, 0)

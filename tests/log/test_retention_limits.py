@@ -20,7 +20,7 @@ from riverbed.log.retention import Retainer, RetentionResult, apply_retention, r
 from riverbed.model import Message, StreamId
 from riverbed.storage import Storage, open_storage
 from riverbed.storage.base import RetentionPolicy
-from riverbed.subscriptions.cursors import Subscriptions
+from riverbed.subscriptions.named import Subscriptions
 
 HOUR = 3_600_000_000
 S0 = StreamId("t", 0, 0)

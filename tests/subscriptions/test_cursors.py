@@ -24,7 +24,7 @@ from riverbed.log.log import Log
 from riverbed.model import Message, StreamId
 from riverbed.storage import Storage
 from riverbed.storage.base import StartKind
-from riverbed.subscriptions.cursors import Consumer, Subscriptions
+from riverbed.subscriptions.named import Consumer, Subscriptions
 
 S0 = StreamId("t", 0, 0)
 

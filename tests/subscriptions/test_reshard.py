@@ -123,7 +123,7 @@ def test_a_batch_of_the_old_shards_commits_nothing_after_the_change(
     delivers everything, in order."""
     from riverbed.errors import Superseded
     from riverbed.subscriptions.batch import batch_marker
-    from riverbed.subscriptions.cursors import Subscriptions
+    from riverbed.subscriptions.named import Subscriptions
 
     setup(storage, endpoint, shards=2)
     produce(storage, 0, 6)

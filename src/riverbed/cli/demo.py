@@ -14,7 +14,7 @@ from riverbed.cli.topics import streams_table, topic_rows, topics_table
 from riverbed.errors import AlreadyExists
 from riverbed.model import Message
 from riverbed.storage import redact_url
-from riverbed.subscriptions.cursors import Subscriptions
+from riverbed.subscriptions.named import Subscriptions
 
 # --------------------------------------------------------------------- demo
 

@@ -30,7 +30,7 @@ from riverbed.sharedsub.claims import GroupRecord, GroupStore, StreamProgress
 from riverbed.sharedsub.overview import GroupOverview, describe_group, list_groups
 from riverbed.sharedsub.protocol import GroupId
 from riverbed.storage.base import StartKind
-from riverbed.subscriptions.cursors import Start
+from riverbed.subscriptions.named import Start
 
 
 @cli.group()

@@ -30,7 +30,7 @@ from riverbed.log.appender import Position, Positions
 from riverbed.log.jsonlines import message_from_json, message_to_json
 from riverbed.log.log import Log
 from riverbed.model import Message, StreamId
-from riverbed.subscriptions.cursors import Subscriptions
+from riverbed.subscriptions.named import Subscriptions
 
 # --------------------------------------------------------------------- produce
 

@@ -38,8 +38,8 @@ from riverbed.log.jsonlines import format_time
 from riverbed.sessions.store import SessionStore
 from riverbed.sharedsub.claims import GroupStore, group_progress
 from riverbed.storage import Storage, redact_url
-from riverbed.subscriptions.cursors import Subscriptions
 from riverbed.subscriptions.definition import Definitions
+from riverbed.subscriptions.named import Subscriptions
 from riverbed.subscriptions.pipeline import queue_depths
 
 

@@ -26,12 +26,12 @@ from riverbed.errors import InvalidInput
 from riverbed.log.jsonlines import format_time
 from riverbed.model import StreamId
 from riverbed.storage.base import StartKind
-from riverbed.subscriptions.cursors import Start, StreamLag, Subscriptions
 from riverbed.subscriptions.definition import (
     Definitions,
     delivery_definition,
     subscription_json,
 )
+from riverbed.subscriptions.named import Start, StreamLag, Subscriptions
 from riverbed.subscriptions.provisioning import (
     create_subscription,
     delete_subscription,

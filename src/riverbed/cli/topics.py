@@ -30,7 +30,7 @@ from riverbed.log.topics import DEFAULT_KEY_MODE, DEFAULT_RETENTION_US, KeyMode
 from riverbed.model import format_duration
 from riverbed.storage import size_in_bytes
 from riverbed.storage.base import RetentionPolicy, StreamHead, TopicRecord
-from riverbed.subscriptions.cursors import Subscriptions
+from riverbed.subscriptions.named import Subscriptions
 from riverbed.subscriptions.splitting import switch_produce
 
 # --------------------------------------------------------------------- topics

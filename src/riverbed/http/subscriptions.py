@@ -28,9 +28,9 @@ from riverbed.http.jobs import JOB_RESPONSES, Progress, accepted
 from riverbed.log.log import Log
 from riverbed.model import StreamId
 from riverbed.storage.base import StartKind, SubscriptionRecord
-from riverbed.subscriptions.cursors import Start, Subscriptions
 from riverbed.subscriptions.definition import Definitions, delivery_definition, subscription_json
 from riverbed.subscriptions.groups import Queue
+from riverbed.subscriptions.named import Start, Subscriptions
 from riverbed.subscriptions.pipeline import queue_depths
 from riverbed.subscriptions.positions import parse_start, parse_time
 from riverbed.subscriptions.provisioning import create_subscription, delete_subscription

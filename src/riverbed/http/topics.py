@@ -31,7 +31,7 @@ from riverbed.log.log import Log
 from riverbed.log.topics import DEFAULT_RETENTION_US, KeyMode
 from riverbed.model import format_duration
 from riverbed.storage.base import RetentionPolicy
-from riverbed.subscriptions.cursors import Subscriptions
+from riverbed.subscriptions.named import Subscriptions
 from riverbed.subscriptions.splitting import switch_produce
 
 MAX_MESSAGE_BODY = 8 * 1024 * 1024

@@ -12,8 +12,8 @@ from riverbed.metrics import Readings
 from riverbed.mqtt.retained import NAMESPACE as RETAINED
 from riverbed.sessions.store import SessionStore
 from riverbed.storage import Storage
-from riverbed.subscriptions.cursors import Subscriptions
 from riverbed.subscriptions.definition import Definitions
+from riverbed.subscriptions.named import Subscriptions
 from riverbed.subscriptions.pipeline import queue_depths
 
 

@@ -126,8 +126,8 @@ class DeliveryStreamReader(SubscriptionStreamReader):
         return f"planning the delivery of {self.options.subscription!r}"
 
     def _context(self) -> tuple[Any, Any, Any]:
-        from riverbed.subscriptions.cursors import Subscriptions
         from riverbed.subscriptions.definition import Definitions
+        from riverbed.subscriptions.named import Subscriptions
 
         storage = self._open()
         subscriptions = Subscriptions(storage)

@@ -163,7 +163,7 @@ class StreamReader(SubscriptionStreamReader, SupportsTriggerAvailableNow):
     # --- driver side ------------------------------------------------------
 
     def _subscription(self) -> Any:
-        from riverbed.subscriptions.cursors import Subscriptions
+        from riverbed.subscriptions.named import Subscriptions
 
         subscriptions = Subscriptions(self._open())
         return subscriptions, subscriptions.get(self.options.subscription)

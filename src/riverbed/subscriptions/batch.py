@@ -44,10 +44,10 @@ from riverbed.storage.transactions import (
     kv_put_in,
     transaction,
 )
-from riverbed.subscriptions.cursors import Subscriptions
 from riverbed.subscriptions.definition import NAMESPACE as DEFINITIONS
 from riverbed.subscriptions.definition import DeliveryDefinition
 from riverbed.subscriptions.groups import MessageState
+from riverbed.subscriptions.named import Subscriptions
 from riverbed.subscriptions.provisioning import queue_topics
 from riverbed.subscriptions.queues import QueuedMessage
 from riverbed.subscriptions.shards import queue_partition, shard_partitions

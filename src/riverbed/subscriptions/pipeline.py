@@ -20,9 +20,9 @@ from riverbed.errors import Superseded
 from riverbed.storage.base import Storage
 from riverbed.storage.outage import ride_out
 from riverbed.subscriptions.batch import MainRange, QueueLayout, ShardRunner, batch_marker
-from riverbed.subscriptions.cursors import Subscriptions
 from riverbed.subscriptions.definition import Definitions, DeliveryDefinition
 from riverbed.subscriptions.endpoint import deliverer
+from riverbed.subscriptions.named import Subscriptions
 from riverbed.subscriptions.provisioning import queue_topics
 from riverbed.subscriptions.shardstate import ShardState, load_states
 from riverbed.subscriptions.step import Attempts, StepStats

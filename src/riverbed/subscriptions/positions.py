@@ -18,7 +18,7 @@ from riverbed.errors import InvalidInput
 from riverbed.log.jsonlines import EPOCH
 from riverbed.model import StreamId
 from riverbed.storage.base import StartKind
-from riverbed.subscriptions.cursors import Start
+from riverbed.subscriptions.named import Start
 
 START_FORMS = (
     "earliest (the oldest retained message), latest (only what comes next),"

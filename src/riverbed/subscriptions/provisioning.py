@@ -27,7 +27,8 @@ from typing import NamedTuple
 from riverbed.errors import AlreadyExists, NotFound, RiverbedError
 from riverbed.log.topics import Topics, validate_topic_name
 from riverbed.storage.base import StartKind, Storage, SubscriptionRecord
-from riverbed.subscriptions.cursors import (
+from riverbed.subscriptions.definition import Definitions, DeliveryDefinition, not_delivering
+from riverbed.subscriptions.named import (
     Start,
     Subscriptions,
     check_filter,
@@ -35,7 +36,6 @@ from riverbed.subscriptions.cursors import (
     same_settings,
     validate_subscription_name,
 )
-from riverbed.subscriptions.definition import Definitions, DeliveryDefinition, not_delivering
 from riverbed.subscriptions.shards import queue_partitions
 from riverbed.subscriptions.shardstate import delete_states
 from riverbed.subscriptions.splitting import check_shard_count

@@ -25,9 +25,9 @@ from riverbed.model import StreamId
 from riverbed.storage.base import StartKind, Storage
 from riverbed.storage.transactions import kv_put_in, transaction
 from riverbed.subscriptions.batch import QueueLayout, queue_rows
-from riverbed.subscriptions.cursors import Start, Subscriptions
 from riverbed.subscriptions.definition import Definitions, DeliveryDefinition, hold_definition
 from riverbed.subscriptions.groups import Action, Queue
+from riverbed.subscriptions.named import Start, Subscriptions
 from riverbed.subscriptions.provisioning import queue_topics
 from riverbed.subscriptions.reshard import Progress, change_shard_count
 from riverbed.subscriptions.shardstate import NAMESPACE, add_done, is_done, load_state, state_key
