@@ -16,20 +16,8 @@ JVM. Options are listed in `riverbed.spark.options`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from riverbed.spark.distribution import by_stream
 from riverbed.spark.options import check_shared_storage
-from riverbed.spark.session import session
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+from riverbed.spark.session import register, session
 
 __all__ = ["by_stream", "check_shared_storage", "register", "session"]
-
-
-def register(spark: SparkSession) -> None:
-    """Register the `riverbed` data source with a SparkSession."""
-    from riverbed.spark.source import RiverbedDataSource
-
-    spark.dataSource.register(RiverbedDataSource)

@@ -117,10 +117,15 @@ def session(
     spark: SparkSession = builder.getOrCreate()
     if ship if ship is not None else not is_local(master):
         spark.sparkContext.addPyFile(str(riverbed_zip()))
-    from riverbed.spark import register
-
     register(spark)
     return spark
+
+
+def register(spark: SparkSession) -> None:
+    """Register the `riverbed` data source with a SparkSession."""
+    from riverbed.spark.source import RiverbedDataSource
+
+    spark.dataSource.register(RiverbedDataSource)
 
 
 def riverbed_zip() -> Path:
