@@ -57,14 +57,12 @@ from pyspark.sql.datasource import (  # noqa: E402
     InputPartition,
 )
 
-from riverbed.log.log import Log  # noqa: E402
+from riverbed import Log, Message, Subscriptions  # noqa: E402
 from riverbed.log.partitioning import key_hash, route  # noqa: E402
-from riverbed.model import Message  # noqa: E402
 from riverbed.spark import by_stream, session  # noqa: E402
 from riverbed.spark.options import DEFAULT_PARTITION_MESSAGES  # noqa: E402
 from riverbed.spark.planning import Range, split  # noqa: E402
 from riverbed.storage.base import StartKind  # noqa: E402
-from riverbed.subscriptions import Subscriptions  # noqa: E402
 
 STREAMS = 8
 ROUNDS = 3

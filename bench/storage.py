@@ -38,12 +38,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from riverbed.log.log import Log  # noqa: E402
+from riverbed import Log, Message, Subscriptions, open_storage  # noqa: E402
 from riverbed.log.partitioning import key_hash, route  # noqa: E402
-from riverbed.model import Message, MessageIdGenerator  # noqa: E402
-from riverbed.storage import open_storage  # noqa: E402
+from riverbed.model import MessageIdGenerator  # noqa: E402
 from riverbed.storage.base import StartKind  # noqa: E402
-from riverbed.subscriptions import Subscriptions  # noqa: E402
 from riverbed.tuning import tune_process  # noqa: E402
 
 STREAMS = 8
