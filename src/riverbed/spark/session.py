@@ -90,8 +90,6 @@ def session(
         for name, value in (config or {}).items():
             builder = builder.config(name, value)
         connected: SparkSession = builder.getOrCreate()
-        from riverbed.spark import register
-
         register(connected)
         return connected
 
