@@ -322,7 +322,10 @@ class ClusterNode:
     def _bus_up(self) -> None:
         """The bus listens again (on its thread): `_regained`."""
         if self._bus_lost and self._loop is not None:
-            self._loop.call_soon_threadsafe(self._run, self._regained())
+            self._loop.call_soon_threadsafe(self._regain)
+
+    def _regain(self) -> None:
+        self._run(self._regained())
 
     def _run(self, work: Any) -> None:
         task = asyncio.create_task(work)
