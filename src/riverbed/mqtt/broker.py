@@ -125,7 +125,6 @@ class Broker:
         self.checkpoint_interval = checkpoint_interval
         self.expiry_sweep = expiry_sweep
         self.client_summary = client_summary
-        self.node_lease_ttl = node_lease_ttl
         self._arrived = 0
         self._left = 0
         """Connections made and ended since the last summary line."""
@@ -686,10 +685,6 @@ class ExitDeadline:
         if timer is not None:
             timer.cancel()
 
-    def overrun(self) -> None:
-        """Stopping took too long already: exit now."""
-        _exit_now(self.seconds)
-
 
 async def serve(
     config: BrokerConfig,
@@ -739,7 +734,7 @@ async def serve(
             # the process (seen once: SIGSEGV at the end of a test).
             await asyncio.wait_for(asyncio.get_running_loop().shutdown_default_executor(), grace)
         except TimeoutError:
-            ExitDeadline(grace).overrun()
+            _exit_now(grace)
         if deadline is None:
             watchdog.disarm()
 
