@@ -29,6 +29,14 @@ only, a user name so its sessions are kept, SessionDBPlugin for persistence).
 Every broker listens on
 127.0.0.1 only; everything started is stopped (SIGTERM, then SIGKILL by pid).
 
+`floor` (`--brokers riverbed,mosquitto,floor`): `bench/_floor_broker.py`, a
+minimal MQTT broker in Python on uvloop with Riverbed's codec, sessions in
+memory and nothing durable (its SIGKILL phase loses everything). Its CPU per
+message is the floor of a Python broker for this traffic, so its ratio to
+mosquitto tells how much of Riverbed's is Python and the event loop, and how
+much is Riverbed's own. Beside the other reports, every broker's CPU per
+message is printed with its ratio to mosquitto.
+
     .venv/bin/python bench/mqtt.py [--messages 100000] [--paced 20000]
         [--brokers riverbed,mosquitto,amqtt] [--riverbed-db sqlite|postgres]
         [--metrics on|off|both] [--acl FILE] [--rounds 1] [--transport tcp|ws|tcp,ws]
@@ -393,6 +401,17 @@ class RiverbedAcl(Riverbed):
     name = "riverbed-acl"
 
 
+class Floor(Broker):
+    """A minimal in-memory MQTT broker in Python on uvloop (bench/_floor_broker.py):
+    what any Python broker pays per message before it does anything durable."""
+
+    name = "floor"
+    v311 = False
+
+    def command(self) -> list[str]:
+        return [sys.executable, str(ROOT / "bench" / "_floor_broker.py"), "--port", str(self.port)]
+
+
 class Mosquitto(Broker):
     name = "mosquitto"
     v311 = False
@@ -738,6 +757,7 @@ def main() -> None:
         "riverbed-acl": RiverbedAcl,
         "mosquitto": Mosquitto,
         "amqtt": Amqtt,
+        "floor": Floor,
     }
     with contextlib.ExitStack() as stack:
         if args.riverbed_db == "postgres":
@@ -838,6 +858,8 @@ def compare(args: argparse.Namespace, kinds: dict[str, type[Broker]]) -> None:
             variant_ratio("metrics", rounds["riverbed"], rounds["riverbed-metrics-off"])
         if "riverbed-acl" in runs:
             variant_ratio("ACL file", rounds["riverbed-acl"], rounds["riverbed"])
+    if "mosquitto" in rounds and len(rounds) > 1:
+        mosquitto_ratios(rounds)
     if "riverbed/ws" in rounds:
         websocket_ratios(rounds)
 
@@ -848,6 +870,29 @@ def pooled(runs: list[Run], labels: list[str]) -> float:
     measured = [r.cpu[label] for r in runs for label in labels if label in r.cpu]
     msgs = sum(m for _, m in measured)
     return sum(c for c, _ in measured) / msgs if msgs else float("nan")
+
+
+def mosquitto_ratios(rounds: dict[str, list[Run]]) -> None:
+    """Every broker's CPU per message beside mosquitto's, per phase and all four
+    together, pooled over the rounds: the floor's ratio is what Python and the
+    event loop cost by themselves, the rest of Riverbed's is its own."""
+    base = rounds["mosquitto"]
+    others = [(n, max(10, len(n))) for n in rounds if n != "mosquitto"]
+    print("\n== broker CPU per message, µs, and each broker / mosquitto (pooled over rounds)")
+    print(
+        f"  {'phase':<22} {'mosquitto':>10}"
+        + "".join(f" {n:>{width}} {'/mosquitto':>10}" for n, width in others)
+    )
+    phases = [label for label in base[0].cpu if label != "after restart"]
+    for label in [*phases, "all four"]:
+        labels = phases if label == "all four" else [label]
+        theirs = pooled(base, labels)
+        line = f"  {label:<22} {theirs * 1e6:>10.1f}"
+        for n, width in others:
+            ours = pooled(rounds[n], labels)
+            ratio = ours / theirs if theirs else float("nan")
+            line += f" {ours * 1e6:>{width}.1f} {ratio:>10.2f}"
+        print(line)
 
 
 def websocket_ratios(rounds: dict[str, list[Run]]) -> None:
