@@ -25,6 +25,7 @@ import pytest
 
 from harness.broker import BrokerProcess, Client
 from harness.takeover import Takeovers
+from harness.waiting import eventually
 from riverbed.cluster.bus import node_channel
 from riverbed.sessions.store import SessionStore, node_lease
 from riverbed.storage import open_storage
@@ -201,6 +202,32 @@ def test_a_subscribe_that_finds_its_session_taken_gives_it_up(sqlite_url: str) -
         assert client.disconnects == [0x8E]  # not an error: the session is elsewhere
         assert broker.session("roaming") == taken.record  # and nothing written over it
         client.close()
+
+
+def test_a_clean_session_kept_unwritten_is_given_up_once_another_node_shares_the_file(
+    sqlite_url: str,
+) -> None:
+    """Alone on its SQLite file, a node writes no record for a session that
+    ends with its connection. Once another node serves the file, a CONNECT
+    there must find that connection by its record: at its next sweep the first
+    node sees the other and writes what it kept unwritten; the CONNECT on the
+    other node then takes the session over, and the first connection is
+    closed (0x8E)."""
+    with node(sqlite_url, expiry_sweep=1.0) as a:
+        first = Client(a.port, "eph-shared")
+        first.connect(clean=True, expiry=0)
+        assert first.paho is not None
+        first.paho._reconnect_on_failure = False  # no public setter
+        assert a.session("eph-shared") is None  # alone: kept in memory
+        with node(sqlite_url, expiry_sweep=1.0) as b:
+            eventually(lambda: a.session("eph-shared") is not None, what="the record written")
+            second = Client(b.port, "eph-shared")
+            second.connect(clean=True, expiry=0)
+            assert b.session("eph-shared") is not None  # not alone: written at CONNECT
+            assert first.wait_disconnected(30)
+            assert first.disconnects == [0x8E]
+            second.disconnect()
+        first.close()
 
 
 def test_a_node_cut_from_the_others_delivers_nothing_until_it_is_back(

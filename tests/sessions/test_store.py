@@ -14,6 +14,7 @@ from riverbed.sessions.store import (
     NEVER_EXPIRES,
     SessionRecord,
     SessionStore,
+    Stored,
     cursor_name,
     node_lease,
     qos2_marker,
@@ -170,6 +171,25 @@ def test_sessions_taken_over_elsewhere(storage: Storage) -> None:
     store.discard(gone)
     store.write(ours_again.record, ours_again.version)  # our own later write (a race)
     assert sorted(store.taken_over(mine, here="a")) == ["gone", "moved"]
+
+
+def test_a_session_not_written_yet_is_taken_over_once_another_node_writes_it(
+    storage: Storage,
+) -> None:
+    """A record never written (`Stored.version` None: it ends with its
+    connection) is not "gone"; one that another node wrote meanwhile is taken."""
+    store = SessionStore(storage)
+    store.write(record("elsewhere", "s9", node="b"), None)
+    store.write(record("ours", "s8", node="a"), None)  # our own (a race with the sweep)
+    mine: dict[str, int | None] = {"fresh": None, "elsewhere": None, "ours": None}
+    assert store.taken_over(mine, here="a") == ["elsewhere"]
+
+
+def test_discarding_a_session_never_written_touches_nothing(storage: Storage) -> None:
+    store = SessionStore(storage)
+    kept = store.write(record("c", "s1"), None)
+    store.discard(Stored(record("c", "s2"), None))
+    assert store.load("c") == kept
 
 
 @pytest.fixture

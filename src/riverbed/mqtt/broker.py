@@ -49,7 +49,7 @@ from ssl import SSLContext
 from typing import Any, Protocol, TypeVar, cast
 
 from riverbed.clock import now_us
-from riverbed.errors import CannotListen, RiverbedError
+from riverbed.errors import CannotListen, PreconditionFailed, RiverbedError
 from riverbed.log.log import Log
 from riverbed.log.retention import Retainer
 from riverbed.metrics import Counts, Metrics, Refresher
@@ -150,7 +150,9 @@ class Broker:
         )
         """This broker node's name: in the session records of its connections,
         and in its liveness lease (`sessions.store.node_lease`)."""
-        self.wills = Wills(self, self.node, cluster=isinstance(log.storage, PostgresStorage))
+        clustered = isinstance(log.storage, PostgresStorage)
+        self.wills = Wills(self, self.node, cluster=clustered)
+        self._may_defer = not clustered
         self.cluster = ClusterNode(
             self,
             self.node,
@@ -472,6 +474,31 @@ class Broker:
         """Client ids whose lock is held or awaited now (0 when no CONNECT is
         in progress)."""
         return len(self._locks)
+
+    @property
+    def defers_ephemeral(self) -> bool:
+        """Whether a session that ends with its connection (expiry 0) and has no
+        Will is written only when it first needs the store (a subscription's
+        cursors, a QoS 2 marker or window), not at CONNECT: a CONNECT that
+        commits nothing. Only on SQLite, and only while no other process serves
+        the same file (`ClusterNode.alone`): a CONNECT on another node finds the
+        connection it takes over by its record."""
+        return self._may_defer and self.cluster.alone
+
+    async def store_unwritten(self) -> None:
+        """`Host.store_unwritten`: another node came; each session kept in
+        memory is written, and one that node created meanwhile is its own."""
+        for conn in list(self.connections.values()):
+            stored = conn.stored
+            if stored is None or stored.version is not None:
+                continue
+            try:
+                await conn.store_unwritten()
+            except PreconditionFailed:
+                log.info("client %s: session taken over on another node", conn.client_id)
+                conn.close(DisconnectReason.SESSION_TAKEN_OVER)
+            except RiverbedError:
+                log.exception("client %s: writing its session failed", conn.client_id)
 
     def _held_here(self, client_id: str) -> Stored | None:
         """The record a connection here last wrote for its session (for

@@ -154,6 +154,12 @@ class Server(Services, Protocol):
         ...
 
     @property
+    def defers_ephemeral(self) -> bool:
+        """Whether a session that ends with its connection and has no Will is
+        written only when it first needs the store (`mqtt/broker.py`)."""
+        ...
+
+    @property
     def checkpoint_every(self) -> int: ...
 
     @property
@@ -367,7 +373,19 @@ class Connection(asyncio.Protocol):
             inbound = self._inbound = Inbound(self.broker, self.core, self._apply, self.quickack)
             if self.stored is not None:
                 inbound.session_id = self.stored.record.session_id
+                if self.stored.version is None:
+                    inbound.stored_first = self.store_unwritten
         return inbound
+
+    async def store_unwritten(self) -> None:
+        """Write the session's record if it was never written (it ends with
+        the connection, `Broker.defers_ephemeral`), so that what is stored in
+        its name goes with it, even after a crash."""
+        async with self.record_lock:
+            if self.stored is not None and self.stored.version is None:
+                self.stored = await asyncio.wrap_future(
+                    self.broker.writer.write(self.record(), None)
+                )
 
     @property
     def following(self) -> Following:
@@ -837,6 +855,12 @@ class Connection(asyncio.Protocol):
             node=broker.node,
             epoch=0 if stored is None else stored.record.epoch + 1,
         )
+        if stored is None and self.expiry == 0 and self.will is None and broker.defers_ephemeral:
+            # It ends with the connection and nothing of it must survive a
+            # crash: written when it first needs the store (its first write
+            # creates it), if ever. A CONNACK with no commit to wait for.
+            self.stored = Stored(record, None)
+            return False, []
         self.stored = await asyncio.wrap_future(
             broker.writer.write(record, None if stored is None else stored.version)
         )
@@ -1144,7 +1168,8 @@ class Connection(asyncio.Protocol):
         try:
             if self.expiry == 0:
                 # Ends with the connection [MQTT-4.1.0-2 with an interval of 0].
-                await asyncio.to_thread(self.broker.store.discard, stored)
+                if stored.version is not None:
+                    await asyncio.to_thread(self.broker.store.discard, stored)
                 self.stored = None
                 return
             await self._save_checkpoint(session.checkpoint(self.loop.time()), disconnected=True)

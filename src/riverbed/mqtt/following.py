@@ -421,11 +421,11 @@ class Following:
                 conn.execute(session.retained(sub, found, conn.loop.time()))
 
     async def _store_subscriptions(
-        self, record: SessionRecord, version: int, filters: list[str], taken: _Taken
+        self, record: SessionRecord, version: int | None, filters: list[str], taken: _Taken
     ) -> tuple[Stored, dict[int, int], bool]:
         """Cursors on the topics `filters` newly reach, at the positions `taken`
         holds, and the record with those topics and its subscriptions
-        (compare-and-set on `version`): one write of the session writer, in a
+        (compare-and-set on `version`; None: create it): one write of the session writer, in a
         transaction it shares with other connections' writes. Returns what was
         written, the new topics' streams to follow now with their cursors, and
         whether some stream of them waits for its lineage."""

@@ -41,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from riverbed.clock import now_us
@@ -77,6 +77,7 @@ class Inbound:
         "_refused",
         "_taken",
         "session_id",
+        "stored_first",
     )
 
     def __init__(
@@ -92,6 +93,10 @@ class Inbound:
         self._quickack = quickack
         self.session_id = ""
         """The session's id, for the QoS 2 markers (set once the session is open)."""
+        self.stored_first: Callable[[], Awaitable[None]] | None = None
+        """Writes the session's record if it was not written yet (`Stored.version`
+        None), before its first QoS 2 marker: a marker without a record would
+        outlive a crash, with nothing to find it."""
         self._acks: deque[TopicBatch | asyncio.Future[Any]] = deque()
         """The commit of each append not yet reported to the core, in arrival
         order (a batch once per message it holds)."""
@@ -188,9 +193,16 @@ class Inbound:
             self._apply(self._core.refused(reason, store_refused=True))
             return
         marker = qos2_marker(self.session_id, packet_id)
-        once = loop.run_in_executor(
-            None, append_exactly_once, self._broker.log, log_topic, message, marker
-        )
+        once: asyncio.Future[Position | None]
+        if self.stored_first is None:
+            once = loop.run_in_executor(
+                None, append_exactly_once, self._broker.log, log_topic, message, marker
+            )
+        else:
+            stored_first, self.stored_first = self.stored_first, None
+            once = loop.create_task(
+                self._stored_then_appended(stored_first, log_topic, message, marker)
+            )
         self._acks.append(once)
 
         def exactly_once(f: asyncio.Future[Position | None]) -> None:
@@ -199,6 +211,20 @@ class Inbound:
 
         once.add_done_callback(exactly_once)
         await asyncio.wait([once])
+
+    async def _stored_then_appended(
+        self,
+        stored_first: Callable[[], Awaitable[None]],
+        log_topic: str,
+        message: Message,
+        marker: str,
+    ) -> Position | None:
+        """The record written, then the message appended with its marker (a
+        failure of either refuses the PUBLISH)."""
+        await stored_first()
+        return await asyncio.to_thread(
+            append_exactly_once, self._broker.log, log_topic, message, marker
+        )
 
     async def release(self, packet_id: int) -> bool:
         """PUBREL: forget the packet id, durably before the PUBCOMP: a client may

@@ -118,6 +118,11 @@ class Host(Protocol):
         """Take no more clients, and have the broker stop (a drain)."""
         ...
 
+    async def store_unwritten(self) -> None:
+        """Another node uses the store now: write the records of the sessions
+        held in memory only (`ClusterNode.alone`)."""
+        ...
+
 
 class ClusterNode:
     """This broker among the nodes of one database (see the module)."""
@@ -157,6 +162,11 @@ class ClusterNode:
         self.drain_request: DrainRequest | None = None
         """The drain being carried out (`drain`)."""
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.alone = False
+        """No other node held a running liveness lease at the last look (start,
+        then every sweep): only then may a session that ends with its
+        connection go unwritten (`Broker.defers_ephemeral`), since no CONNECT
+        elsewhere can look for it."""
 
     # --- start and stop ------------------------------------------------------------
     async def start(self) -> None:
@@ -169,6 +179,7 @@ class ClusterNode:
             )
             await asyncio.to_thread(self.bus.start)
         await asyncio.to_thread(self._take_lease)
+        self.alone = await asyncio.to_thread(self._no_other_node)
         self._arm_fence()
         self._renewer = asyncio.create_task(self._renew(), name="riverbed-node-lease")
 
@@ -233,7 +244,30 @@ class ClusterNode:
             await self._host.adopt_wills()
         except RiverbedError:
             log.exception("looking for the wills of nodes that are gone failed")
+        await self._look_for_others()
         await self._let_go_of_taken_over()
+
+    def _no_other_node(self) -> bool:
+        """Whether no other node holds a running liveness lease (blocking)."""
+        at = now_us()
+        return all(
+            name == self.name or lease.expired(at)
+            for name, lease in self._host.store.node_leases().items()
+        )
+
+    async def _look_for_others(self) -> None:
+        """Whether this node is still alone; if another came, the sessions it
+        kept unwritten are written now (one a CONNECT there created meanwhile
+        is found taken over)."""
+        try:
+            alone = await asyncio.to_thread(self._no_other_node)
+        except RiverbedError:
+            log.exception("looking for other nodes failed")
+            alone = False
+        was, self.alone = self.alone, alone
+        if was and not alone:
+            log.info("node %s: another node shares the store; all sessions are stored", self.name)
+            await self._host.store_unwritten()
 
     # --- the liveness lease and the fence ------------------------------------------
     def _lease_ttl_us(self) -> int:
@@ -493,7 +527,7 @@ class ClusterNode:
             if (
                 conn is not None
                 and conn.stored is not None
-                and conn.stored.version <= mine[client_id]
+                and _not_written_since(conn.stored.version, mine[client_id])
             ):
                 log.info("client %s: session taken over on another node", client_id)
                 conn.close(DisconnectReason.SESSION_TAKEN_OVER)
@@ -523,3 +557,12 @@ class ClusterNode:
         self.drain_request = request
         log.info("node %s: draining (asked by riverbed cluster drain)", self.name)
         self._host.stop_listening()
+
+
+def _not_written_since(now: int | None, seen: int | None) -> bool:
+    """Whether a connection's record is still the one `taken_over` was asked
+    about (the version then, `seen`; None: not written yet). One it wrote
+    since is checked again at the next sweep."""
+    if now is None:
+        return True
+    return seen is not None and now <= seen

@@ -195,10 +195,13 @@ class Backlog:
 
 @dataclass(frozen=True, slots=True)
 class Stored:
-    """A record with the KV version it was read or written at (its incarnation)."""
+    """A record with the KV version it was read or written at (its incarnation).
+    Version None: not written yet (a session that ends with its connection is
+    stored only once it needs to be, `Broker.defers_ephemeral`); its first write
+    creates it."""
 
     record: SessionRecord
-    version: int
+    version: int | None
 
 
 class SessionStore:
@@ -253,18 +256,19 @@ class SessionStore:
         that crashed is offline (and expires counting from when it was last seen)."""
         return record.connected and record.node is not None and record.node in live_nodes
 
-    def taken_over(self, mine: Mapping[str, int], here: str) -> list[str]:
+    def taken_over(self, mine: Mapping[str, int | None], here: str) -> list[str]:
         """Of the sessions this node holds (`mine`: client id -> the version of
-        our last write), those another node has taken over since: their record
-        rewritten by a connection elsewhere, or gone."""
+        our last write, None for a record not written yet), those another node
+        has taken over since: their record written by a connection elsewhere,
+        or gone."""
         current = {e.key: e for e in self.storage.kv_list(NAMESPACE)}
         out: list[str] = []
         for client_id, version in mine.items():
             entry = current.get(client_id)
-            gone = entry is None
+            gone = entry is None and version is not None
             rewritten = (
                 entry is not None
-                and entry.version > version
+                and (version is None or entry.version > version)
                 and SessionRecord.from_json(entry.value).node != here
             )
             if gone or rewritten:
@@ -338,7 +342,10 @@ class SessionStore:
         """Delete the session: its record (if still at this version;
         `PreconditionFailed` otherwise, and everything stays), then its cursors
         and QoS 2 markers. A crash in between leaves those behind, without a
-        record: `drop_orphans` finds them."""
+        record: `drop_orphans` finds them. A record never written has nothing
+        stored."""
+        if stored.version is None:
+            return
         self.storage.kv_delete_if_version(NAMESPACE, stored.record.client_id, stored.version)
         self.drop_cursors(stored.record.session_id, stored.record.topics)
         self.drop_markers(stored.record.session_id)
