@@ -485,6 +485,14 @@ class Broker:
         connection it takes over by its record."""
         return self._may_defer and self.cluster.alone
 
+    def unwritten_sessions(self) -> int:
+        """`Services.unwritten_sessions`."""
+        return sum(
+            1
+            for conn in self.connections.values()
+            if conn.stored is not None and conn.stored.version is None
+        )
+
     async def store_unwritten(self) -> None:
         """`Host.store_unwritten`: another node came; each session kept in
         memory is written, and one that node created meanwhile is its own."""

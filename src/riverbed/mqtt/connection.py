@@ -296,7 +296,8 @@ class Connection(asyncio.Protocol):
         self.session: Session | None = None
         self.stored: Stored | None = None
         self.connected_us: int | None = None
-        """When the CONNACK accepting it went out (µs since the epoch)."""
+        """When its session was opened for it, just before the CONNACK went out
+        (µs since the epoch; the record's `seen_us` then, one int for both)."""
         self.closing = False
         self._done: asyncio.Event | None = None
         self._finished = False
@@ -757,7 +758,7 @@ class Connection(asyncio.Protocol):
         # The CONNACK first (with whatever the packets read meanwhile answer at
         # once); what the session sends follows it, then those packets' effects.
         self._now(effects[0])
-        self.connected_us = now_us()
+        self.connected_us = self.stored.record.seen_us
         self._arm_alive()
         # Per connection: debug (docs/broker.md, Logging), else a broker with many
         # clients coming and going logs little else.

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -155,7 +156,7 @@ class Following:
         topics: list[str],
         *,
         start_us: int | None,
-        dup: dict[int, int],
+        dup: Mapping[int, int],
         crashed: bool,
     ) -> list[Event]:
         """Make sure the session has cursors on `topics`; return Follow events for

@@ -93,6 +93,11 @@ class Services(Protocol):
         """Client id -> the connection holding its session on this node."""
         ...
 
+    def unwritten_sessions(self) -> int:
+        """Sessions of connections here that are not stored yet (they end with
+        their connection: `Broker.defers_ephemeral`), for counts of all sessions."""
+        ...
+
     async def read(self, read: Callable[..., T], *args: object) -> T:
         """A storage read for a connection (never a write)."""
         ...

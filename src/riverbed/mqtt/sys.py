@@ -240,12 +240,18 @@ class SysPublisher:
         """Publish the values that changed; trim the `sys` topic if the
         broker's retention is off."""
         broker = self.broker
-        stored = await asyncio.to_thread(_stored_counts, broker)
+        unwritten = broker.unwritten_sessions()  # on the loop, beside the connections
+        sessions, disconnected, subscriptions, retained = await asyncio.to_thread(
+            _stored_counts, broker
+        )
         counts = broker.counts  # the ones the Prometheus metrics read too
         counters = Counters(
             time.monotonic(),
             len(broker.connections),
-            *stored,
+            sessions + unwritten,
+            disconnected,
+            subscriptions,
+            retained,
             counts.committed,
             sum(counts.publish_out),
             counts.bytes_in,

@@ -31,6 +31,7 @@ import contextlib
 import json
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 
 from riverbed.clock import now_us
 from riverbed.errors import AlreadyExists, NotFound, PreconditionFailed, SubscriptionNotFound
@@ -83,6 +84,11 @@ def node_lease(node: str) -> str:
     return NODE_LEASE_PREFIX + node
 
 
+NOTHING_SENT: Mapping[int, int] = MappingProxyType({})
+"""`SessionRecord.sent` of a record that has sent nothing: one shared empty
+mapping, not an empty dict per session."""
+
+
 @dataclass(frozen=True, slots=True)
 class SessionRecord:
     """What survives a session's connection and the broker."""
@@ -99,8 +105,9 @@ class SessionRecord:
     subscriptions: tuple[Subscription, ...] = ()
     topics: tuple[str, ...] = ()
     """Topics the session has cursors on (named subscriptions)."""
-    sent: dict[int, int] = field(default_factory=dict)
-    """Per stream key, the offset below which messages may have been sent."""
+    sent: Mapping[int, int] = field(default_factory=lambda: NOTHING_SENT)
+    """Per stream key, the offset below which messages may have been sent
+    (never changed in place: a new record gets a new mapping)."""
     qos2: tuple[WindowEntry, ...] = ()
     """The outgoing QoS 2 window (`sessions/qos2.py`)."""
     will: str | None = None
