@@ -7,7 +7,8 @@
   Parquet directory, as a streaming query (AvailableNow, noop) and as a batch read;
 - sink: a cached DataFrame of (key, payload) written to a topic with
   `df.write.format("riverbed")`, as it comes (every task writes every stream)
-  and planned by stream (`riverbed.spark.by_stream`: one stream, one task),
+  and planned by stream (`riverbed.spark.by_stream`: one stream, one task; and
+  one task per core, each writing streams no other task writes),
   against a raw bulk load of the same rows with the same driver outside Spark
   (PostgreSQL: one ADBC transaction, `adbc_ingest` into `messages`; SQLite: the
   storage's own bulk load, ADBC staging and one copy) and, for context, the same
@@ -408,6 +409,10 @@ def measure(
         log.topics.create(f"sink-plan-{id(frame)}", partitions=STREAMS)
     planned = by_stream(frame, f"sink-plan-{id(frame)}", url).cache()
     planned.count()
+    # The same plan in one partition per core: each task writes several
+    # streams, still disjoint from the other tasks', with fewer tasks to start.
+    per_core = by_stream(frame, f"sink-plan-{id(frame)}", url, os.cpu_count() or 2).cache()
+    per_core.count()
 
     def sink(data: Any) -> Callable[[], None]:
         def write() -> None:
@@ -428,6 +433,7 @@ def measure(
         ("memory stream", memory_stream),
         ("riverbed sink", sink(frame)),
         ("riverbed sink by stream", sink(planned)),
+        ("riverbed sink by stream, per core", sink(per_core)),
     ]
     if with_parquet:
         cases += [
@@ -443,6 +449,7 @@ def measure(
             best(results, name, timed(case))
     frame.unpersist()
     planned.unpersist()
+    per_core.unpersist()
     return results
 
 
@@ -516,6 +523,12 @@ def report(
     ratios = [
         ("source: riverbed stream / memory source", "riverbed stream", "memory stream", 0.9),
         ("sink by stream / raw bulk load", "riverbed sink by stream", "raw bulk load", 0.8),
+        (
+            "sink by stream, per core / raw bulk load",
+            "riverbed sink by stream, per core",
+            "raw bulk load",
+            0.8,
+        ),
         ("sink as it comes / raw bulk load", "riverbed sink", "raw bulk load", None),
         ("source: riverbed stream / parquet stream", "riverbed stream", "parquet stream", None),
         ("source: riverbed stream / parquet batch", "riverbed stream", "parquet batch", None),
