@@ -164,9 +164,9 @@ class ClusterNode:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.alone = False
         """No other node held a running liveness lease at the last look (start,
-        then every sweep): only then may a session that ends with its
-        connection go unwritten (`Broker.defers_ephemeral`), since no CONNECT
-        elsewhere can look for it."""
+        then every sweep; SQLite only): only then may a session that ends with
+        its connection go unwritten (`Broker.defers_ephemeral`), since no
+        CONNECT elsewhere can look for it."""
 
     # --- start and stop ------------------------------------------------------------
     async def start(self) -> None:
@@ -179,7 +179,8 @@ class ClusterNode:
             )
             await asyncio.to_thread(self.bus.start)
         await asyncio.to_thread(self._take_lease)
-        self.alone = await asyncio.to_thread(self._no_other_node)
+        if self.bus is None:  # with a bus (PostgreSQL) every record is written anyway
+            self.alone = await asyncio.to_thread(self._no_other_node)
         self._arm_fence()
         self._renewer = asyncio.create_task(self._renew(), name="riverbed-node-lease")
 
@@ -258,7 +259,9 @@ class ClusterNode:
     async def _look_for_others(self) -> None:
         """Whether this node is still alone; if another came, the sessions it
         kept unwritten are written now (one a CONNECT there created meanwhile
-        is found taken over)."""
+        is found taken over). Not with a bus: PostgreSQL writes every record."""
+        if self.bus is not None:
+            return
         try:
             alone = await asyncio.to_thread(self._no_other_node)
         except RiverbedError:
