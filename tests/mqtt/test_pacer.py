@@ -5,15 +5,18 @@ stand-ins with the two methods the pacer calls."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 import pytest
+import uvloop
 
 from harness.waiting import eventually_async
 from riverbed.log.log import Log
 from riverbed.model import Message, StreamId
 from riverbed.mqtt.pacer import CommitPacer, TopicBatch
+
+Runner = Callable[[Coroutine[Any, Any, Any]], Any]
 
 
 class FakeInbound:
@@ -59,11 +62,14 @@ def log(sqlite_url: str) -> Iterator[Log]:
         yield opened
 
 
-def _run(coro: Any) -> Any:
-    return asyncio.run(coro)
+@pytest.fixture(params=["asyncio", "uvloop"])
+def run(request: pytest.FixtureRequest) -> Runner:
+    """Runs a scenario on asyncio's own loop, then on uvloop's (the broker's),
+    whose handles are not asyncio's classes."""
+    return asyncio.run if request.param == "asyncio" else uvloop.run
 
 
-def test_connections_of_one_loop_turn_share_one_commit(log: Log) -> None:
+def test_connections_of_one_loop_turn_share_one_commit(log: Log, run: Runner) -> None:
 
     async def go() -> tuple[FakeInbound, FakeInbound]:
         pacer = CommitPacer(log, interval=0.0)
@@ -76,7 +82,7 @@ def test_connections_of_one_loop_turn_share_one_commit(log: Log) -> None:
         await asyncio.sleep(0)  # the scenario: the loop turn ends
         return a, b
 
-    a, b = _run(go())
+    a, b = run(go())
     ((batch_a,), (batch_b,)) = a.done, b.done
     (stream,) = {s for s, _ in _positions(batch_a) + _positions(batch_b)}
     # One commit: consecutive offsets, in the order the connections asked.
@@ -85,7 +91,7 @@ def test_connections_of_one_loop_turn_share_one_commit(log: Log) -> None:
     assert _payloads(log, stream) == [b"a1", b"a2", b"b1"]
 
 
-def test_a_commit_soon_after_another_waits_for_the_interval(log: Log) -> None:
+def test_a_commit_soon_after_another_waits_for_the_interval(log: Log, run: Runner) -> None:
     interval = 0.2
 
     async def go() -> tuple[list[float], list[bool], FakeInbound]:
@@ -104,7 +110,7 @@ def test_a_commit_soon_after_another_waits_for_the_interval(log: Log) -> None:
         await eventually_async(lambda: len(c.done) >= 2, what="the second commit")
         return [first, *c.committed_at], waits, c
 
-    (first, t1, t2), waits, c = _run(go())
+    (first, t1, t2), waits, c = run(go())
     assert waits == [False, True, True]
     assert t1 <= first
     assert t2 - t1 >= interval * 0.9  # the loop clock's granularity
@@ -113,7 +119,7 @@ def test_a_commit_soon_after_another_waits_for_the_interval(log: Log) -> None:
     assert _payloads(log, stream) == [b"1", b"2", b"3"]
 
 
-def test_commit_now_does_not_wait_for_the_interval(log: Log) -> None:
+def test_commit_now_does_not_wait_for_the_interval(log: Log, run: Runner) -> None:
 
     async def go() -> FakeInbound:
         pacer = CommitPacer(log, interval=10.0)
@@ -128,11 +134,11 @@ def test_commit_now_does_not_wait_for_the_interval(log: Log) -> None:
         pacer.commit_now()  # nothing waiting: nothing happens
         return c
 
-    c = _run(go())
+    c = run(go())
     assert [len(b.messages) for b in c.done] == [1, 1]
 
 
-def test_one_connections_bad_batch_does_not_refuse_the_others(log: Log) -> None:
+def test_one_connections_bad_batch_does_not_refuse_the_others(log: Log, run: Runner) -> None:
     log.topics.create("bound", 1, binding="sensors/#")
 
     async def go() -> tuple[FakeInbound, FakeInbound]:
@@ -145,7 +151,7 @@ def test_one_connections_bad_batch_does_not_refuse_the_others(log: Log) -> None:
         await asyncio.sleep(0)  # the scenario: the loop turn ends
         return good, bad
 
-    good, bad = _run(go())
+    good, bad = run(go())
     assert good.done[0].error is None and good.done[0].positions is not None
     error = bad.done[0].error
     assert error is not None and "other/1" in str(error) and "sensors/#" in str(error)

@@ -93,7 +93,7 @@ class TopicBatch:
 class CommitPacer:
     """Commits the connections' batches, at most once per `interval` seconds."""
 
-    __slots__ = ("_handle", "_interval", "_last", "_log", "_waiting")
+    __slots__ = ("_handle", "_interval", "_last", "_log", "_timed", "_waiting")
 
     def __init__(self, log: Log, interval: float) -> None:
         self._log = log
@@ -103,22 +103,25 @@ class CommitPacer:
         self._waiting: dict[Inbound, None] = {}
         """Connections with batches to commit, in the order they asked."""
         self._handle: asyncio.Handle | None = None
+        self._timed = False
+        """`_handle` waits for the interval (asked for with `call_later`). Kept
+        here: uvloop's timer handles are not `asyncio.TimerHandle`s."""
 
     def want(self, inbound: Inbound) -> bool:
         """`inbound` has batches: commit them at the end of this loop turn, or
         when the interval since the last commit has passed. True if they wait
         for that."""
         self._waiting[inbound] = None
-        handle = self._handle
-        if handle is not None:
-            return isinstance(handle, asyncio.TimerHandle)
+        if self._handle is not None:
+            return self._timed
         loop = asyncio.get_running_loop()
         wait = self._last + self._interval - loop.time()
-        if wait > 0:
+        self._timed = wait > 0
+        if self._timed:
             self._handle = loop.call_later(wait, self.commit_now)
-            return True
-        self._handle = loop.call_soon(self.commit_now)
-        return False
+        else:
+            self._handle = loop.call_soon(self.commit_now)
+        return self._timed
 
     def commit_now(self) -> None:
         """Commit everything waiting, now (also for a PUBLISH that must come
