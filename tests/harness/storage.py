@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+import sqlite3
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import psycopg
 
 from riverbed.model import MessageIdGenerator, encode_properties
 from riverbed.storage import Storage
@@ -95,3 +100,18 @@ def check_writers(payloads: list[bytes]) -> dict[int, list[int]]:
     for writer, sequences in by_writer.items():
         assert sequences == sorted(sequences), f"writer {writer}'s messages are out of order"
     return by_writer
+
+
+@contextlib.contextmanager
+def raw_connection(url: str) -> Iterator[Any]:
+    """A plain driver connection to the database at `url` in autocommit mode,
+    for SQL behind the storage's back (a schema as an older version left it)."""
+    if url.startswith("sqlite:///"):
+        conn = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
+        try:
+            yield conn
+        finally:
+            conn.close()
+    else:
+        with psycopg.connect(url, autocommit=True) as pg:
+            yield pg

@@ -5,13 +5,9 @@ topic's retention and limits; and a database made before the limit existed
 
 from __future__ import annotations
 
-import contextlib
-import sqlite3
-from collections.abc import Iterator
-
-import psycopg
 import pytest
 
+from harness.storage import raw_connection
 from riverbed.errors import InvalidInput, TopicNotFound
 from riverbed.log.log import Log
 from riverbed.log.partitioning import key_hash, route
@@ -225,27 +221,13 @@ def _mine() -> int:
     return next(i for i, m in enumerate(MIGRATIONS) if any("max_bytes" in s for s in m))
 
 
-@contextlib.contextmanager
-def _raw(url: str) -> Iterator[object]:
-    """A plain driver connection in autocommit mode, for SQL behind the storage's back."""
-    if url.startswith("sqlite:///"):
-        conn = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
-        try:
-            yield conn
-        finally:
-            conn.close()
-    else:
-        with psycopg.connect(url, autocommit=True) as pg:
-            yield pg
-
-
 def test_a_database_from_before_the_byte_limit_opens_and_takes_it(
     storage_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with monkeypatch.context() as patch:
         patch.setattr(sql_core, "MIGRATIONS", MIGRATIONS[: _mine()])
         open_storage(storage_url).close()  # the schema as it was before
-    with _raw(storage_url) as conn:
+    with raw_connection(storage_url) as conn:
         for statement in (
             "INSERT INTO topics (name, binding, retention_us, retention_policy, produce_pointer,"
             " created_us, max_age_us, max_messages)"
@@ -254,7 +236,7 @@ def test_a_database_from_before_the_byte_limit_opens_and_takes_it(
             "INSERT INTO streams (topic, generation, part, start_offset, next_offset, sealed)"
             " VALUES ('t', 0, 0, 0, 0, 0)",
         ):
-            conn.execute(statement)  # type: ignore[attr-defined]
+            conn.execute(statement)
 
     with Log.open(storage_url) as log:
         record = log.topics.get("t")

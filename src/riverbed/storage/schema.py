@@ -110,6 +110,14 @@ MIGRATIONS: list[list[str]] = [
     [
         "ALTER TABLE topics ADD COLUMN key_mode {text} NOT NULL DEFAULT 'client-id'",
     ],
+    # 7: no index of cursors by stream. Retention's one query by stream names
+    # the subscriptions too (`subscription IN (...)`), which the primary key
+    # answers; and the index cost every new subscription a leaf page per
+    # stream: on SQLite, 16 of the 20-odd pages a session's first SUBSCRIBE
+    # wrote for `mqtt`'s 16 partitions.
+    [
+        "DROP INDEX IF EXISTS cursors_by_stream",
+    ],
 ]
 
 MESSAGE_COLUMNS = "off, id, ts, mqtt_topic, key, payload, properties, qos, retain"
