@@ -34,8 +34,11 @@ minimal MQTT broker in Python on uvloop with Riverbed's codec, sessions in
 memory and nothing durable (its SIGKILL phase loses everything). Its CPU per
 message is the floor of a Python broker for this traffic, so its ratio to
 mosquitto tells how much of Riverbed's is Python and the event loop, and how
-much is Riverbed's own. Beside the other reports, every broker's CPU per
-message is printed with its ratio to mosquitto.
+much is Riverbed's own. `floor-durable` is the same broker with `--durable`,
+doing the least durable work Riverbed's guarantees need (a SQLite log and
+session rows, commits paced as Riverbed's, PUBACKs after them): the floor of a
+durable Python broker. Beside the other reports, every broker's CPU per message
+is printed with its ratio to mosquitto.
 
     .venv/bin/python bench/mqtt.py [--messages 100000] [--paced 20000]
         [--brokers riverbed,mosquitto,amqtt] [--riverbed-db sqlite|postgres]
@@ -412,6 +415,19 @@ class Floor(Broker):
         return [sys.executable, str(ROOT / "bench" / "_floor_broker.py"), "--port", str(self.port)]
 
 
+class FloorDurable(Floor):
+    """The floor broker with `--durable`: its log and sessions in SQLite, what
+    a Python broker pays per message for the least durable work that Riverbed's
+    guarantees need."""
+
+    name = "floor-durable"
+
+    def command(self) -> list[str]:
+        data = self.workdir / "floor"
+        data.mkdir(exist_ok=True)
+        return [*super().command(), "--durable", str(data)]
+
+
 class Mosquitto(Broker):
     name = "mosquitto"
     v311 = False
@@ -758,6 +774,7 @@ def main() -> None:
         "mosquitto": Mosquitto,
         "amqtt": Amqtt,
         "floor": Floor,
+        "floor-durable": FloorDurable,
     }
     with contextlib.ExitStack() as stack:
         if args.riverbed_db == "postgres":

@@ -25,10 +25,13 @@ Brokers: Riverbed (`riverbed serve`, SQLite in a temp dir, or a database on a
 throwaway PostgreSQL server with `--riverbed-db postgres`), mosquitto (Debian
 package, persistence on), started and stopped as `bench/mqtt.py` does; `floor`
 (`bench/_floor_broker.py`: sessions in memory, nothing durable) for what a
-Python broker on uvloop costs without writing anything.
+Python broker on uvloop costs without writing anything, and `floor-durable`
+(the same with `--durable`: each session's row in SQLite, its CONNACK, SUBACK
+after the commit) for what it costs writing no more than Riverbed's guarantees
+need.
 
-    .venv/bin/python bench/sessions.py [--sequential 2000] [--storm 5000]
-        [--concurrency 500] [--brokers riverbed,mosquitto[,floor]] [--riverbed-db sqlite|postgres]
+    .venv/bin/python bench/sessions.py [--sequential 2000] [--storm 5000] [--concurrency 500]
+        [--brokers riverbed,mosquitto[,floor,floor-durable]] [--riverbed-db sqlite|postgres]
 
 Targets (issue 17): Riverbed at least 0.5x mosquitto's rate in (a) and (c), and
 CONNACK p99 at most 1 s in the storm.
@@ -54,10 +57,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness.postgres import PostgresServer
 from harness.raw_mqtt import AsyncRawClient
-from mqtt import Broker, Floor, Mosquitto, Riverbed  # bench/mqtt.py
+from mqtt import Broker, Floor, FloorDurable, Mosquitto, Riverbed  # bench/mqtt.py
 
 EXPIRY = 86_400
 TIMEOUT = 60.0
+FLOORS = {
+    "floor": "a Python broker with sessions in memory",
+    "floor-durable": "the same, its sessions' rows in SQLite",
+}
+"""The floor brokers, compared with mosquitto and Riverbed at the end."""
 
 
 class Refused(Exception):
@@ -216,7 +224,12 @@ def main() -> None:
         f" at {args.concurrency} concurrent; Riverbed on {args.riverbed_db}",
         flush=True,
     )
-    kinds: dict[str, type[Broker]] = {"riverbed": Riverbed, "mosquitto": Mosquitto, "floor": Floor}
+    kinds: dict[str, type[Broker]] = {
+        "riverbed": Riverbed,
+        "mosquitto": Mosquitto,
+        "floor": Floor,
+        "floor-durable": FloorDurable,
+    }
     results: dict[str, Result] = {}
     with contextlib.ExitStack() as stack:
         if args.riverbed_db == "postgres" and "riverbed" in args.brokers:
@@ -243,13 +256,14 @@ def main() -> None:
         print(f"  {phase:<11} Riverbed / mosquitto {ratio:5.2f}{mark}   (CPU each {cost:.0f}x)")
     p99 = r.p99("storm")
     print(f"  storm CONNACK p99 {p99 * 1000:.0f} ms{'  ok' if p99 <= 1.0 else '  MISSED (<= 1 s)'}")
-    f = results.get("floor")
-    if f is None or "storm" not in f.rows:
-        return
-    print("\n== the floor (a Python broker with sessions in memory): floor / mosquitto")
-    for phase in ("sequential", "stored", "storm"):
-        ratio, ours = f.rate(phase) / m.rate(phase), r.rate(phase) / f.rate(phase)
-        print(f"  {phase:<11} floor / mosquitto {ratio:5.2f}   Riverbed / floor {ours:5.2f}")
+    for name, what in FLOORS.items():
+        f = results.get(name)
+        if f is None or "storm" not in f.rows:
+            continue
+        print(f"\n== the floor ({what}): {name} / mosquitto")
+        for phase in ("sequential", "stored", "storm"):
+            ratio, ours = f.rate(phase) / m.rate(phase), r.rate(phase) / f.rate(phase)
+            print(f"  {phase:<11} {name} / mosquitto {ratio:5.2f}   Riverbed / {name} {ours:5.2f}")
 
 
 if __name__ == "__main__":
