@@ -146,6 +146,18 @@ class Positions(Sequence[Position]):
         layout = self._layout
         return layout.streams[j], self._firsts[layout.keys[j]] + self._indexes[index]
 
+    def run(self, start: int, count: int) -> Position | None:
+        """Where messages `start` to `start + count` (at least one) begin, when
+        they all went to one stream one after another (message `start + i` at
+        that offset plus i): the common case of a batch whose messages share a
+        key, answered without a lookup per message. None otherwise."""
+        targets = self._targets
+        if len(targets) != 1 or count < 1:
+            return None
+        layout = self._layout
+        j = targets[0]
+        return layout.streams[j], self._firsts[layout.keys[j]] + self._indexes[start]
+
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Sequence):
             return list(self) == list(other)

@@ -47,9 +47,14 @@ from typing import Any
 from riverbed.clock import now_us
 from riverbed.errors import RiverbedError
 from riverbed.log.appender import Position, store_refused
-from riverbed.model import Message, StoredMessage, StreamId
+from riverbed.model import Message
 from riverbed.mqtt.codec import MQTT_5, PubackReason, Publish
-from riverbed.mqtt.messages import append_exactly_once, committed_row, message_from_publish
+from riverbed.mqtt.messages import (
+    append_exactly_once,
+    committed_row,
+    committed_runs,
+    message_from_publish,
+)
 from riverbed.mqtt.pacer import TopicBatch, refusal_reason
 from riverbed.mqtt.ports import Services
 from riverbed.mqtt.protocol import ConnectionCore
@@ -241,22 +246,8 @@ class Inbound:
         if positions is not None:
             broker = self._broker
             broker.counts.committed += len(batch.messages)
-            # One run per stream of what this batch added there in a row: a key
-            # mode that spreads (`none`, keys per topic) interleaves streams
-            # message by message, and routing each message alone costs a wake-up
-            # of each waiting session per message.
             fanout = broker.fanout
-            runs: dict[StreamId, tuple[int, list[StoredMessage]]] = {}
-            for i, message in enumerate(batch.messages, batch.start):
-                stream, offset = positions[i]
-                run = runs.get(stream)
-                if run is not None:
-                    if offset == run[0] + len(run[1]):
-                        run[1].append(committed_row(message, offset))
-                        continue
-                    fanout.committed(stream, *run)  # a gap: others appended between
-                runs[stream] = (offset, [committed_row(message, offset)])
-            for stream, (first, rows) in runs.items():
+            for stream, first, rows in committed_runs(batch.messages, positions, batch.start):
                 fanout.committed(stream, first, rows)
         self._send_acks()
         if self._batches:
@@ -268,7 +259,9 @@ class Inbound:
         if position is not None:
             self._broker.counts.committed += 1
             stream, offset = position
-            self._broker.fanout.committed(stream, offset, [committed_row(message, offset)])
+            self._broker.fanout.committed(
+                stream, offset, [committed_row(message, offset, now_us())]
+            )
         self._send_acks()
 
     def _send_acks(self) -> None:

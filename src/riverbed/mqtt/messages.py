@@ -24,15 +24,16 @@ import functools
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 
-from riverbed.log.appender import Position
+from riverbed.log.appender import Position, Positions
 from riverbed.log.log import Log
 from riverbed.log.topics import KeyKind, KeyMode
 from riverbed.model import (
     Message,
     PropertyValue,
     StoredMessage,
+    StreamId,
     decode_properties,
     encode_properties,
 )
@@ -185,14 +186,14 @@ def _properties(
     )
 
 
-def committed_row(message: Message, offset: int) -> StoredMessage:
+def committed_row(message: Message, offset: int, at_us: int) -> StoredMessage:
     """A message this broker just committed at `offset`, as the fan-out hands it to
     sessions without reading it back (the id is not needed for delivery; the
-    time is the commit's, within milliseconds of the stored one)."""
+    time `at_us` is the commit's, within milliseconds of the stored one)."""
     return StoredMessage(
         offset,
         b"",
-        time.time_ns() // 1000,  # riverbed.clock.now_us, inline: once per message
+        at_us,
         message.mqtt_topic,
         message.key,
         message.payload,
@@ -200,6 +201,38 @@ def committed_row(message: Message, offset: int) -> StoredMessage:
         message.qos,
         int(message.retain),
     )
+
+
+def committed_runs(
+    messages: Sequence[Message], positions: Sequence[Position], start: int = 0
+) -> Iterator[tuple[StreamId, int, list[StoredMessage]]]:
+    """Committed `messages` (message i at `positions[start + i]`) as the fan-out
+    takes them (`Fanout.committed`): one run of rows per stream and
+    consecutive offsets, a run given as soon as a gap ends it (others
+    appended in between), the rest in the order their streams came. One run
+    per stream, not one per message: a key mode that spreads (`none`, keys per
+    topic) interleaves streams message by message, and routing each message
+    alone costs a wake-up of each waiting session per message."""
+    if not messages:
+        return
+    at_us = time.time_ns() // 1000  # riverbed.clock.now_us, inline: once per commit
+    one = positions.run(start, len(messages)) if isinstance(positions, Positions) else None
+    if one is not None:  # one stream, in order: no lookup per message
+        stream, first = one
+        yield stream, first, [committed_row(m, first + i, at_us) for i, m in enumerate(messages)]
+        return
+    runs: dict[StreamId, tuple[int, list[StoredMessage]]] = {}
+    for i, message in enumerate(messages, start):
+        stream, offset = positions[i]
+        run = runs.get(stream)
+        if run is not None:
+            if offset == run[0] + len(run[1]):
+                run[1].append(committed_row(message, offset, at_us))
+                continue
+            yield stream, *run
+        runs[stream] = (offset, [committed_row(message, offset, at_us)])
+    for stream, (first, rows) in runs.items():
+        yield stream, first, rows
 
 
 def append_exactly_once(bus: Log, log_topic: str, message: Message, marker: str) -> Position | None:

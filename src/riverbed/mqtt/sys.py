@@ -49,8 +49,8 @@ from riverbed.clock import now_us
 from riverbed.errors import AlreadyExists, BindingOverlap, RiverbedError, TopicNotFound
 from riverbed.log.retention import apply_retention
 from riverbed.log.topics import KeyKind, KeyMode
-from riverbed.model import Message, StoredMessage, StreamId
-from riverbed.mqtt.messages import committed_row
+from riverbed.model import Message, StreamId
+from riverbed.mqtt.messages import committed_runs
 from riverbed.mqtt.ports import Services
 from riverbed.mqtt.retained import NAMESPACE as RETAINED_NAMESPACE
 from riverbed.storage.base import RetentionPolicy
@@ -305,16 +305,7 @@ def _route(
     broker: Services, positions: Sequence[tuple[StreamId, int]], messages: Sequence[Message]
 ) -> None:
     """Hand the committed messages to the fan-out, one run per stream."""
-    runs: dict[StreamId, tuple[int, list[StoredMessage]]] = {}
-    for (stream, offset), message in zip(positions, messages, strict=True):
-        run = runs.get(stream)
-        if run is not None and offset == run[0] + len(run[1]):
-            run[1].append(committed_row(message, offset))
-            continue
-        if run is not None:
-            broker.fanout.committed(stream, *run)
-        runs[stream] = (offset, [committed_row(message, offset)])
-    for stream, (first, rows) in runs.items():
+    for stream, first, rows in committed_runs(messages, positions):
         broker.fanout.committed(stream, first, rows)
 
 

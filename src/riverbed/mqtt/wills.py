@@ -386,6 +386,6 @@ class Wills:
             return False
         assert position is not None
         stream, offset = position
-        broker.fanout.committed(stream, offset, [committed_row(message, offset)])
+        broker.fanout.committed(stream, offset, [committed_row(message, offset, now_us())])
         log.info("client %s: will published to %r", client_id, will.topic)
         return True
