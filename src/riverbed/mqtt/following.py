@@ -411,9 +411,17 @@ class Following:
         subscription has gone (UNSUBSCRIBE) or changed (a SUBSCRIBE replaced it)
         since."""
         conn = self.conn
+        retained = conn.broker.retained
+        # On an embedded database, whether there is any is looked up here, on
+        # the loop (an indexed row or two: most SUBSCRIBEs find none and need
+        # no hand-over to a thread); what matches is read in a worker thread,
+        # as a `#` may match many.
+        look_first = conn.broker.log.storage.appends_inline
         for sub in subscriptions:
             try:
-                found = await asyncio.to_thread(conn.broker.retained.matching, sub.topic_filter)
+                if look_first and not retained.any_under(sub.topic_filter):
+                    continue
+                found = await asyncio.to_thread(retained.matching, sub.topic_filter)
             except RiverbedError:
                 log.exception("client %s: reading retained messages failed", conn.client_id)
                 return

@@ -80,6 +80,19 @@ class RetainedStore:
         entry = self.storage.kv_get(NAMESPACE, topic)
         return None if entry is None else _stored(entry.key, entry.value)
 
+    def any_under(self, topic_filter: str) -> bool:
+        """Whether a topic name under the filter's literal prefix has a retained
+        message: true whenever `matching` finds one (and sometimes when it does
+        not), at the cost of one or two indexed rows, where `matching` reads
+        everything under the prefix. Most SUBSCRIBEs find none."""
+        prefix = _prefix(topic_filter)
+        if not prefix:
+            return bool(self.storage.kv_page(NAMESPACE, None, 1))
+        if self.storage.kv_get(NAMESPACE, prefix) is not None:
+            return True
+        after = self.storage.kv_page(NAMESPACE, prefix, 1)
+        return bool(after) and after[0].key.startswith(prefix)
+
     def matching(self, topic_filter: str, limit: int | None = None) -> list[StoredMessage]:
         """The retained messages whose topic names `topic_filter` matches, in
         topic name order (offsets 0; retain flag 1); the first `limit` if given."""

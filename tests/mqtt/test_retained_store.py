@@ -1,0 +1,64 @@
+"""The retained store's quick look (`RetainedStore.any_under`): never says
+"none" where `matching` finds some, on both backends."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from riverbed.model import Message
+from riverbed.mqtt.retained import RetainedStore
+from riverbed.storage import Storage, open_storage
+
+LEVELS = st.sampled_from(["a", "b", "ab", "$s", ""])
+TOPICS = st.lists(LEVELS, min_size=1, max_size=3).map("/".join)
+FILTERS = st.lists(st.sampled_from(["a", "b", "ab", "$s", "", "+"]), min_size=1, max_size=3).map(
+    "/".join
+) | st.lists(LEVELS, max_size=2).map(lambda levels: "/".join([*levels, "#"]))
+
+
+@pytest.fixture
+def storage(storage_url: str) -> Iterator[Storage]:
+    opened = open_storage(storage_url)
+    yield opened
+    opened.close()
+
+
+def _retain(store: RetainedStore, topics: list[str]) -> None:
+    for topic in topics:
+        store.put(Message(b"r", mqtt_topic=topic), 1)
+
+
+def test_an_empty_store_has_nothing_under_any_filter(storage: Storage) -> None:
+    store = RetainedStore(storage)
+    assert not store.any_under("#")
+    assert not store.any_under("a/+")
+    _retain(store, ["a/b"])
+    assert store.any_under("#") and store.any_under("a/+") and store.any_under("a/b")
+    assert not store.any_under("b/#") and not store.any_under("a/bc")
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(retained=st.lists(TOPICS, max_size=6, unique=True), topic_filter=FILTERS)
+def test_any_under_is_true_whenever_matching_finds_some(
+    storage_url: str, retained: list[str], topic_filter: str
+) -> None:
+    storage = open_storage(storage_url)
+    try:
+        store = RetainedStore(storage)
+        for entry in storage.kv_list("retained"):
+            store.delete(entry.key)
+        _retain(store, retained)
+        if store.matching(topic_filter):
+            assert store.any_under(topic_filter)
+        if not any(
+            t.startswith(topic_filter.split("+")[0].split("#")[0].rstrip("/")) for t in retained
+        ):
+            assert not store.any_under(topic_filter)
+    finally:
+        storage.close()
