@@ -22,7 +22,9 @@ session with a Session Expiry Interval above 0. A PUBLISH, QoS 0 or 1, is
 acknowledged and routed only after the commit that logged it; commits are paced
 as Riverbed's are (at most one per `COMMIT_INTERVAL`, every connection's
 messages in it). The CONNACK, SUBACK and UNSUBACK of such a session leave only
-after its row is committed (in the same paced commit); it writes the log offset
+after its row is committed, in a commit that does not wait for the interval (as
+Riverbed's session writer does not; what waits for the pacer joins it); it
+writes the log offset
 it has acknowledged up to every `CHECKPOINT_EVERY` acknowledgements or
 `CHECKPOINT_INTERVAL` seconds, and at the end of its connection. Deliveries
 still come from memory, never read back from the file, and the file is never
