@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import threading
 from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
-from types import FrameType
 from typing import BinaryIO
 
 import click
@@ -30,6 +28,7 @@ from riverbed.log.appender import Position, Positions
 from riverbed.log.jsonlines import message_from_json, message_to_json
 from riverbed.log.log import Log
 from riverbed.model import Message, StreamId
+from riverbed.signals import stop_on_signals
 from riverbed.subscriptions.named import Subscriptions
 
 # --------------------------------------------------------------------- produce
@@ -121,16 +120,8 @@ def produce(topic: str, print_positions: bool) -> None:
 def _stop_on_signals() -> Iterator[threading.Event]:
     """An event set by SIGINT or SIGTERM while the block runs."""
     stop = threading.Event()
-
-    def handler(_signum: int, _frame: FrameType | None) -> None:
-        stop.set()
-
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with stop_on_signals(stop.set):
         yield stop
-    finally:
-        for s, old in previous.items():
-            signal.signal(s, old)
 
 
 @cli.command(short_help="Print a subscription's messages as JSON lines.")

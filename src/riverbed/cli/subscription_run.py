@@ -14,10 +14,8 @@ Spark executors are other processes and count nothing themselves).
 
 from __future__ import annotations
 
-import signal
 import threading
 import time
-from types import FrameType
 
 import click
 
@@ -26,6 +24,7 @@ from riverbed.cli._metrics import serve_metrics
 from riverbed.errors import InvalidInput
 from riverbed.metrics import Exposition, outcomes_family
 from riverbed.mqtt.config import Address
+from riverbed.signals import stop_on_signals
 from riverbed.spark.delivery_job import Totals
 from riverbed.spark.options import check_shared_storage
 from riverbed.subscriptions.pipeline import definition_of
@@ -91,11 +90,6 @@ def run_delivery(
         config=settings,
     )
     stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     seen = Totals()
 
     def on_batch(batch_id: int, totals: Totals) -> None:
@@ -117,25 +111,24 @@ def run_delivery(
         )
 
     try:
-        job = DeliveryJob(
-            spark,
-            url.text,
-            name,
-            trigger_seconds=trigger_interval,
-            max_per_trigger=max_per_trigger,
-            on_batch=on_batch,
-            lease_seconds=lease_seconds,
-            stop_grace_seconds=stop_grace,
-            stop=stop,
-            on_wait=lambda held: click.echo(
-                f"waiting: another job delivers {name!r} ({held}); taking over when it stops",
-                err=True,
-            ),
-        )
-        totals = job.run(until_idle=until_idle, stop=stop)
+        with stop_on_signals(stop.set):
+            job = DeliveryJob(
+                spark,
+                url.text,
+                name,
+                trigger_seconds=trigger_interval,
+                max_per_trigger=max_per_trigger,
+                on_batch=on_batch,
+                lease_seconds=lease_seconds,
+                stop_grace_seconds=stop_grace,
+                stop=stop,
+                on_wait=lambda held: click.echo(
+                    f"waiting: another job delivers {name!r} ({held}); taking over when it stops",
+                    err=True,
+                ),
+            )
+            totals = job.run(until_idle=until_idle, stop=stop)
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
         if exposition is not None:
             exposition.close()
     click.echo(

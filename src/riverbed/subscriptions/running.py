@@ -27,17 +27,14 @@ import sys
 import threading
 from collections.abc import Callable, MutableSequence, Sequence
 from dataclasses import dataclass
-from types import FrameType
-from typing import Any
 
 from riverbed.errors import HandlerFailed, InvalidInput, SubscriptionNotFound
+from riverbed.signals import stop_on_signals
 from riverbed.storage import open_storage
 from riverbed.subscriptions.handling import ErrorPolicy, Guarantee, OnError, load_handler
 from riverbed.subscriptions.workers import Worker, WorkerStats
 
 logger = logging.getLogger(__name__)
-
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,14 +103,12 @@ def run_worker(
             poll_interval=options.poll_interval,
             on_counted=None if tally is None else _keep(tally),
         )
-        previous = _on_signals(lambda: worker.stop())
         try:
-            worker.run()
+            with stop_on_signals(worker.stop):
+                worker.run()
         except (HandlerFailed, SubscriptionNotFound) as exc:  # the latter: deleted meanwhile
             print(f"error: {exc}", file=sys.stderr, flush=True)
             return 1
-        finally:
-            _restore(previous)
         return 0
     finally:
         storage.close()
@@ -180,53 +175,32 @@ def run_processes(
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(child.pid, signal.SIGTERM)
 
-    previous = _on_signals(stop_all)
     code = 0
-    try:
-        for child in children:
-            child.start()
-        running = list(children)
-        while running:
-            multiprocessing.connection.wait([c.sentinel for c in running], timeout=1.0)
-            for child in [c for c in running if c.exitcode is not None]:
-                running.remove(child)
-                if child.exitcode != 0 and not stopping.is_set():
-                    print(
-                        f"error: worker process {child.pid} exited with {child.exitcode};"
-                        " stopping the others",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                    code = 1
-                    stop_all()
-                elif child.exitcode not in (0, None, -signal.SIGTERM):
-                    # Ended by our SIGTERM: before its handler was set (it was
-                    # still starting), so with nothing in hand; a clean stop.
-                    code = 1
-    finally:
-        stop_all()
-        for child in children:
-            if child.pid is not None:
-                child.join()
-        _restore(previous)
+    with stop_on_signals(stop_all):
+        try:
+            for child in children:
+                child.start()
+            running = list(children)
+            while running:
+                multiprocessing.connection.wait([c.sentinel for c in running], timeout=1.0)
+                for child in [c for c in running if c.exitcode is not None]:
+                    running.remove(child)
+                    if child.exitcode != 0 and not stopping.is_set():
+                        print(
+                            f"error: worker process {child.pid} exited with {child.exitcode};"
+                            " stopping the others",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                        code = 1
+                        stop_all()
+                    elif child.exitcode not in (0, None, -signal.SIGTERM):
+                        # Ended by our SIGTERM: before its handler was set (it was
+                        # still starting), so with nothing in hand; a clean stop.
+                        code = 1
+        finally:
+            stop_all()
+            for child in children:
+                if child.pid is not None:
+                    child.join()
     return code
-
-
-Handlers = dict[signal.Signals, Any]
-
-
-def _on_signals(stop: Callable[[], None]) -> Handlers:
-    """Make SIGTERM and SIGINT call `stop()`; returns what to restore (nothing
-    off the main thread, where Python allows no signal handlers)."""
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-
-    def handle(signum: int, frame: FrameType | None) -> None:
-        stop()
-
-    return {sig: signal.signal(sig, handle) for sig in STOP_SIGNALS}
-
-
-def _restore(previous: Handlers) -> None:
-    for sig, handler in previous.items():
-        signal.signal(sig, handler)

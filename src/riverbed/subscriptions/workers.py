@@ -275,7 +275,9 @@ class Worker:
     # ----------------------------------------------------------------- control
 
     def stop(self) -> None:
-        """Ask `run` to return after the batch in hand (thread- and signal-safe)."""
+        """Ask `run` to return after the batch in hand. Thread-safe; not for a
+        signal handler, which would need the locks the interrupted code may hold
+        (`riverbed.signals.stop_on_signals` calls it from a thread)."""
         self._stop.set()
         self.storage.wakeups.notify()
 
