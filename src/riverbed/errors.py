@@ -132,6 +132,12 @@ class StreamSealed(RiverbedError):
         self.stream_keys = tuple(stream_keys)
 
 
+class LentElsewhere(PreconditionFailed):
+    """A session's write recording QoS 2 messages as released to a shared
+    group's member was refused: a stream they came from has been lent to a
+    member since (`sharedsub.claims.lend`). Nothing of the write was stored."""
+
+
 class ShardsChanged(PreconditionFailed):
     """A subscription's definition (its shard count) changed under an
     operation on its shards."""

@@ -211,6 +211,10 @@ class BrokerProcess:
             if kind is None and code not in (0, -signal.SIGKILL):
                 raise AssertionError(f"broker exited with {code}:\n{self.tail()}")
         finally:
+            keep = os.environ.get("RIVERBED_TEST_KEEP_LOGS")
+            if keep:  # a directory: each broker's log is copied there, by port
+                Path(keep).mkdir(parents=True, exist_ok=True)
+                shutil.copy(self.log_path, Path(keep) / f"broker-{self.port}-{os.getpid()}.log")
             shutil.rmtree(self._log_dir, ignore_errors=True)
 
 

@@ -1,6 +1,8 @@
 """A `$share` group's QoS 2 message that a member's client acknowledged with
 PUBREC goes to no other member (mqtt/sharing.py, docs/shared-subscriptions.md,
-"QoS 2 once per group"), however soon after its PUBREC the member leaves.
+"QoS 2 once per group"), however soon after its PUBREC the member leaves; and
+one whose PUBREC comes only after the stream was lent to another member is
+not completed by the first (no PUBREL: its client never hands it over).
 
 In process, over TCP, with raw MQTT 5 clients (each packet sent when the test
 says so). The session writer is slowed down for the writes that record a
@@ -15,11 +17,26 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
 
+import pytest
+
 from harness.inprocess import running_broker
 from harness.raw_mqtt import AsyncRawClient
 from harness.sharedsub import short_timers
-from riverbed.mqtt.codec import MQTT_5, Disconnect, Pubcomp, Publish, Pubrec, Pubrel, encode
+from harness.waiting import eventually
+from riverbed.mqtt.codec import (
+    MQTT_5,
+    Disconnect,
+    DisconnectReason,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    Unsuback,
+    Unsubscribe,
+    encode,
+)
 from riverbed.mqtt.config import SharedSubscriptions
+from riverbed.sessions.qos2 import Phase
 from riverbed.sessions.store import SessionRecord, Stored
 from riverbed.sessions.writer import NewCursors, SessionWriter
 
@@ -40,13 +57,14 @@ def slow_released_writes(writer: SessionWriter) -> None:
         cursors: NewCursors | None = None,
         *,
         also: Sequence[tuple[str, str, bytes]] = (),
+        holds: Sequence[tuple[str, str, int]] = (),
     ) -> Future[Stored]:
         if not also:
-            return real(record, version, cursors)
+            return real(record, version, cursors, holds=holds)
         out: Future[Stored] = Future()
 
         def later() -> None:
-            inner = real(record, version, cursors, also=also)
+            inner = real(record, version, cursors, also=also, holds=holds)
             inner.add_done_callback(
                 lambda done: (
                     out.set_exception(error)
@@ -76,6 +94,20 @@ async def next_publish(client: AsyncRawClient) -> Publish:
             return packet
 
 
+async def first_at_member(port: int) -> tuple[AsyncRawClient, AsyncRawClient, Publish]:
+    """x, the group's one member, and a publisher, which publishes "first" at
+    QoS 2; x's client is sent it (once the Leader lent x the stream)."""
+    x = await AsyncRawClient.open(port)
+    await x.connect("x", expiry=600)
+    assert (await x.subscribe("$share/g/q/#", qos=2)).reason_codes == (2,)
+    pub = await AsyncRawClient.open(port)
+    await pub.connect("pub", expiry=600)
+    await publish_qos2(pub, 1, b"first")
+    got = await next_publish(x)
+    assert got.payload == b"first" and got.qos == 2 and got.packet_id is not None
+    return x, pub, got
+
+
 def test_a_member_leaving_right_after_its_pubrec_keeps_the_message_from_the_others(
     storage_url: str,
 ) -> None:
@@ -83,14 +115,7 @@ def test_a_member_leaving_right_after_its_pubrec_keeps_the_message_from_the_othe
         timers = SharedSubscriptions(timers=short_timers())
         async with running_broker(storage_url, shared_subscriptions=timers) as broker:
             slow_released_writes(broker.writer)
-            x = await AsyncRawClient.open(broker.port)
-            await x.connect("x", expiry=600)
-            assert (await x.subscribe("$share/g/q/#", qos=2)).reason_codes == (2,)
-            pub = await AsyncRawClient.open(broker.port)
-            await pub.connect("pub", expiry=600)
-            await publish_qos2(pub, 1, b"first")
-            got = await next_publish(x)  # once the Leader lent x the stream
-            assert got.payload == b"first" and got.qos == 2
+            x, pub, got = await first_at_member(broker.port)
             # x has it: PUBREC, and gone at once (the broker sends PUBREL
             # only after recording it; x's session would resend it).
             assert got.packet_id is not None
@@ -110,6 +135,56 @@ def test_a_member_leaving_right_after_its_pubrec_keeps_the_message_from_the_othe
                 f"y got {received.payload!r} first: a message x's client had"
                 " acknowledged went to another member"
             )
+            y.close()
+            pub.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_pubrec_that_comes_after_the_stream_was_lent_to_another_member_gets_no_pubrel(
+    storage_url: str,
+) -> None:
+    """x holds a QoS 2 message unanswered when it leaves the group; its
+    stream goes to y after `unsubscribe_timeout` (x's Borrower lets go), and y
+    is sent the message. x's PUBREC, coming now, must not complete it at x
+    too: x's session cannot record it as released any more, and ends x's
+    connection without the PUBREL. Without the lending key's fence, x got the
+    PUBREL and both clients handed the message over."""
+
+    async def scenario() -> None:
+        timers = SharedSubscriptions(timers=short_timers())
+        async with running_broker(storage_url, shared_subscriptions=timers) as broker:
+            x, pub, got = await first_at_member(broker.port)
+            x.send(Unsubscribe(2, ("$share/g/q/#",)))
+            assert isinstance(await x.next(), Unsuback)
+            y = await AsyncRawClient.open(broker.port)
+            await y.connect("y", expiry=600)
+            assert (await y.subscribe("$share/g/q/#", qos=2)).reason_codes == (2,)
+            lent = await next_publish(y)  # x's Borrower let go: the group lends it again
+            assert lent.payload == b"first" and lent.packet_id is not None
+            x.send(Pubrec(got.packet_id))
+            answer = await x.next()
+            assert not isinstance(answer, Pubrel), (
+                "x got the PUBREL: the message is completed at two members of the group"
+            )
+            assert answer == Disconnect(DisconnectReason.SERVER_BUSY), answer
+            with pytest.raises(ConnectionError):
+                await x.next()  # and the connection ends
+            x.close()
+            # y completes it: the group's one delivery.
+            y.send(Pubrec(lent.packet_id))
+            assert (await y.expect(Pubrel)).packet_id == lent.packet_id
+            y.send(Pubcomp(lent.packet_id))
+            # x's record keeps the message as sent, which a resumed session
+            # drops: no PUBREL after a restart either.
+            await asyncio.to_thread(
+                eventually,
+                lambda: (found := broker.store.load("x")) and not found.record.connected,
+                what="x's session saved as disconnected",
+            )
+            stored = broker.store.load("x")
+            assert stored is not None
+            assert [e.phase for e in stored.record.qos2] == [Phase.SENT]
             y.close()
             pub.close()
 

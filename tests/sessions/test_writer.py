@@ -11,6 +11,7 @@ import pytest
 
 from harness.storage import create_topic, numbered_rows
 from riverbed.errors import (
+    LentElsewhere,
     PreconditionFailed,
     StorageError,
     StorageFull,
@@ -107,6 +108,36 @@ def test_kv_entries_come_with_the_record_and_only_with_it(storage: Storage) -> N
     writer.close()
     # An entry there already stays as it was.
     assert {e.key: e.value for e in storage.kv_list("marks")} == {"a": b"c", "kept": b"first"}
+
+
+def test_a_write_holding_a_key_at_an_old_version_is_refused_whole(storage: Storage) -> None:
+    """`holds` (a shared group's lending keys, `sharedsub.claims.lend`): a key
+    at another version refuses the write, its record and entries with it,
+    and no other write of the batch."""
+    store = SessionStore(storage)
+    lent = storage.kv_put("lent", "s", b"x")
+    storage.kv_put("lent", "moved", b"x")
+    moved = storage.kv_put("lent", "moved", b"y")  # lent again: version 2
+    writer = SessionWriter(store, autostart=False)
+    holding = [("lent", "s", lent.version)]
+    futures = [
+        writer.write(record("a"), None, also=[("marks", "a", b"a")], holds=holding),
+        writer.write(
+            record("b"),
+            None,
+            also=[("marks", "b", b"b")],
+            holds=[*holding, ("lent", "moved", moved.version - 1)],
+        ),
+        writer.write(record("c"), None, holds=[("lent", "absent", 1)]),
+    ]
+    writer.start()
+    a, b, c = answers(futures)
+    writer.close()
+    assert isinstance(a, Stored)
+    assert isinstance(b, LentElsewhere) and "lent/moved" in str(b)
+    assert isinstance(c, LentElsewhere)
+    assert [e.key for e in storage.kv_list("marks")] == ["a"]
+    assert store.load("b") is None and store.load("c") is None
 
 
 def test_a_write_that_fails_in_the_database_fails_alone(storage: Storage) -> None:

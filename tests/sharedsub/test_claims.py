@@ -2,23 +2,30 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
-from harness.storage import accept_any, create_topic, numbered_rows, topic_record
+from harness.storage import accept_any, create_topic, numbered_rows, raw_connection, topic_record
+from harness.waiting import eventually
 from riverbed.errors import AlreadyExists, InvalidInput, LeaseHeld, NotFound, PreconditionFailed
 from riverbed.log.retention import apply_retention
 from riverbed.model import StreamId
 from riverbed.sharedsub.claims import (
+    LENT_NAMESPACE,
     RELEASED_NAMESPACE,
     GroupStore,
     Save,
+    lend,
+    lent_key,
     released_key,
     released_offsets,
     start_offsets,
 )
 from riverbed.sharedsub.protocol import GroupId
-from riverbed.storage import Storage
+from riverbed.storage import Storage, open_storage
 from riverbed.storage.base import RetentionPolicy
+from riverbed.storage.transactions import kv_hold_in, kv_write_in, transaction
 
 S = 1_000_000
 G = GroupId("g", "t/#")
@@ -84,6 +91,71 @@ def test_a_save_forgets_the_released_offsets_its_progress_passed(storage: Storag
     groups.delete(G)
     assert released_offsets(storage, G, heads[0].key, 0) == set()
     assert released_offsets(storage, other, heads[0].key, 0) == {3}
+
+
+def test_each_grant_bumps_its_streams_lending_key_and_reads_what_was_released(
+    storage: Storage,
+) -> None:
+    (head,) = create_topic(storage, "t")
+    groups = GroupStore(storage)
+    groups.claim(G, "leader-1", ttl_us=30 * S, now_us=0)
+    release(storage, G, head.key, 2, 5)
+    first = lend(storage, G, head.key, 3, b"x")
+    assert first.skip == {5}
+    second = lend(storage, G, head.key, 0, b"y")
+    assert second.version == first.version + 1 and second.skip == {2, 5}
+    lent = storage.kv_get(LENT_NAMESPACE, lent_key(G, head.key))
+    assert lent is not None and (lent.value, lent.version) == (b"y", second.version)
+    # A write holding the key at the first grant's version is refused now.
+    with transaction(storage) as tx:
+        assert not kv_hold_in(tx, LENT_NAMESPACE, lent_key(G, head.key), first.version)
+        assert kv_hold_in(tx, LENT_NAMESPACE, lent_key(G, head.key), second.version)
+    other = GroupId("h", "t/#")
+    assert lend(storage, other, head.key, 0, b"z") == type(first)(1, frozenset())
+    groups.delete(G)  # with its lending keys
+    assert [e.key for e in storage.kv_list(LENT_NAMESPACE)] == [lent_key(other, head.key)]
+
+
+def test_a_grant_waits_for_a_released_write_holding_its_stream_and_reads_it(
+    postgres_url: str,
+) -> None:
+    """PostgreSQL, read committed: the write of a member lent the stream before
+    holds the lending key (a share lock) while it writes its released entry;
+    a grant's bump waits for it, then its read sees the entry. (SQLite's write
+    transactions exclude each other anyway.)"""
+    storage = open_storage(postgres_url)
+    try:
+        (head,) = create_topic(storage, "t")
+        before = lend(storage, G, head.key, 0, b"x")
+        holding = threading.Event()
+        commit = threading.Event()
+
+        def member_writes() -> None:
+            with transaction(storage) as tx:
+                assert kv_hold_in(tx, LENT_NAMESPACE, lent_key(G, head.key), before.version)
+                kv_write_in(tx, RELEASED_NAMESPACE, released_key(G, head.key, 7), b"x", None)
+                holding.set()
+                assert commit.wait(60)
+
+        member = threading.Thread(target=member_writes)
+        member.start()
+        assert holding.wait(60)
+        lent: list[object] = []
+        grant = threading.Thread(target=lambda: lent.append(lend(storage, G, head.key, 0, b"y")))
+        grant.start()
+        with raw_connection(postgres_url) as pg:
+            eventually(
+                lambda: pg.execute("SELECT count(*) FROM pg_locks WHERE NOT granted").fetchone()[0],
+                what="the grant waiting for the member's write",
+            )
+        assert not lent
+        commit.set()
+        member.join()
+        grant.join()
+        (after,) = lent
+        assert after == type(before)(before.version + 1, frozenset({7}))
+    finally:
+        storage.close()
 
 
 def test_one_leader_at_a_time_and_a_stale_one_is_fenced_off(storage: Storage) -> None:

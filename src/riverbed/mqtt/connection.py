@@ -52,7 +52,13 @@ from dataclasses import replace
 from typing import Protocol, assert_never
 
 from riverbed.clock import Tick, now_us
-from riverbed.errors import LocalProtocolError, PreconditionFailed, ProtocolError, RiverbedError
+from riverbed.errors import (
+    LentElsewhere,
+    LocalProtocolError,
+    PreconditionFailed,
+    ProtocolError,
+    RiverbedError,
+)
 from riverbed.log.appender import store_refused
 from riverbed.mqtt.codec import (
     MQTT_5,
@@ -909,13 +915,19 @@ class Connection(asyncio.Protocol):
                     assert_never(effect)
         self._arm_timer()
 
-    def record(self) -> SessionRecord:
+    def record(self, *, released: bool = False) -> SessionRecord:
         """The record to write: the last one written with the session's QoS 2
-        window as it is now (every write carries it, so none writes an old one)."""
+        window as it is now (every write carries it, so none writes an old one).
+        A shared grant's message whose PUBREC came is written as released only
+        by the write that records it so for its group (`released`: `_persist`);
+        any other write keeps it as sent (mqtt/sharing.py)."""
         assert self.stored is not None
         if self.session is None:
             return self.stored.record
-        return replace(self.stored.record, qos2=self.session.window_entries())
+        window = self.session.window_entries()
+        if self.sharing is not None and not released:
+            window = self.sharing.as_recorded(window)
+        return replace(self.stored.record, qos2=window)
 
     async def _persist(self, seq: int) -> None:
         """Write the QoS 2 window; then the PUBLISHes and PUBRELs it names may go."""
@@ -923,16 +935,34 @@ class Connection(asyncio.Protocol):
             async with self.record_lock:
                 if self.stored is None:
                     return
-                record = self.record()
+                record = self.record(released=True)
                 sharing = self.sharing
                 # Shared grants' messages the client has (PUBREC came) are
                 # recorded as the group's in the same transaction (mqtt/sharing.py).
-                also = () if sharing is None else sharing.released(record.qos2)
-                self.stored = await asyncio.wrap_future(
-                    self.broker.writer.write(record, self.stored.version, also=also)
-                )
+                if sharing is None:
+                    write = self.broker.writer.write(record, self.stored.version)
+                else:
+                    released = sharing.released(record.qos2)
+                    write = self.broker.writer.write(
+                        record, self.stored.version, also=released.also, holds=released.holds
+                    )
+                self.stored = await asyncio.wrap_future(write)
                 if sharing is not None:
                     sharing.recorded(record.qos2)
+        except LentElsewhere as exc:
+            # A shared grant's QoS 2 message whose PUBREC came only now was lent
+            # to another member meanwhile: no PUBREL, so this client never
+            # completes it (mqtt/sharing.py). Ending the connection drops it.
+            log.warning(
+                "client %s: a QoS 2 message of a shared subscription was lent to another"
+                " member before its PUBREC came (%s); closing without its PUBREL",
+                self.client_id,
+                exc,
+            )
+            if sharing is not None:
+                sharing.refused = True
+            self.close(DisconnectReason.SERVER_BUSY)
+            return
         except PreconditionFailed:
             log.warning("client %s: session taken over elsewhere", self.client_id)
             self.close(DisconnectReason.SESSION_TAKEN_OVER)
@@ -953,7 +983,12 @@ class Connection(asyncio.Protocol):
         if self._persisting is not None:
             with contextlib.suppress(Exception):
                 await self._persisting
-        if self.sharing is not None and self.sharing.released(session.window_entries()):
+        sharing = self.sharing
+        if (
+            sharing is not None
+            and not sharing.refused
+            and sharing.released(session.window_entries())
+        ):
             await self._persist(0)
 
     def offer(self, stream: int, messages: object, upto: int) -> None:

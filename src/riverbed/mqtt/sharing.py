@@ -23,8 +23,13 @@ write that holds its PUBREL back also records it as released to the group
 subscribed with QoS 2 starts only after reading which of its offsets are
 released already, and passes them over. So a Leader that died before saving
 the progress past them (its successor resumes from the saved progress) does
-not hand them to the group again. A PUBLISH not yet answered with PUBREC when
-the member's connection breaks may go to another member (MQTT 5.0 §4.8.2).
+not hand them to the group again. That read also fences the stream
+(`sharedsub.claims.lend`): a member lent it before, whose client's PUBREC comes
+only now (its grant was taken from it meanwhile: revoked and not drained in
+time, fenced off, its Leader gone), cannot record the message as released any
+more (`LentElsewhere`); its connection ends without the PUBREL, and the
+message is the new member's. A PUBLISH not yet answered with PUBREC when the
+member's connection breaks may go to another member (MQTT 5.0 §4.8.2).
 
 Shared subscriptions are kept in the session record with the others (their
 full `$share/...` text), so a resumed session shares again; while the session
@@ -37,7 +42,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol, assert_never
 
 from riverbed.errors import RiverbedError
@@ -45,7 +50,13 @@ from riverbed.mqtt.ports import Services
 from riverbed.sessions.qos2 import Phase, WindowEntry
 from riverbed.sessions.session import Effect, GrantMoved, Session, Subscription
 from riverbed.sharedsub.borrower import Forget, Send, StartFetching, StopFetching
-from riverbed.sharedsub.claims import RELEASED_NAMESPACE, released_key, released_offsets
+from riverbed.sharedsub.claims import (
+    LENT_NAMESPACE,
+    RELEASED_NAMESPACE,
+    lend,
+    lent_key,
+    released_key,
+)
 from riverbed.sharedsub.handler import Grant, SessionEffect, SharedSubscriptionHandler
 from riverbed.sharedsub.protocol import GroupId, Message, ToBorrower
 
@@ -91,6 +102,19 @@ class SharingOwner(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class Released:
+    """What a session record write adds for the shared grants' released messages."""
+
+    also: tuple[tuple[str, str, bytes], ...]
+    """The `sharedsub.released` entries to write."""
+    holds: tuple[tuple[str, str, int], ...]
+    """The lending keys to hold at their grants' versions (`LentElsewhere` if not)."""
+
+    def __bool__(self) -> bool:
+        return bool(self.also)
+
+
 @dataclass(slots=True)
 class _Held:
     """A grant the session fetches."""
@@ -103,6 +127,8 @@ class _Held:
     topic_filter: str
     skip: frozenset[int] = frozenset()
     """Offsets released to a member's client already: passed over."""
+    lent: int | None = None
+    """The version of the stream's lending key this grant made (QoS 2 only)."""
 
 
 class Sharing:
@@ -121,6 +147,7 @@ class Sharing:
         "_timer_at",
         "conn",
         "handler",
+        "refused",
         "subscriptions",
     )
 
@@ -136,10 +163,11 @@ class Sharing:
         unsubscribe: a Borrower handing its streams back may still get one)."""
         self._by_key: dict[int, _Held] = {}
         self._by_grant: dict[Grant, _Held] = {}
-        self._sources: dict[int, tuple[GroupId, int]] = {}
-        """Per grant key ever used by this connection, the group and the log's
-        key of the stream: a revoked grant's QoS 2 messages still in flight
-        are released to that group."""
+        self._sources: dict[int, tuple[GroupId, int, int | None]] = {}
+        """Per grant key ever used by this connection, the group, the log's
+        key of the stream and the lending key's version of the grant: a
+        revoked grant's QoS 2 messages still in flight are released to that
+        group, if the stream was not lent to a member since."""
         self._marked: set[tuple[int, int]] = set()
         """(grant key, offset) of window entries recorded as released."""
         self._reading: dict[Grant, object] = {}
@@ -150,6 +178,9 @@ class Sharing:
         """The Agent's `generation` `_registered` follows."""
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
+        self.refused = False
+        """A write of released messages was refused (`LentElsewhere`): the
+        connection ends, and writes none of them any more."""
 
     # --- SUBSCRIBE / UNSUBSCRIBE ----------------------------------------------------
     def subscribe(self, subscription: Subscription) -> bool:
@@ -218,21 +249,46 @@ class Sharing:
             self.handler.report(held.grant, effect.taken, effect.sent, effect.acked, self._now())
         )
 
-    def released(self, window: Sequence[WindowEntry]) -> list[tuple[str, str, bytes]]:
-        """The KV entries recording the granted streams' messages of `window` (the QoS 2
-        window about to be written) released to their group's member (PUBREC
-        came) that are not recorded yet: for `SessionWriter.write(also=...)`."""
-        out: list[tuple[str, str, bytes]] = []
+    def released(self, window: Sequence[WindowEntry]) -> Released:
+        """What a write of `window` (the QoS 2 window about to be written) must
+        add for the granted streams' messages released to their group's member
+        (PUBREC came) that are not recorded yet: the KV entries recording them
+        and the lending keys to hold at their grants' versions, for
+        `SessionWriter.write(also=..., holds=...)`."""
+        also: list[tuple[str, str, bytes]] = []
+        holds: dict[str, tuple[str, str, int]] = {}
         value = self.conn.client_id.encode()
         for entry in window:
             if entry.phase is Phase.SENT or (entry.stream, entry.offset) in self._marked:
                 continue
             source = self._sources.get(entry.stream)
             if source is not None:
-                group, stream_key = source
-                key = released_key(group, stream_key, entry.offset)
-                out.append((RELEASED_NAMESPACE, key, value))
-        return out
+                group, stream_key, lent = source
+                entry_key = released_key(group, stream_key, entry.offset)
+                also.append((RELEASED_NAMESPACE, entry_key, value))
+                if lent is not None:
+                    key = lent_key(group, stream_key)
+                    holds[key] = (LENT_NAMESPACE, key, lent)
+        return Released(tuple(also), tuple(holds.values()))
+
+    def as_recorded(self, window: Sequence[WindowEntry]) -> tuple[WindowEntry, ...]:
+        """`window` as a write other than the one recording released messages
+        (`released`) may store it: a granted stream's message whose PUBREC came
+        and that is not recorded as released yet stays sent. Stored released
+        without its group's entry, it would be completed after a restart while
+        the group could lend it to another member."""
+        marked = self._marked
+        sources = self._sources
+        if not sources:
+            return tuple(window)
+        return tuple(
+            replace(e, phase=Phase.SENT)
+            if e.phase is Phase.RELEASED
+            and e.stream in sources
+            and (e.stream, e.offset) not in marked
+            else e
+            for e in window
+        )
 
     def recorded(self, window: Sequence[WindowEntry]) -> None:
         """The write of `window` (with its `released` entries) committed."""
@@ -328,20 +384,22 @@ class Sharing:
         self, grant: Grant, offset: int, stream_key: int, token: object
     ) -> None:
         broker = self.conn.broker
+        holder = self.conn.client_id.encode()
         while True:
             group = self.handler.group_of(grant)
             if group is None or self._reading.get(grant) is not token or self.conn.closing:
                 return  # stopped, forgotten or granted again meanwhile
             try:
-                skip = await broker.read(
-                    released_offsets, broker.log.storage, group, stream_key, offset
+                lent = await asyncio.to_thread(
+                    lend, broker.log.storage, group, stream_key, offset, holder
                 )
                 break
             except RiverbedError as exc:
                 # Unknown: nothing of the grant goes out before it is known (that
                 # could be a second delivery); try again while the grant lasts.
                 log.warning(
-                    "client %s: reading the released offsets of %s failed (%s); trying again",
+                    "client %s: lending %s (reading its released offsets) failed (%s);"
+                    " trying again",
                     self.conn.client_id,
                     grant,
                     exc,
@@ -350,9 +408,16 @@ class Sharing:
         if self._reading.get(grant) is not token or self.conn.closing:
             return
         del self._reading[grant]
-        self._begin(grant, offset, stream_key, skip)
+        self._begin(grant, offset, stream_key, lent.skip, lent.version)
 
-    def _begin(self, grant: Grant, offset: int, stream_key: int, skip: frozenset[int]) -> None:
+    def _begin(
+        self,
+        grant: Grant,
+        offset: int,
+        stream_key: int,
+        skip: frozenset[int],
+        lent: int | None = None,
+    ) -> None:
         conn = self.conn
         session = conn.session
         group = self.handler.group_of(grant)
@@ -361,10 +426,10 @@ class Sharing:
         options = self._options.get(group) or Subscription(str(group), 0)
         key = session.grant_key()
         topic_filter = group.topic_filter
-        held = _Held(grant, key, stream_key, topic_filter, skip)
+        held = _Held(grant, key, stream_key, topic_filter, skip, lent)
         self._by_key[key] = held
         self._by_grant[grant] = held
-        self._sources[key] = (group, stream_key)
+        self._sources[key] = (group, stream_key, lent)
         sub = Subscription(
             topic_filter,
             options.qos,

@@ -17,7 +17,10 @@ Every write keeps its own rules, as `SessionStore` applies them one at a time:
 - a checkpoint writes the record, then moves the cursors forward (never back),
   skipping topics whose cursor has gone;
 - the cursors of topics a SUBSCRIBE newly reaches are made in the same
-  transaction as the record naming them, after its compare-and-set succeeded.
+  transaction as the record naming them, after its compare-and-set succeeded;
+- a write that records a shared group's QoS 2 messages as released holds the
+  lending keys of their streams first (`holds`; `LentElsewhere` for that
+  write alone if a stream was lent since, `sharedsub/claims.py`).
 
 A batch that fails as a whole in the database (not a refused compare-and-set)
 is run again write by write, so one connection's bad write never fails
@@ -36,6 +39,7 @@ from dataclasses import dataclass, replace
 from riverbed.clock import now_us
 from riverbed.errors import (
     AlreadyExists,
+    LentElsewhere,
     PreconditionFailed,
     RiverbedError,
     StorageError,
@@ -53,6 +57,7 @@ from riverbed.storage.transactions import (
     Transaction,
     commit_cursors_in,
     create_subscription_in,
+    kv_hold_in,
     kv_write_in,
     storage_error,
     subscription_exists_in,
@@ -83,6 +88,7 @@ class _Write:
     version: int | None
     cursors: NewCursors | None
     also: Sequence[tuple[str, str, bytes]] = ()
+    holds: Sequence[tuple[str, str, int]] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,13 +138,16 @@ class SessionWriter:
         cursors: NewCursors | None = None,
         *,
         also: Sequence[tuple[str, str, bytes]] = (),
+        holds: Sequence[tuple[str, str, int]] = (),
     ) -> Future[Stored]:
         """Create (`version` None) or compare-and-set the record; with `cursors`,
         make those in the same transaction (once the record is written), and
         so the KV entries `also` names (namespace, key, value; one that exists
         already is left as it is). The future fails with `PreconditionFailed`
-        if another writer got there first (nothing of this write is stored then)."""
-        return self._submit(_Write(record, version, cursors, also))
+        if another writer got there first, or with `LentElsewhere` if a KV key
+        `holds` names (namespace, key, version) is at another version (a
+        shared group's stream lent since); nothing of this write is stored then."""
+        return self._submit(_Write(record, version, cursors, also, holds))
 
     def commit(
         self,
@@ -250,7 +259,12 @@ class SessionWriter:
 
     def _apply(self, tx: Transaction, op: _Op) -> Stored:
         match op:
-            case _Write(record, version, cursors, also):
+            case _Write(record, version, cursors, also, holds):
+                for namespace, key, held in holds:  # before anything is written
+                    if not kv_hold_in(tx, namespace, key, held):
+                        raise LentElsewhere(
+                            f"key {namespace}/{key} is not at version {held} any more"
+                        )
                 written = _put(tx, record, version, self.store)
                 if cursors is not None:
                     self._make_cursors(tx, record.session_id, cursors)

@@ -34,6 +34,20 @@ Leader resuming from progress saved before that acknowledgement does not hand
 the message to the group a second time. Each save deletes the entries below
 the progress it writes (in its transaction): nothing below is lent again.
 
+Lending is fenced (`lend`). A grant is read once, when it starts, and a member
+that was lent a stream may be told to let go of it (revoked and not drained in
+time, fenced off from a silent Leader, its Leader gone) while its client still
+holds a QoS 2 message unanswered; its PUBREC may come after another member was
+lent the same offset. So each QoS 2 grant, as it starts, bumps the version of
+the stream's lending key (namespace `sharedsub.lent`, `lent_key`) in the
+transaction that reads the released entries, and keeps that version; a
+member's write of released entries holds the lending keys of their streams at
+the versions its grants got (`kv_hold_in`, in the same transaction). Either the
+write commits first, and the later grant reads its entries, or the grant
+does, and the write is refused: the member's session ends its connection
+without the PUBREL, its client never completes the message, and the member
+lent it later delivers it.
+
 Synchronous and small: the Leader's runtime calls it from a worker thread.
 Times are µs since the epoch, passed in.
 """
@@ -68,7 +82,9 @@ from riverbed.storage.base import (
 from riverbed.storage.leases import Lease, Leases
 from riverbed.storage.transactions import (
     commit_cursors_in,
+    kv_bump_in,
     kv_delete_numbered_below_in,
+    kv_keys_in,
     kv_put_in,
     transaction,
 )
@@ -148,6 +164,39 @@ def released_offsets(
     return frozenset(o for o in offsets if o >= start)
 
 
+LENT_NAMESPACE = "sharedsub.lent"
+"""Per group and stream, a key whose version each QoS 2 grant bumps (`lend`)."""
+
+
+def lent_key(group: GroupId, stream_key: int) -> str:
+    """The lending key of `group`'s stream (the log's key of the stream)."""
+    return f"{_digest(group)}/{stream_key}"
+
+
+@dataclass(frozen=True, slots=True)
+class Lent:
+    """A QoS 2 grant as `lend` started it."""
+
+    version: int
+    """The version of the stream's lending key this grant made: a write of
+    released entries holds it there (`kv_hold_in`)."""
+    skip: frozenset[int]
+    """The offsets from the grant's start on released to a member already."""
+
+
+def lend(storage: Storage, group: GroupId, stream_key: int, start: int, holder: bytes) -> Lent:
+    """Start a QoS 2 grant of one stream of `group` from `start`, for `holder`
+    (a session id, for whoever reads the key): in one transaction, bump the
+    stream's lending key, which refuses from then on the writes of members
+    lent it before (module docstring), and read the released offsets."""
+    prefix = released_prefix(group, stream_key)
+    with transaction(storage) as tx:
+        version = kv_bump_in(tx, LENT_NAMESPACE, lent_key(group, stream_key), holder)
+        keys = kv_keys_in(tx, RELEASED_NAMESPACE, prefix)
+    offsets = (int(key[len(prefix) :]) for key in keys)
+    return Lent(version, frozenset(o for o in offsets if o >= start))
+
+
 @dataclass(frozen=True, slots=True)
 class Save:
     """One Leader's save for `GroupStore.save_many`."""
@@ -218,11 +267,10 @@ class GroupStore:
                 self._held.discard(sub.name)
                 with contextlib.suppress(NotFound):
                     self.storage.delete_subscription(sub.name)
-        for released in self.storage.kv_list(RELEASED_NAMESPACE, f"{_digest(group)}/"):
-            with contextlib.suppress(PreconditionFailed):  # deleted meanwhile
-                self.storage.kv_delete_if_version(
-                    RELEASED_NAMESPACE, released.key, released.version
-                )
+        for namespace in (RELEASED_NAMESPACE, LENT_NAMESPACE):
+            for entry in self.storage.kv_list(namespace, f"{_digest(group)}/"):
+                with contextlib.suppress(PreconditionFailed):  # deleted meanwhile
+                    self.storage.kv_delete_if_version(namespace, entry.key, entry.version)
         lease = self.leases.get(LEASE_PREFIX + group.key)
         if lease is not None:
             # Renewed meanwhile: it expires, and its Leader is fenced off anyway.

@@ -129,6 +129,18 @@ def transaction(storage: Storage, *, durable: bool = True) -> Iterator[Transacti
     sql = sql_storage(storage)
     if sql.closed:
         raise sql.connections.closed_error("transaction")
+    # An operation, like each of the storage's own: `close` waits for it to end
+    # (a SQLite connection closed under a running statement crashes the process).
+    sql.connections.enter()
+    try:
+        with _transaction(sql, durable) as tx:
+            yield tx
+    finally:
+        sql.connections.leave()
+
+
+@contextmanager
+def _transaction(sql: SqlStorage, durable: bool) -> Iterator[Transaction]:
     body_raised = False
     try:
         with sql._write() as cur:
@@ -152,7 +164,7 @@ def transaction(storage: Storage, *, durable: bool = True) -> Iterator[Transacti
     except sql.DRIVER_ERRORS as exc:
         if body_raised:
             raise
-        raise storage_error(storage, exc) from exc
+        raise storage_error(sql, exc) from exc
 
 
 def storage_error(storage: Storage, exc: BaseException) -> StorageError:
@@ -192,6 +204,29 @@ def kv_hold_in(tx: Transaction, namespace: str, key: str, version: int) -> bool:
         (namespace, key, version),
     ).fetchone()
     return row is not None
+
+
+def kv_bump_in(tx: Transaction, namespace: str, key: str, value: bytes) -> int:
+    """Write a KV value inside `tx` whatever its version and return the version
+    written (1 for a new key). A transaction that holds the key at an older
+    version (`kv_hold_in`) commits first or finds it changed."""
+    row = tx.execute(
+        "INSERT INTO kv (namespace, key, value, version) VALUES (?, ?, ?, 1)"
+        " ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value,"
+        " version = kv.version + 1 RETURNING version",
+        (namespace, key, value),
+    ).fetchone()
+    return int(row[0])
+
+
+def kv_keys_in(tx: Transaction, namespace: str, prefix: str) -> list[str]:
+    """The keys of `namespace` starting with `prefix`, read inside `tx` (after
+    its writes: on PostgreSQL each statement sees what committed before it)."""
+    rows = tx.execute(
+        "SELECT key FROM kv WHERE namespace = ? AND substr(key, 1, ?) = ?",
+        (namespace, len(prefix), prefix),
+    ).fetchall()
+    return [str(row[0]) for row in rows]
 
 
 def kv_put_in(
