@@ -362,7 +362,10 @@ class Client:
         mqtt.loop_start()
         if not self._connected.wait(timeout):
             raise AssertionError(f"no CONNACK for {self.client_id!r} within {timeout}s")
-        assert self.connack is not None
+        assert self.connack is not None, (
+            f"the connection of {self.client_id!r} ended before its CONNACK"
+            f" (paho's reasons: {self.disconnects})"
+        )
         present, code = self.connack
         assert code == 0, f"CONNECT of {self.client_id!r} refused: 0x{code:02X}"
         return present
