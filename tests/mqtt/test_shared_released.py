@@ -94,9 +94,12 @@ async def next_publish(client: AsyncRawClient) -> Publish:
             return packet
 
 
-async def first_at_member(port: int) -> tuple[AsyncRawClient, AsyncRawClient, Publish]:
+async def first_at_member(
+    port: int, *, then_leave: bool = False
+) -> tuple[AsyncRawClient, AsyncRawClient, Publish]:
     """x, the group's one member, and a publisher, which publishes "first" at
-    QoS 2; x's client is sent it (once the Leader lent x the stream)."""
+    QoS 2; x's client is sent it (once the Leader lent x the stream) and, with
+    `then_leave`, leaves the group (UNSUBSCRIBE) without answering it."""
     x = await AsyncRawClient.open(port)
     await x.connect("x", expiry=600)
     assert (await x.subscribe("$share/g/q/#", qos=2)).reason_codes == (2,)
@@ -105,6 +108,9 @@ async def first_at_member(port: int) -> tuple[AsyncRawClient, AsyncRawClient, Pu
     await publish_qos2(pub, 1, b"first")
     got = await next_publish(x)
     assert got.payload == b"first" and got.qos == 2 and got.packet_id is not None
+    if then_leave:
+        x.send(Unsubscribe(2, ("$share/g/q/#",)))
+        assert isinstance(await x.next(), Unsuback)
     return x, pub, got
 
 
@@ -154,9 +160,7 @@ def test_a_pubrec_that_comes_after_the_stream_was_lent_to_another_member_gets_no
     async def scenario() -> None:
         timers = SharedSubscriptions(timers=short_timers())
         async with running_broker(storage_url, shared_subscriptions=timers) as broker:
-            x, pub, got = await first_at_member(broker.port)
-            x.send(Unsubscribe(2, ("$share/g/q/#",)))
-            assert isinstance(await x.next(), Unsuback)
+            x, pub, got = await first_at_member(broker.port, then_leave=True)
             y = await AsyncRawClient.open(broker.port)
             await y.connect("y", expiry=600)
             assert (await y.subscribe("$share/g/q/#", qos=2)).reason_codes == (2,)
@@ -186,6 +190,37 @@ def test_a_pubrec_that_comes_after_the_stream_was_lent_to_another_member_gets_no
             assert stored is not None
             assert [e.phase for e in stored.record.qos2] == [Phase.SENT]
             y.close()
+            pub.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_message_of_an_older_grant_and_its_resend_under_a_newer_one_are_not_both_completed(
+    storage_url: str,
+) -> None:
+    """x leaves the group holding "first" unanswered and joins again: the
+    stream is lent to x again, from before "first", which x is sent a second
+    time under another packet id. Both PUBRECs come in one read, so one write
+    would record both: the older grant's lending version must be held as
+    well as the newer's (it cannot be: refused, no PUBREL for either)."""
+
+    async def scenario() -> None:
+        timers = SharedSubscriptions(timers=short_timers())
+        async with running_broker(storage_url, shared_subscriptions=timers) as broker:
+            x, pub, got = await first_at_member(broker.port, then_leave=True)
+            assert (await x.subscribe("$share/g/q/#", qos=2)).reason_codes == (2,)
+            again = await next_publish(x)  # lent again, from before "first"
+            assert again.payload == b"first" and again.packet_id not in (None, got.packet_id)
+            assert got.packet_id is not None and again.packet_id is not None
+            x.writer.write(
+                encode(Pubrec(got.packet_id), MQTT_5) + encode(Pubrec(again.packet_id), MQTT_5)
+            )
+            answer = await x.next()
+            assert not isinstance(answer, Pubrel), (
+                "x got a PUBREL: its client completes the message twice"
+            )
+            assert answer == Disconnect(DisconnectReason.SERVER_BUSY), answer
+            x.close()
             pub.close()
 
     asyncio.run(scenario())

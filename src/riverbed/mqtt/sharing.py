@@ -256,7 +256,7 @@ class Sharing:
         and the lending keys to hold at their grants' versions, for
         `SessionWriter.write(also=..., holds=...)`."""
         also: list[tuple[str, str, bytes]] = []
-        holds: dict[str, tuple[str, str, int]] = {}
+        holds: dict[tuple[str, int], tuple[str, str, int]] = {}
         value = self.conn.client_id.encode()
         for entry in window:
             if entry.phase is Phase.SENT or (entry.stream, entry.offset) in self._marked:
@@ -267,8 +267,11 @@ class Sharing:
                 entry_key = released_key(group, stream_key, entry.offset)
                 also.append((RELEASED_NAMESPACE, entry_key, value))
                 if lent is not None:
+                    # By key and version: an older grant of the same stream here
+                    # (lent to this member again since) holds its own, which
+                    # fails, as it must (the stream's newer grant sends it too).
                     key = lent_key(group, stream_key)
-                    holds[key] = (LENT_NAMESPACE, key, lent)
+                    holds[(key, lent)] = (LENT_NAMESPACE, key, lent)
         return Released(tuple(also), tuple(holds.values()))
 
     def as_recorded(self, window: Sequence[WindowEntry]) -> tuple[WindowEntry, ...]:
