@@ -160,7 +160,13 @@ def released_offsets(
     """The offsets from `start` on of one stream that a member's client of
     `group` has acknowledged already (passed over when the stream is lent)."""
     prefix = released_prefix(group, stream_key)
-    offsets = (int(e.key[len(prefix) :]) for e in storage.kv_list(RELEASED_NAMESPACE, prefix))
+    keys = (e.key for e in storage.kv_list(RELEASED_NAMESPACE, prefix))
+    return _offsets_from(prefix, keys, start)
+
+
+def _offsets_from(prefix: str, keys: Iterable[str], start: int) -> frozenset[int]:
+    """The offsets from `start` on that the released entries' `keys` name."""
+    offsets = (int(key[len(prefix) :]) for key in keys)
     return frozenset(o for o in offsets if o >= start)
 
 
@@ -186,15 +192,14 @@ class Lent:
 
 def lend(storage: Storage, group: GroupId, stream_key: int, start: int, holder: bytes) -> Lent:
     """Start a QoS 2 grant of one stream of `group` from `start`, for `holder`
-    (a session id, for whoever reads the key): in one transaction, bump the
+    (the member's client id, for whoever reads the key): in one transaction, bump the
     stream's lending key, which refuses from then on the writes of members
     lent it before (module docstring), and read the released offsets."""
     prefix = released_prefix(group, stream_key)
     with transaction(storage) as tx:
         version = kv_bump_in(tx, LENT_NAMESPACE, lent_key(group, stream_key), holder)
         keys = kv_keys_in(tx, RELEASED_NAMESPACE, prefix)
-    offsets = (int(key[len(prefix) :]) for key in keys)
-    return Lent(version, frozenset(o for o in offsets if o >= start))
+    return Lent(version, _offsets_from(prefix, keys, start))
 
 
 @dataclass(frozen=True, slots=True)
