@@ -138,6 +138,11 @@ class LentElsewhere(PreconditionFailed):
     member since (`sharedsub.claims.lend`). Nothing of the write was stored."""
 
 
+class NodeRunning(AlreadyExists):
+    """A broker node of the same name runs on the same SQLite file (another
+    process holds its presence, `cluster/presence.py`)."""
+
+
 class ShardsChanged(PreconditionFailed):
     """A subscription's definition (its shard count) changed under an
     operation on its shards."""

@@ -82,12 +82,10 @@ def test_a_qos2_marker_of_a_clean_session_goes_after_a_crash(
     """Its first QoS 2 PUBLISH writes the record before the marker: killed
     before the PUBREL, the broker restarted finds the record (expired: it ended
     with the connection) and drops the marker with it. A marker with no record
-    would stay for good. The broker keeps its node name across the restart: a
-    new name would see the record held by the killed node until that node's
-    liveness lease (30 s) lapsed, longer than the wait below."""
-    config = tmp_path / "riverbed.toml"
-    config.write_text('[cluster]\nnode_name = "eph-node"\n')
-    with BrokerProcess(sqlite_url, extra_args=("--config", str(config))) as broker:
+    would stay for good. The restarted broker takes a new node name; the
+    killed node's liveness lease (30 s, longer than the wait below) ends when
+    the new one finds its process gone (riverbed/cluster/presence.py)."""
+    with BrokerProcess(sqlite_url) as broker:
         with RawClient(broker.port) as pub:
             pub.connect("eph-q2", clean=True, expiry=0)
             pub.send(Publish("eph/q2", b"x", qos=2, packet_id=1))

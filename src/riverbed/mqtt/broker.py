@@ -581,6 +581,7 @@ class Broker:
     async def _sweep(self) -> None:
         while True:
             await asyncio.sleep(self.expiry_sweep)
+            await self.cluster.reap()
             try:
                 gone = await asyncio.to_thread(
                     self.store.expire, now_us(), set(self.connections), self.node

@@ -54,12 +54,14 @@ from riverbed import __version__
 from riverbed.clock import now_us
 from riverbed.cluster.bus import NodeBus
 from riverbed.cluster.directory import Directory, DrainRequest, NodeInfo
+from riverbed.cluster.presence import FilePresence
 from riverbed.errors import LeaseHeld, PreconditionFailed, RiverbedError
 from riverbed.mqtt.codec import DisconnectReason
 from riverbed.sessions.store import SessionRecord, SessionStore, Stored, node_lease
 from riverbed.storage import Storage
 from riverbed.storage.leases import Lease, Leases
 from riverbed.storage.postgres import PostgresStorage
+from riverbed.storage.sqlite import SqliteStorage
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +143,9 @@ class ClusterNode:
         self._lease: Lease | None = None
         self.bus: NodeBus | None = None
         """The bus to the other nodes on the same PostgreSQL (session takeover)."""
+        self.presence = FilePresence(storage.path) if isinstance(storage, SqliteStorage) else None
+        """On SQLite: this node's lock among the nodes of the file, which tells
+        a node that crashed from one that runs (`cluster/presence.py`)."""
         self._asked: dict[str, asyncio.Future[None]] = {}
         """Takeover requests sent to other nodes and not answered yet, by id."""
         self._bus_lost = False
@@ -178,7 +183,12 @@ class ClusterNode:
                 storage.url, self.name, self._from_node, up=self._bus_up, down=self._bus_down
             )
             await asyncio.to_thread(self.bus.start)
+        if self.presence is not None:
+            await asyncio.to_thread(self.presence.hold, self.name)
         await asyncio.to_thread(self._take_lease)
+        # Its predecessor, killed, holds its sessions and Wills by its lease
+        # no longer than it takes to find that its process ended.
+        await self.reap()
         if self.bus is None:  # with a bus (PostgreSQL) every record is written anyway
             self.alone = await asyncio.to_thread(self._no_other_node)
         self._arm_fence()
@@ -211,6 +221,8 @@ class ClusterNode:
             self._lease = None
         # Not behind a renewal on its way (the storage closes after this).
         await asyncio.to_thread(self._lease_thread.shutdown, True)
+        if self.presence is not None:
+            self.presence.leave()
         if self.bus is not None:
             await asyncio.to_thread(self.bus.close)
 
@@ -247,6 +259,41 @@ class ClusterNode:
             log.exception("looking for the wills of nodes that are gone failed")
         await self._look_for_others()
         await self._let_go_of_taken_over()
+
+    async def reap(self) -> None:
+        """SQLite: end the liveness leases of the nodes on the file whose
+        process ended (`cluster/presence.py`), so that their sessions expire
+        and their Wills go as if their leases had lapsed. Called at the start
+        and at each expiry sweep, before the sweep looks at the sessions."""
+        if self.presence is None:
+            return
+        try:
+            ended = await asyncio.to_thread(self._reap)
+        except (RiverbedError, OSError):
+            log.exception("node %s: looking for nodes that are gone failed", self.name)
+            return
+        for name in ended:
+            log.info("node %s is gone (its process ended): its liveness lease ends now", name)
+
+    def _reap(self) -> list[str]:
+        """`reap`, blocking: the names of the nodes whose lease it ended."""
+        assert self.presence is not None
+        gone = self.presence.reap()
+        if not gone:
+            return []
+        at = now_us()
+        leases = self._host.store.node_leases()
+        ended: list[str] = []
+        for name in sorted(gone):
+            lease = leases.get(name)
+            if name == self.name or lease is None or lease.expired(at):
+                continue
+            try:
+                self._leases.end(lease, at)
+            except PreconditionFailed:
+                continue  # taken again since (a node restarted under its name)
+            ended.append(name)
+        return ended
 
     def _no_other_node(self) -> bool:
         """Whether no other node holds a running liveness lease (blocking)."""

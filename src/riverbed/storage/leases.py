@@ -95,6 +95,15 @@ class Leases:
         )
         return _decode(written)
 
+    def end(self, lease: Lease, at_us: int) -> Lease:
+        """Mark another holder's lease lapsed at `at_us`, its holder known to be
+        gone (`cluster/presence.py`): who held it stays readable. Raises
+        `PreconditionFailed` if it changed since `lease` was read."""
+        written = self.storage.kv_compare_and_set(
+            self.namespace, lease.name, lease.version, _encode(lease.owner, at_us)
+        )
+        return _decode(written)
+
     def release(self, lease: Lease) -> None:
         """Give a lease up. Raises `PreconditionFailed` if it was no longer ours."""
         self.storage.kv_delete_if_version(self.namespace, lease.name, lease.version)
