@@ -182,11 +182,30 @@ def test_unknown_ack_is_ignored_and_ids_wrap() -> None:
     assert sent[0].packet_id == 1
 
 
-def test_final_checkpoint_has_every_cursor() -> None:
-    s = session()
+def test_a_checkpoint_has_the_cursors_that_moved_or_are_not_stored() -> None:
+    """Stream 1 moved, 2 did not (its cursor is stored as it is), 3 has no
+    cursor stored yet: the checkpoint at disconnect writes 1 and 3 only."""
+    s = session(checkpoint_every=1000, checkpoint_interval=60)
     s.handle(Follow(1, 3), now=0.0)
     s.handle(Follow(2, 4), now=0.0)
-    assert s.checkpoint(now=5.0) == Checkpoint({1: 3, 2: 4}, {1: 3, 2: 4})
+    s.handle(Follow(3, 0, stored=False), now=0.0)
+    sent = of(Deliver, s.handle(Offered(1, [msg(3), msg(4)], 5), now=0.0))
+    s.handle_all([Acked(d.packet_id) for d in sent], now=0.0)
+    assert s.checkpoint(now=5.0) == Checkpoint({1: 5, 3: 0}, {1: 5, 2: 4, 3: 0})
+    assert s.checkpoint(now=6.0).cursors == {}
+
+
+def test_a_checkpoint_not_written_is_written_by_the_next() -> None:
+    s = session(checkpoint_every=1000, checkpoint_interval=60)
+    s.handle(Follow(1, 0), now=0.0)
+    s.handle(Follow(2, 0), now=0.0)
+    sent = of(Deliver, s.handle(Offered(1, [msg(0)], 1), now=0.0))
+    s.handle(Acked(sent[0].packet_id), now=0.0)
+    lost = s.checkpoint(now=1.0)
+    assert lost.cursors == {1: 1}
+    s.unsaved(lost.cursors)
+    s.unsaved({9: 4})  # a stream no longer followed: nothing
+    assert s.checkpoint(now=2.0).cursors == {1: 1}
 
 
 def test_unfollow_completes_what_was_sent_and_drops_the_rest() -> None:
@@ -205,7 +224,7 @@ def test_unfollow_completes_what_was_sent_and_drops_the_rest() -> None:
     assert of(Deliver, effects) == [] and s.inflight == 0
     assert all(f.stream != 1 for f in of(Fetch, effects))
     assert 1 not in s.streams  # forgotten once its last message was acknowledged
-    final = s.checkpoint(now=1.0)
-    assert final.cursors == {2: 0}
+    assert s.cursors() == {2: 0}
+    assert s.checkpoint(now=1.0).cursors == {}  # neither moved: stream 1 is not there
     # A late answer to a fetch of the dropped stream changes nothing.
     assert of(Deliver, s.handle(Offered(1, [msg(3)], 4), now=1.0)) == []

@@ -48,6 +48,7 @@ import logging
 import socket
 import uuid
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Protocol, assert_never
 
@@ -889,8 +890,14 @@ class Connection(asyncio.Protocol):
         session = self.session
         if session is None or self.closing:
             return
-        effects = session.handle(event, self.loop.time())
-        self.execute(effects)
+        self.execute(session.handle(event, self.loop.time()))
+
+    def handle_all(self, events: Sequence[Event]) -> None:
+        """`events` handled by the session as one (one pump, one set of effects)."""
+        session = self.session
+        if session is None or self.closing:
+            return
+        self.execute(session.handle_all(events, self.loop.time()))
 
     def execute(self, effects: list[Effect]) -> None:
         for effect in effects:
@@ -1088,6 +1095,8 @@ class Connection(asyncio.Protocol):
                 return
             except RiverbedError:
                 log.exception("client %s: checkpoint failed", self.client_id)
+                if self.session is not None:
+                    self.session.unsaved(checkpoint.cursors)  # the next one writes them
 
     async def _save_checkpoint(self, checkpoint: Checkpoint, *, disconnected: bool) -> None:
         async with self.record_lock:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -88,11 +88,31 @@ class FollowingOwner(SharingOwner, Protocol):
         """An event for the session."""
         ...
 
+    def handle_all(self, events: Sequence[Event]) -> None:
+        """Events for the session, handled as one."""
+        ...
+
     def send(self, packet: Packet, level: int | None = None) -> None: ...
 
     def __hash__(self) -> int:
         """Its subscriptions' subscriber in the broker's topic trie."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class Readable:
+    """Streams a session may read now, with their cursors; `unstored`: those
+    of them with no cursor of the session stored yet (`Follow.stored`)."""
+
+    cursors: dict[int, int]
+    unstored: frozenset[int] = frozenset()
+
+    def follow(self, key: int, dup_below: int = 0) -> Follow:
+        """The event that has the session follow stream `key`."""
+        return Follow(key, self.cursors[key], dup_below, key not in self.unstored)
+
+
+NOTHING_TO_READ = Readable({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,14 +205,14 @@ class Following:
         # The cursors of the topics it had are made if missing (a crash between
         # making them and writing the record that names them).
         readable = await self.readable(all_topics, ensure=stored.record.topics)
-        for key, cursor in readable.items():
+        for key in readable.cursors:
             dup_below = dup.get(key, 0)
             if crashed:
                 dup_below = max(dup_below, start_heads.get(key, heads.get(key, 0)))
-            events.append(Follow(key, cursor, dup_below))
+            events.append(readable.follow(key, dup_below))
         return events
 
-    async def readable(self, topics: list[str], ensure: tuple[str, ...] = ()) -> dict[int, int]:
+    async def readable(self, topics: list[str], ensure: tuple[str, ...] = ()) -> Readable:
         """The streams of `topics` the session may read now, with their cursors:
         a stream of a later generation only once its lineage's streams of the
         generation before are fully consumed (`log.lineage`, per-key order across
@@ -213,7 +233,7 @@ class Following:
         topics: list[str],
         in_memory: dict[int, int],
         ensure: tuple[str, ...] = (),
-    ) -> tuple[dict[int, int], bool]:
+    ) -> tuple[Readable, bool]:
         """`readable`, without setting `lineage_wait`: the streams and cursors,
         and whether some stream has to wait for its lineage. `in_memory`: the
         session's cursors, newer than the stored ones.
@@ -237,15 +257,19 @@ class Following:
             _, made = await broker.read(store.cursors_of, session_id, missing, ())
             stored.update(made)
         out: dict[int, int] = {}
+        unstored: list[int] = []
         waiting = False
         for topic, (generations, topic_heads) in shapes.items():
-            positions = start_positions(stored.get(topic, {}), topic_heads)
+            rows = stored.get(topic, {})
+            positions = start_positions(rows, topic_heads)
             cursors = {k: in_memory.get(k, v) for k, v in positions.items()}
             readable, _ = readable_streams(generations, topic_heads, cursors)
             waiting = waiting or len(readable) < len(topic_heads)
             for head in readable:
                 out[head.key] = positions[head.key]
-        return out, waiting
+                if head.key not in rows:
+                    unstored.append(head.key)
+        return Readable(out, frozenset(unstored)), waiting
 
     def streams_changed(self) -> None:
         """The fan-out saw new streams (a topic scaled up, or was created): follow
@@ -273,9 +297,9 @@ class Following:
         if conn.session is not session or conn.closing:
             return
         known = session.streams
-        for key, cursor in readable.items():
+        for key in readable.cursors:
             if key not in known:
-                conn.handle(Follow(key, cursor, 0))
+                conn.handle(readable.follow(key))
 
     # --- SUBSCRIBE / UNSUBSCRIBE ---------------------------------------------------
     def take(self, packet: Subscribe) -> None:
@@ -366,7 +390,7 @@ class Following:
         assert taken is not None and taken.packet is packet
         conn = self.conn
         broker = conn.broker
-        follow: dict[int, int] = {}
+        follow = NOTHING_TO_READ
         if taken.shared:
             # A group member: the group's Leader lends it streams. No retained
             # messages for a shared subscription (MQTT 5.0 §4.8.2). The group
@@ -392,9 +416,10 @@ class Following:
             self.lineage_wait = self.lineage_wait or waiting
         session = conn.session
         if session is not None and not conn.closing:
-            for key, cursor in follow.items():
-                if key not in session.streams:
-                    conn.handle(Follow(key, cursor, 0))
+            known = session.streams
+            events = [follow.follow(key) for key in follow.cursors if key not in known]
+            if events:
+                conn.handle_all(events)
         conn.send(Suback(packet.packet_id, taken.codes))
         if taken.wants_retained and broker.config.limits.retain_available:
             # Not on this connection's worker: the packets after the SUBSCRIBE
@@ -431,7 +456,7 @@ class Following:
 
     async def _store_subscriptions(
         self, record: SessionRecord, version: int | None, filters: list[str], taken: _Taken
-    ) -> tuple[Stored, dict[int, int], bool]:
+    ) -> tuple[Stored, Readable, bool]:
         """Cursors on the topics `filters` newly reach, at the positions `taken`
         holds, and the record with those topics and its subscriptions
         (compare-and-set on `version`; None: create it): one write of the session writer, in a
@@ -439,7 +464,7 @@ class Following:
         written, the new topics' streams to follow now with their cursors, and
         whether some stream of them waits for its lineage."""
         broker = self.conn.broker
-        follow: dict[int, int] = {}
+        follow = NOTHING_TO_READ
         waiting = False
         new: list[str] = []
         if taken.added:

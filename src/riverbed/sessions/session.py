@@ -7,7 +7,9 @@ messages come from"). For each stream it keeps
 - `pending`: messages taken in that match a subscription and wait for room in
   the in-flight window;
 - `outstanding`: offsets sent with QoS 1 and not yet acknowledged;
-- `committed`: the cursor last handed out in a `Checkpoint`.
+- `committed`: the cursor last handed out in a `Checkpoint`, or the stored one
+  it started from (`UNSTORED` if none is stored): a checkpoint, at disconnect
+  too, carries only the cursors that differ from it.
 
 The cursor of a stream is the first offset not yet done: the first outstanding
 offset, else the first pending one, else `fetched`. Only that contiguous
@@ -80,6 +82,9 @@ REFILL_DELAY = 0.005
 RETAINED = -1
 """The pseudo stream of retained messages sent for a new subscription: in the
 window like any other, never fetched, never checkpointed, not replayed."""
+UNSTORED = -1
+"""`_Stream.committed` of a stream whose cursor is not stored (or whose last
+checkpoint was not written): no offset, so the next checkpoint writes it."""
 _NO_IDS: set[int] = set()
 """The `_reserved` packet ids of every session that restored none (never added
 to): an idle session holds no containers it does not use."""
@@ -146,11 +151,15 @@ class Subscription:
 @dataclass(frozen=True, slots=True)
 class Follow:
     """Start following a stream from `cursor`; offsets below `dup_below` may
-    have been sent to the client before."""
+    have been sent to the client before. `stored` False: no cursor of the
+    session is stored for the stream (it appeared since, or was never
+    checkpointed): the next checkpoint writes it, moved or not, so that
+    retention keeps the stream's messages for the session."""
 
     stream: int
     cursor: int
     dup_below: int = 0
+    stored: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -641,11 +650,12 @@ class Session:
                     self._moved = True
             case Offered(stream, messages, upto):
                 self._offered(stream, messages, upto)
-            case Follow(stream, cursor, dup_below):
+            case Follow(stream, cursor, dup_below, stored):
                 if stream not in self._streams:
                     if self._streams is _NONE:
                         self._streams = {}
-                    self._streams[stream] = _Stream(stream, cursor, cursor, dup_below, cursor)
+                    committed = cursor if stored else UNSTORED
+                    self._streams[stream] = _Stream(stream, cursor, committed, dup_below, cursor)
                     self._check_all = True
                     if self._window:
                         self._restore_released(stream)
@@ -703,15 +713,17 @@ class Session:
         return self.handle(Tick(), now)
 
     def checkpoint(self, now: float) -> Checkpoint:
-        """A checkpoint of everything now, changed or not (at disconnect)."""
-        self._acks = 0
-        self._last_checkpoint = now
-        self._moved = False
-        cursors = self.cursors()
-        for key, offset in cursors.items():
-            self._streams[key].committed = offset
-        cursors.pop(RETAINED, None)
-        return Checkpoint(cursors, self.sent())
+        """A checkpoint now, due or not (at disconnect): the cursors that moved
+        since the last one (or were never stored), and what was sent."""
+        return self._take_checkpoint(now)
+
+    def unsaved(self, cursors: Mapping[int, int]) -> None:
+        """The checkpoint of `cursors` was not written: the next one writes
+        them again, moved since or not."""
+        for key in cursors:
+            state = self._streams.get(key)
+            if state is not None:
+                state.committed = UNSTORED
 
     # --- internals -------------------------------------------------------------
     def _make_ready(self, key: int) -> None:
@@ -949,6 +961,13 @@ class Session:
             effects.append(Fetch(state.key, state.fetched, share - len(state.pending)))
 
     def _checkpoint(self, effects: list[Effect], now: float) -> None:
+        checkpoint = self._take_checkpoint(now)
+        if checkpoint.cursors:
+            effects.append(checkpoint)
+
+    def _take_checkpoint(self, now: float) -> Checkpoint:
+        """The cursors that moved since the last checkpoint (or were never
+        stored), counted as committed from now on."""
         changed = {
             key: offset
             for key, state in self._streams.items()
@@ -959,13 +978,10 @@ class Session:
         self._acks = 0
         self._last_checkpoint = now
         self._moved = False
-        if not changed:
-            return
         for key, offset in changed.items():
             self._streams[key].committed = offset
         changed.pop(RETAINED, None)
-        if changed:
-            effects.append(Checkpoint(changed, self.sent()))
+        return Checkpoint(changed, self.sent())
 
     def _report_grants(self, effects: list[Effect]) -> None:
         for key, state in self._grants.items():
