@@ -112,6 +112,11 @@ def test_metrics_sys_and_stats_count_the_same_workload(
             == _value(samples, "riverbed_sent_bytes_total")
             == stats["bytes_out"]
             == sent_bytes
+            # The subscriber's PUBACKs may come after the $SYS update that
+            # showed every message sent: wait for one that has them too.
+            and int(sys_values["$SYS/broker/bytes/received"])
+            == _value(samples, "riverbed_received_bytes_total")
+            == stats["bytes_in"]
         )
         return (samples, sys_values, stats) if same else None
 
