@@ -102,6 +102,12 @@ class StorageUnavailable(StorageError):
     """The database could not be opened or reached."""
 
 
+class StorageBusy(StorageError):
+    """A transaction that does not wait (`storage.transactions.transaction_now`)
+    found the database's write lock held by another connection; nothing was
+    written."""
+
+
 class StorageFull(StorageError):
     """The database refused a write because it is full (the disk, or a size cap
     such as SQLite's `max_size`) or accepts no writes (a read-only PostgreSQL);

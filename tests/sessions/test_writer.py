@@ -3,6 +3,7 @@ transaction, each answered with what it wrote or why it was refused."""
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from concurrent.futures import Future
 from pathlib import Path
@@ -237,3 +238,69 @@ def test_a_store_that_refuses_writes_says_so(tmp_path: Path) -> None:
         storage.close()
     assert errors[0] is None
     assert isinstance(errors[-1], StorageFull), errors
+
+
+def test_an_idle_writer_commits_a_write_on_the_thread_that_asked(storage: Storage) -> None:
+    """`commit_here` (the broker's event loop): on SQLite a write with nothing
+    queued is committed before `write` returns, on the calling thread; on
+    PostgreSQL every write goes through the writer's thread."""
+    store = SessionStore(storage)
+    writer = SessionWriter(store)
+    writer.commit_here()
+    future = writer.write(record("here"), None)
+    embedded = storage.appends_inline
+    if embedded:
+        assert future.done() and writer.written_here == 1
+    stored = future.result(TIMEOUT)
+    assert stored.version == 1 and store.load("here") == stored
+    # A refused compare-and-set is refused the same way.
+    late = writer.write(record("here", seen_us=5), None).exception(TIMEOUT)
+    assert isinstance(late, PreconditionFailed) and "exists already" in str(late)
+    writer.close()
+    assert writer.written_here == (2 if embedded else 0)
+    assert writer.writes == 2
+
+
+def test_a_write_queued_before_is_not_overtaken(sqlite_url: str) -> None:
+    """Only with nothing queued: a write submitted behind a queued one queues
+    too, and the writer's thread commits them in order."""
+    storage = open_storage(sqlite_url)
+    try:
+        writer = SessionWriter(SessionStore(storage), autostart=False)
+        writer.commit_here()
+        first = writer.write(record("c"), None)
+        assert first.done() and first.result().version == 1  # nothing queued before it
+        other: list[Future[Stored]] = []
+        behind = threading.Thread(target=lambda: other.append(writer.write(record("d"), None)))
+        behind.start()
+        behind.join()
+        after = writer.write(record("c", seen_us=2), 1)
+        assert not other[0].done() and not after.done() and writer.written_here == 1
+        writer.start()
+        assert [s.version for s in answers([*other, after])] == [1, 2]  # type: ignore[union-attr]
+        writer.close()
+        assert writer.transactions == 2  # the one here, then both queued ones together
+    finally:
+        storage.close()
+
+
+def test_a_write_waits_for_the_thread_while_another_connection_writes(sqlite_url: str) -> None:
+    """The database's write lock held by another connection: the write is not
+    committed on the calling thread (it would block it), the writer's thread
+    commits it once the lock is free."""
+    storage = open_storage(sqlite_url)
+    try:
+        store = SessionStore(storage)
+        writer = SessionWriter(store)
+        writer.commit_here()
+        other = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"), isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        future = writer.write(record("waits"), None)
+        assert not future.done() and writer.written_here == 0
+        other.execute("COMMIT")
+        other.close()
+        assert future.result(TIMEOUT).version == 1
+        writer.close()
+        assert writer.written_here == 0 and writer.transactions == 1
+    finally:
+        storage.close()

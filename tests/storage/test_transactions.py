@@ -11,24 +11,27 @@ and its precondition holds against writers in other transactions.
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from collections.abc import Callable
 
 import pytest
 
 from harness.storage import create_topic, numbered_rows
-from riverbed.errors import InvalidInput, PreconditionFailed, StorageError
-from riverbed.storage import Storage
+from riverbed.errors import InvalidInput, PreconditionFailed, StorageBusy, StorageError
+from riverbed.storage import Storage, open_storage
 from riverbed.storage.base import KVEntry
 from riverbed.storage.transactions import (
     Transaction,
     append_once_in,
+    commits_now,
     delete_marker_in,
     delete_markers_with_prefix_in,
     kv_delete_if_version_in,
     kv_delete_numbered_below_in,
     kv_put_in,
     transaction,
+    transaction_now,
 )
 
 
@@ -341,3 +344,52 @@ def test_savepoints_of_an_ended_transaction_are_refused(storage: Storage) -> Non
         tx.savepoint("a")
     with pytest.raises(StorageError, match="transaction has ended"):
         tx.rollback_to_savepoint("a")
+
+
+def test_a_transaction_now_never_waits_for_the_write_lock(sqlite_url: str) -> None:
+    """SQLite: another connection holding the write lock makes it fail at once
+    with `StorageBusy`, writing nothing; free, it commits like `transaction`.
+    And the thread's later transactions wait for the lock again."""
+    storage = open_storage(sqlite_url)
+    try:
+        assert commits_now(storage)
+        other = sqlite3.connect(
+            sqlite_url.removeprefix("sqlite:///"), isolation_level=None, check_same_thread=False
+        )
+        other.execute("BEGIN IMMEDIATE")
+        with (
+            pytest.raises(StorageBusy, match="is being written by another"),
+            transaction_now(storage) as tx,
+        ):
+            kv_put_in(tx, "ns", "k", b"busy", None)
+        assert storage.kv_get("ns", "k") is None
+        # This thread's `transaction` waits for the lock again (busy timeout).
+        release = threading.Timer(0.2, lambda: other.execute("COMMIT"))
+        release.start()
+        kv_in_transaction(storage, b"waited")
+        release.join()
+        assert storage.kv_get("ns", "k").value == b"waited"  # type: ignore[union-attr]
+        with transaction_now(storage) as tx:
+            assert kv_put_in(tx, "ns", "k", b"now", 1)
+        assert storage.kv_get("ns", "k").value == b"now"  # type: ignore[union-attr]
+        other.close()
+    finally:
+        storage.close()
+
+
+def test_a_server_database_has_no_transaction_now(postgres_url: str) -> None:
+    storage = open_storage(postgres_url)
+    try:
+        assert not commits_now(storage)
+        with (
+            pytest.raises(NotImplementedError, match="no transactions that do not wait"),
+            transaction_now(storage),
+        ):
+            pass
+    finally:
+        storage.close()
+
+
+def kv_in_transaction(storage: Storage, value: bytes) -> None:
+    with transaction(storage) as tx:
+        assert kv_put_in(tx, "ns", "k", value, None)

@@ -274,6 +274,9 @@ class Broker:
                         server.close()
                 raise
         await self.fanout.start()
+        # On SQLite a session write with nothing queued before it commits on
+        # the loop (sessions/writer.py), as a small batch of messages does.
+        self.writer.commit_here()
         storage = self.log.storage
         shared = self.config.shared_subscriptions
         if shared.enabled:

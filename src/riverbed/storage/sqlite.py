@@ -24,7 +24,8 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -202,6 +203,24 @@ class SqliteStorage(SqlStorage):
             raise
         finally:
             conn.inline = False
+
+    @contextmanager
+    def not_waiting(self) -> Iterator[None]:
+        """Within it, this thread's connection asks for the write lock without
+        the busy timeout, as `try_append` does (and leaves it off after, as
+        `try_append` does: a thread that does this does it again)."""
+        conn = self.connections.get()
+        if conn.waits:
+            conn.execute("PRAGMA busy_timeout=0")
+            conn.waits = False
+        was, conn.inline = conn.inline, True
+        try:
+            yield
+        finally:
+            conn.inline = was
+
+    def busy(self, exc: BaseException | None) -> bool:
+        return isinstance(exc, sqlite3.OperationalError) and _busy(exc)
 
     def _waiting_conn(self) -> _Connection:
         """The thread's connection, with its busy timeout on unless `try_append`

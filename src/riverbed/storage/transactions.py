@@ -28,7 +28,13 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from riverbed.errors import InvalidInput, StorageError, StorageFull, StorageUnavailable
+from riverbed.errors import (
+    InvalidInput,
+    StorageBusy,
+    StorageError,
+    StorageFull,
+    StorageUnavailable,
+)
 from riverbed.storage.base import Row, Storage, StreamHead, SubscriptionRecord
 from riverbed.storage.connections import ConnectionLost, Cursor, operation
 from riverbed.storage.sql import SqlStorage
@@ -137,6 +143,30 @@ def transaction(storage: Storage, *, durable: bool = True) -> Iterator[Transacti
             yield tx
     finally:
         sql.connections.leave()
+
+
+def commits_now(storage: Storage) -> bool:
+    """Whether `transaction_now` can run on this storage (an embedded database:
+    SQLite)."""
+    return storage.appends_inline
+
+
+@contextmanager
+def transaction_now(storage: Storage) -> Iterator[Transaction]:
+    """`transaction` on the calling thread that does not wait for the write
+    lock: `StorageBusy`, with nothing written, if another connection holds it.
+    Lets an event loop commit a small write itself when the database is free,
+    instead of handing it to a writer thread and back (as `Storage.try_append`
+    does for messages). Embedded databases only (`commits_now`)."""
+    sql = sql_storage(storage)
+    with sql.not_waiting():
+        try:
+            with transaction(storage) as tx:
+                yield tx
+        except StorageError as exc:
+            if sql.busy(exc.__cause__):
+                raise StorageBusy(f"{redact_url(sql.url)!r} is being written by another") from exc
+            raise
 
 
 @contextmanager

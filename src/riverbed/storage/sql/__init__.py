@@ -15,6 +15,8 @@ retention's deletes), `subscriptions.py` (subscriptions and cursors) and
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
+
 from riverbed.storage.sql.core import SqlCore as SqlCore
 from riverbed.storage.sql.kv import KVQueries
 from riverbed.storage.sql.messages import FIRST_OFFSET_AT as FIRST_OFFSET_AT
@@ -26,3 +28,13 @@ from riverbed.storage.sql.topics import TopicQueries
 
 class SqlStorage(TopicQueries, MessageQueries, SubscriptionQueries, KVQueries):
     """Base of the SQLite and PostgreSQL storages: the queries."""
+
+    def not_waiting(self) -> AbstractContextManager[None]:
+        """Within it, this thread's transactions do not wait for the write lock
+        (`transaction_now`); a backend whose commits always wait on a server
+        has no such mode (PostgreSQL)."""
+        raise NotImplementedError(f"{type(self).__name__} has no transactions that do not wait")
+
+    def busy(self, exc: BaseException | None) -> bool:
+        """Whether a driver's error says another connection holds the write lock."""
+        return False
