@@ -296,10 +296,19 @@ class Following:
             return
         if conn.session is not session or conn.closing:
             return
+        self._follow_new_streams(readable)
+
+    def _follow_new_streams(self, readable: Readable) -> None:
+        """Have the session follow those of `readable`'s streams it does not
+        follow yet, all in one turn of the session."""
+        conn = self.conn
+        session = conn.session
+        if session is None or conn.closing:
+            return
         known = session.streams
-        for key in readable.cursors:
-            if key not in known:
-                conn.handle(readable.follow(key))
+        events = [readable.follow(key) for key in readable.cursors if key not in known]
+        if events:
+            conn.handle_all(events)
 
     # --- SUBSCRIBE / UNSUBSCRIBE ---------------------------------------------------
     def take(self, packet: Subscribe) -> None:
@@ -414,12 +423,7 @@ class Following:
                     record, conn.stored.version, filters, taken
                 )
             self.lineage_wait = self.lineage_wait or waiting
-        session = conn.session
-        if session is not None and not conn.closing:
-            known = session.streams
-            events = [follow.follow(key) for key in follow.cursors if key not in known]
-            if events:
-                conn.handle_all(events)
+        self._follow_new_streams(follow)
         conn.send(Suback(packet.packet_id, taken.codes))
         if taken.wants_retained and broker.config.limits.retain_available:
             # Not on this connection's worker: the packets after the SUBSCRIBE
