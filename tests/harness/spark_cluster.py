@@ -200,11 +200,17 @@ class SparkCluster:
         )
 
     def status(self) -> dict[str, object]:
-        """The master's own account (its web UI's JSON): workers, apps."""
+        """The master's own account (its web UI's JSON): workers, apps.
+        `OSError` while the UI is not up, or answers with an empty or
+        partial body (seen while the master starts on a busy machine)."""
         url = f"http://{LOOPBACK}:{self.ui_port}/json/"
         with urllib.request.urlopen(url, timeout=5) as response:
-            status: dict[str, object] = json.load(response)
-            return status
+            body = response.read()
+        try:
+            status: dict[str, object] = json.loads(body)
+        except ValueError as exc:
+            raise OSError(f"the Spark master's UI answered {body[:200]!r}: {exc}") from exc
+        return status
 
     def alive_workers(self) -> int:
         try:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import re
 import signal
 import threading
 import time
@@ -414,8 +415,17 @@ def _fifty_groups(broker: BrokerProcess) -> None:
     # goes to another member again. None on SQLite here; on PostgreSQL, where
     # the leader thread's writes are server round trips, 0.1-1.3% of the
     # deliveries (docs/shared-subscriptions.md, Known limits).
-    assert duplicates <= want // 20, f"{duplicates} duplicates in {want} deliveries"
+    assert duplicates <= want // 20, (
+        f"{duplicates} duplicates in {want} deliveries; Borrowers replaced, by reason: "
+        f"{_replaced(broker)}"
+    )
     close_all(*members, pub)
+
+
+def _replaced(broker: BrokerProcess) -> Counter[str]:
+    """Why the broker's Borrowers were replaced (its log), by reason."""
+    text = broker.log_path.read_text(errors="replace")
+    return Counter(re.findall(r"borrower \S+ replaced by \S+: (.*)", text))
 
 
 # --------------------------------------------------------------------- the Leader

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from harness.waiting import eventually_async
 from riverbed.errors import StorageUnavailable
 from riverbed.log.log import Log
 from riverbed.model import Message
@@ -19,7 +20,7 @@ from riverbed.sharedsub.borrower import Send
 from riverbed.sharedsub.claims import GroupStore
 from riverbed.sharedsub.config import SharedSubConfig
 from riverbed.sharedsub.handler import SessionEffect, SharedSubscriptionHandler
-from riverbed.sharedsub.protocol import GroupId
+from riverbed.sharedsub.protocol import GroupId, Ping, PingResponse
 from riverbed.sharedsub.protocol import Message as BusMessage
 from riverbed.sharedsub.runtime import SharedRuntime
 
@@ -55,6 +56,10 @@ class Sharer:
         for effect in effects:
             if isinstance(effect, Send):
                 self.runtime.send(effect.to, effect.message)
+                self.sent(effect.message)
+
+    def sent(self, message: BusMessage) -> None:
+        """What a sharer does after each message it sends (nothing here)."""
 
     def receive(self, message: BusMessage) -> None:
         self.apply(self.handler.receive(message, time.monotonic()))
@@ -229,3 +234,87 @@ def test_an_unreachable_store_costs_the_leader_side_a_line_not_its_ticks(
     assert [r.levelno for r in lines] == [logging.WARNING, logging.WARNING]
     assert all(r.exc_info is None for r in lines)
     assert "waits for the store" in lines[0].getMessage()
+
+
+class TimedSharer(Sharer):
+    """A sharer whose Handler is ticked by a loop timer at its next deadline, as
+    a broker's session ticks it (mqtt/sharing.py), and which can stall the loop
+    right after it sends a ping (a busy machine, a long callback)."""
+
+    def __init__(self, runtime: SharedRuntime, log: Log, name: str) -> None:
+        super().__init__(runtime, log, name)
+        self.timer: asyncio.TimerHandle | None = None
+        self.stall = 0.0
+        self.stalls = 0
+        self.answers = 0
+        """Ping answers that came after the first stall."""
+
+    def receive(self, message: BusMessage) -> None:
+        if isinstance(message, PingResponse) and self.stalls:
+            self.answers += 1
+        super().receive(message)
+
+    def apply(self, effects: list[SessionEffect]) -> None:
+        super().apply(effects)
+        self.arm()
+
+    def sent(self, message: BusMessage) -> None:
+        if isinstance(message, Ping) and self.stall:
+            # The loop is stuck in this callback while the Leader answers.
+            time.sleep(self.stall)
+            self.stall, self.stalls = 0.0, self.stalls + 1
+
+    def arm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        deadline = self.handler.next_deadline()
+        if deadline is not None:
+            self.timer = asyncio.get_running_loop().call_at(deadline, self.tick)
+
+    def tick(self) -> None:
+        self.timer = None
+        self.apply(self.handler.tick(time.monotonic()))
+
+
+def test_an_answer_that_came_while_the_loop_stalled_counts_before_the_fence(log: Log) -> None:
+    """The Leader answered a ping while the loop was stuck past the Borrower's
+    old fence (but within the window the answer gives): the answer moves the
+    fence before the timers that came due in the stall run, so the Borrower keeps
+    its streams. Before, the answer waited one loop turn more behind those timers,
+    the Borrower fenced itself off, and its in-flight window went out again."""
+    GroupStore(log.storage).create(GroupId("g", "t/#"), start_us=None, now_us=0)
+    # Pings every 2.5 s, an answer gives a fence 5.5 s after its ping was sent.
+    config = SharedSubConfig(
+        find_leader_retry=0.2,
+        ping_interval=2.5,
+        ping_timeout=3.0,
+        unsubscribe_timeout=0.5,
+        leader_borrower_timeout=6.0,
+        fence_margin=0.5,
+        leader_periodic=0.5,
+        leader_resend=0.5,
+        leader_claim_lease=30.0,
+        leader_idle_stop=30.0,
+    )
+
+    async def go() -> TimedSharer:
+        runtime = SharedRuntime(log.storage, config, "node-1")
+        a = TimedSharer(runtime, log, "a")
+        try:
+            a.apply(a.handler.subscribe(SHARE, time.monotonic()))
+            await eventually_async(lambda: len(a.handler.grants) == 20, 30.0, "20 grants")
+            # Stalled 4 s after a ping: the fence of the ping before (3 s after
+            # this one) and this ping's timeout (3 s) fall inside the stall.
+            a.stall = 4.0
+            await eventually_async(lambda: a.stalls == 1, 30.0, "a stall")
+            # The stalled ping's answer, and the next one's.
+            await eventually_async(lambda: a.answers >= 2, 30.0, "two answers")
+            return a
+        finally:
+            if a.timer is not None:
+                a.timer.cancel()
+            await runtime.close()
+
+    a = asyncio.run(go())
+    assert list(a.handler.agent.replaced) == []
+    assert len(a.handler.grants) == 20

@@ -482,4 +482,8 @@ class Sharing:
     def _tick(self) -> None:
         self._timer = None
         if not self.conn.closing:
-            self._run(self.handler.tick(self._now()))
+            runtime = self.conn.broker.shared
+            assert runtime is not None
+            runtime.receive_arrived()  # the Leader's answers count before the fence
+            if not self.conn.closing:
+                self._run(self.handler.tick(self._now()))

@@ -185,9 +185,22 @@ class SharedRuntime:
             self.loop.call_soon_threadsafe(self._arrived)
 
     def _arrived(self) -> None:
-        for to, message in self._outbox.take():
+        self.receive_arrived()
+
+    def receive_arrived(self) -> None:
+        """On the loop: hand the Borrowers what the leader thread sent them, now.
+        Called when the loop is woken for it, and before a session's timers run
+        (mqtt/sharing.py): an answer that came while the loop was stuck (a busy
+        machine) moves its Borrower's fence before the timers that fell due
+        meanwhile look at it. Handed over one loop turn later, it came after
+        them, and the Borrower fenced itself off though its Leader had
+        answered in time (its in-flight messages went out again)."""
+        arrived = self._outbox.take()
+        if not arrived:
+            return
+        for to, message in arrived:
             self.bus.send(to, message)
-        self._drain_soon()
+        self.bus.drain()
 
     def _drain_soon(self) -> None:
         if not self._draining:
