@@ -40,6 +40,8 @@ from riverbed.spark import session
 from riverbed.spark.options import check_shared_storage
 
 DEVICES = ("boiler", "fridge", "porch")
+PARTITIONS = 4
+"""Of `sensors`, and of the aggregation's state (Spark's shuffle partitions)."""
 START = 1_767_225_600  # 2026-01-01T00:00:00Z, in seconds
 
 
@@ -64,7 +66,7 @@ def setup(db: str) -> None:
     """Create the topics and subscriptions, or reuse them on a second run
     (`exist_ok`: an error only if one exists with other settings)."""
     with Log.open(db) as log:
-        log.topics.create("sensors", partitions=4, binding="sensors/#", exist_ok=True)
+        log.topics.create("sensors", partitions=PARTITIONS, binding="sensors/#", exist_ok=True)
         log.topics.create("sensor-minutes", partitions=2, exist_ok=True)
         subscriptions = Subscriptions(log.storage)
         subscriptions.create("spark-sensors", "sensors", exist_ok=True)
@@ -139,7 +141,13 @@ def run(
     check_shared_storage(db, master)  # a SQLite file on a cluster: refused before any write
     setup(db)
     publish(db, count)
-    spark = session(master, remote=remote, config=conf)
+    # The aggregation's state is split as `sensors` is, not into the 200 shuffle
+    # partitions a cluster or Spark Connect server defaults to: for three devices
+    # those are 200 state stores written at every micro-batch (a run on a
+    # two-executor cluster took twice as long). --conf spark.sql.shuffle.partitions
+    # chooses another count; a checkpoint keeps the count it started with.
+    settings = {"spark.sql.shuffle.partitions": str(PARTITIONS), **(conf or {})}
+    spark = session(master, remote=remote, config=settings)
     aggregate(spark, db, str(work / "checkpoint"))
     lines = riverbed(db, "consume", "dashboard").splitlines()
     return [json.loads(json.loads(line)["payload"]) for line in lines if line.strip()]

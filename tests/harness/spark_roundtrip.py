@@ -35,7 +35,8 @@ def main() -> None:
     args = parser.parse_args()
     from riverbed.spark import session
 
-    conf = dict(pair.split("=", 1) for pair in args.conf)
+    # Its `distinct` shuffles 8 rows: 4 partitions, not a cluster's default 200.
+    conf = {"spark.sql.shuffle.partitions": "4", **dict(p.split("=", 1) for p in args.conf)}
     spark = session(args.master, remote=args.remote, config=conf)
     frame = spark.read.format("riverbed").option("db", args.db).option("topic", "orders").load()
     read = frame.count()
