@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from harness.broker import BrokerProcess, Client
+from harness.waiting import eventually
 from riverbed.log.topics import BUILTIN_TOPIC, Topics
 from riverbed.sessions.store import CURSOR_PREFIX
 from riverbed.storage import open_storage
@@ -70,3 +71,32 @@ def test_unsubscribing_drops_the_cursors_of_topics_no_longer_reached(
     back.subscribe("orders/#", qos=1)
     assert _cursor_topics(storage_url) == sorted([BUILTIN_TOPIC, "orders"])
     back.disconnect()
+
+
+def test_a_topic_bound_while_a_session_is_subscribed_is_followed(storage_url: str) -> None:
+    """`shipments` is created with a binding under a filter a connected session
+    has: what is published there (right away, while the broker may still route
+    by the bindings it knew, and after) reaches the session, and its cursors
+    come to cover the new topic. Before, the session went on following only the
+    topics its filters reached at SUBSCRIBE, and never got those messages."""
+    with BrokerProcess(storage_url) as broker:
+        sub = Client(broker.port, "early")
+        sub.connect(clean=True, expiry=300)
+        sub.subscribe("shipments/#", qos=1)
+        assert _cursor_topics(storage_url) == [BUILTIN_TOPIC]
+        storage = open_storage(storage_url)
+        try:  # another process: the CLI, say
+            Topics(storage).create("shipments", 2, binding="shipments/#")
+        finally:
+            storage.close()
+        pub = Client(broker.port, "pub")
+        pub.connect()
+        pub.publish("shipments/1", b"s1", qos=1).wait_for_publish(10)
+        eventually(
+            lambda: _cursor_topics(storage_url) == sorted([BUILTIN_TOPIC, "shipments"]),
+            what="the session's cursors on the new topic",
+        )
+        pub.publish("shipments/2", b"s2", qos=1).wait_for_publish(10)
+        assert sorted(m.payload for m in sub.wait_for(2)) == [b"s1", b"s2"]
+        sub.disconnect()
+        pub.disconnect()

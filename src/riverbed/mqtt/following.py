@@ -27,6 +27,7 @@ import asyncio
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Protocol
 
 from riverbed.clock import now_us
@@ -46,7 +47,7 @@ from riverbed.mqtt.codec import (
 )
 from riverbed.mqtt.sharing import Sharing, SharingOwner, is_shared
 from riverbed.sessions.session import Event, Follow, Session, Subscription
-from riverbed.sessions.store import SessionRecord, Stored, start_positions
+from riverbed.sessions.store import MadeCursors, SessionRecord, Stored, start_positions
 from riverbed.sessions.writer import NewCursors
 from riverbed.sharedsub.claims import GroupStore
 from riverbed.sharedsub.protocol import GroupId
@@ -136,6 +137,7 @@ class Following:
     """The subscriptions and followed streams of one connection's session."""
 
     __slots__ = (
+        "_again",
         "_retaining",
         "_taken",
         "_task",
@@ -148,6 +150,8 @@ class Following:
         self.lineage_wait = False
         """Some stream of the session's topics waits for its lineage."""
         self._task: asyncio.Task[None] | None = None
+        self._again = False
+        """Another look for new streams was asked for while one ran."""
         self._taken: _Taken | None = None
         """The SUBSCRIBE `take` took and `subscribe` has yet to finish."""
         self._retaining: set[asyncio.Task[None]] | None = None
@@ -233,10 +237,13 @@ class Following:
         topics: list[str],
         in_memory: dict[int, int],
         ensure: tuple[str, ...] = (),
+        made: Mapping[str, MadeCursors] = MappingProxyType({}),
     ) -> tuple[Readable, bool]:
         """`readable`, without setting `lineage_wait`: the streams and cursors,
         and whether some stream has to wait for its lineage. `in_memory`: the
-        session's cursors, newer than the stored ones.
+        session's cursors, newer than the stored ones. `made`: cursors the
+        session's write has just made, with their topics' shape as that write
+        read it (nothing of those topics is read again).
 
         A topic's generations and heads are the same for every session: read
         once for all the connections that ask at the same time
@@ -247,15 +254,25 @@ class Following:
         store = broker.store
         storage = broker.log.storage
         shapes: dict[str, tuple[list[StorageTopicRecord], list[StreamHead]]] = {}
+        stored: dict[str, dict[int, int]] = {}
         for topic in topics:
-            shape = await broker.read_shared(("topic", topic), _topic_shape, storage, topic)
+            shape: tuple[list[StorageTopicRecord], list[StreamHead]] | None
+            if topic in made:
+                shape = made[topic].generations, made[topic].heads
+                stored[topic] = made[topic].committed
+            else:
+                shape = await broker.read_shared(("topic", topic), _topic_shape, storage, topic)
             if shape is not None:  # else deleted since: nothing to follow there
                 shapes[topic] = shape
-        missing, stored = await broker.read(store.cursors_of, session_id, list(shapes), ensure)
+        missing: list[str] = []
+        unread = [t for t in shapes if t not in made]
+        if unread or ensure:
+            missing, read = await broker.read(store.cursors_of, session_id, unread, ensure)
+            stored.update(read)
         if missing:
             await asyncio.to_thread(store.ensure_cursors, session_id, missing, None)
-            _, made = await broker.read(store.cursors_of, session_id, missing, ())
-            stored.update(made)
+            _, ensured = await broker.read(store.cursors_of, session_id, missing, ())
+            stored.update(ensured)
         out: dict[int, int] = {}
         unstored: list[int] = []
         waiting = False
@@ -279,24 +296,61 @@ class Following:
             self.check_soon()
 
     def check_soon(self) -> None:
+        """Look for streams to follow soon; a look asked for while one runs
+        runs again after it (what changed meanwhile may be past its reads)."""
         conn = self.conn
         if self._task is None or self._task.done():
             self._task = conn.loop.create_task(self._follow_new())
+        else:
+            self._again = True
 
     async def _follow_new(self) -> None:
+        self._again = True
+        while self._again:
+            self._again = False
+            conn = self.conn
+            session = conn.session
+            if session is None or conn.stored is None or conn.closing:
+                return
+            try:
+                await self._reach_new_topics(session)
+                stored = conn.stored
+                if stored is None or conn.session is not session or conn.closing:
+                    return
+                readable = await self.readable(list(stored.record.topics))
+            except RiverbedError:
+                log.exception("client %s: looking for new streams failed", conn.client_id)
+                return
+            if conn.session is not session or conn.closing:
+                return
+            self._follow_new_streams(readable)
+
+    async def _reach_new_topics(self, session: Session) -> None:
+        """Topics the session's filters reach now and did not when they were
+        subscribed (a topic created, or bound, since): the session gets cursors
+        there from the start of their streams (all of it was published after the
+        topic took those names from `mqtt`, while the filters were in place) and
+        the record names them, so the streams are followed. Without this, what
+        a new topic's binding took over was never delivered to the sessions
+        subscribed before it."""
         conn = self.conn
-        session = conn.session
-        stored = conn.stored
-        if session is None or stored is None or conn.closing:
+        private = tuple(s for s in session.subscriptions if not is_shared(s.topic_filter))
+        if not private:
             return
-        try:
-            readable = await self.readable(list(stored.record.topics))
-        except RiverbedError:
-            log.exception("client %s: looking for new streams failed", conn.client_id)
-            return
-        if conn.session is not session or conn.closing:
-            return
-        self._follow_new_streams(readable)
+        reached = self.reachable_topics(private, await self.bindings())
+        async with conn.record_lock:
+            stored = conn.stored
+            if stored is None or conn.session is not session or conn.closing:
+                return
+            new = [t for t in reached if t not in stored.record.topics]
+            if not new:
+                return
+            record = replace(conn.record(), topics=(*stored.record.topics, *new))
+            written = await asyncio.wrap_future(
+                conn.broker.writer.write(record, stored.version, NewCursors(tuple(new), 0))
+            )
+            conn.stored = written.without_made()
+        log.info("client %s: its subscriptions now reach topics %s", conn.client_id, new)
 
     def _follow_new_streams(self, readable: Readable) -> None:
         """Have the session follow those of `readable`'s streams it does not
@@ -479,8 +533,10 @@ class Following:
         cursors = NewCursors(tuple(new), taken.at_us, taken.positions) if new else None
         stored = await asyncio.wrap_future(broker.writer.write(record, version, cursors))
         if new:
-            follow, waiting = await self._streams_of(record.session_id, new, {})
-        return stored, follow, waiting
+            follow, waiting = await self._streams_of(
+                record.session_id, new, {}, made=stored.made or {}
+            )
+        return stored.without_made(), follow, waiting
 
     async def unsubscribe(self, packet: Unsubscribe) -> None:
         conn = self.conn

@@ -37,7 +37,14 @@ from riverbed.clock import now_us
 from riverbed.errors import AlreadyExists, NotFound, PreconditionFailed, SubscriptionNotFound
 from riverbed.sessions.qos2 import WindowEntry
 from riverbed.sessions.session import Subscription
-from riverbed.storage.base import KVEntry, StartKind, Storage, StreamHead, SubscriptionRecord
+from riverbed.storage.base import (
+    KVEntry,
+    StartKind,
+    Storage,
+    StorageTopicRecord,
+    StreamHead,
+    SubscriptionRecord,
+)
 from riverbed.storage.leases import Lease, Leases
 from riverbed.topics.filters import filter_covers
 
@@ -209,6 +216,25 @@ class Stored:
 
     record: SessionRecord
     version: int | None
+    made: Mapping[str, MadeCursors] | None = None
+    """Topic -> the cursors this write made there, with the topic's shape as the
+    write's transaction read it (`SessionWriter.write` with cursors): what the
+    connection would otherwise read back to follow those streams. Dropped once
+    used (`without_made`): a connection keeps only the record and version."""
+
+    def without_made(self) -> Stored:
+        return self if self.made is None else Stored(self.record, self.version)
+
+
+@dataclass(frozen=True, slots=True)
+class MadeCursors:
+    """A session's new cursors on one topic, and the topic's generations and
+    stream heads they were placed by, all read in the transaction that made
+    them."""
+
+    generations: list[StorageTopicRecord]
+    heads: list[StreamHead]
+    committed: dict[int, int]
 
 
 class SessionStore:

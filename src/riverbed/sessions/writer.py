@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 
@@ -57,11 +57,13 @@ from riverbed.errors import (
 )
 from riverbed.sessions.store import (
     NAMESPACE,
+    MadeCursors,
     SessionRecord,
     SessionStore,
     Stored,
     cursor_name,
 )
+from riverbed.storage.base import StreamHead
 from riverbed.storage.transactions import (
     Transaction,
     commit_cursors_in,
@@ -70,6 +72,7 @@ from riverbed.storage.transactions import (
     kv_hold_in,
     kv_write_in,
     storage_error,
+    storage_topics_in,
     subscription_exists_in,
     transaction,
     transaction_now,
@@ -317,7 +320,8 @@ class SessionWriter:
                         )
                 written = _put(tx, record, version, self.store)
                 if cursors is not None:
-                    self._make_cursors(tx, record.session_id, cursors)
+                    made = self._make_cursors(tx, record.session_id, cursors)
+                    written = Stored(written.record, written.version, made)
                 for namespace, key, value in also:
                     kv_write_in(tx, namespace, key, value, None)
                 return written
@@ -332,18 +336,36 @@ class SessionWriter:
                         commit_cursors_in(tx, name, offsets)
                 return written
 
-    def _make_cursors(self, tx: Transaction, session_id: str, cursors: NewCursors) -> None:
+    def _make_cursors(
+        self, tx: Transaction, session_id: str, cursors: NewCursors
+    ) -> dict[str, MadeCursors]:
+        """Make the session's cursors on `cursors.topics` (a topic it has one on
+        already keeps it); return those made, with the topic's shape as this
+        transaction read it (the connection follows them without reading it
+        again)."""
+        made: dict[str, MadeCursors] = {}
         for topic in cursors.topics:
-            name = cursor_name(session_id, topic)
-            if subscription_exists_in(tx, name):
-                continue
             record, initial = self.store.new_cursor(
                 session_id, topic, cursors.start_us, cursors.offsets
             )
-            try:
-                create_subscription_in(tx, record, initial)
+            placed: list[tuple[list[StreamHead], dict[int, int]]] = []
+
+            def place(
+                heads: list[StreamHead],
+                initial: Callable[[list[StreamHead]], dict[int, int]] = initial,
+                placed: list[tuple[list[StreamHead], dict[int, int]]] = placed,
+            ) -> dict[int, int]:
+                offsets = initial(heads)
+                placed.append((heads, offsets))
+                return offsets
+
+            try:  # refused before it writes anything if the name exists
+                create_subscription_in(tx, record, place)
             except AlreadyExists:
                 continue
+            heads, committed = placed[0]
+            made[topic] = MadeCursors(storage_topics_in(tx, topic), heads, committed)
+        return made
 
 
 def _put(

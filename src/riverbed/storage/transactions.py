@@ -35,7 +35,7 @@ from riverbed.errors import (
     StorageFull,
     StorageUnavailable,
 )
-from riverbed.storage.base import Row, Storage, StreamHead, SubscriptionRecord
+from riverbed.storage.base import Row, Storage, StorageTopicRecord, StreamHead, SubscriptionRecord
 from riverbed.storage.connections import ConnectionLost, Cursor, operation
 from riverbed.storage.sql import SqlStorage
 from riverbed.storage.urls import redact_url
@@ -330,6 +330,13 @@ def delete_markers_with_prefix_in(tx: Transaction, prefix: str, *, keep: str | N
 def subscription_exists_in(tx: Transaction, name: str) -> bool:
     """Whether the named subscription exists, read inside `tx`."""
     return tx.execute("SELECT 1 FROM subscriptions WHERE name = ?", (name,)).fetchone() is not None
+
+
+def storage_topics_in(tx: Transaction, topic: str) -> list[StorageTopicRecord]:
+    """`Storage.list_storage_topics` inside `tx`: the topic's generations
+    (empty for a topic that does not exist)."""
+    tx._check_open()
+    return tx._storage._storage_topics(tx._cursor, topic)
 
 
 def create_subscription_in(
