@@ -165,9 +165,9 @@ class Broker:
         """Set once a drain (`ClusterNode.drain`) has closed the listeners:
         `serve` then stops the broker, which sends its clients elsewhere."""
         self.connections: dict[str, Connection] = {}
+        """Client id -> the connection holding its session."""
         self._shared_reads: dict[Hashable, asyncio.Future[Any]] = {}
         """Reads running for `read_shared`, by key."""
-        """Client id -> the connection holding its session."""
         self._all: set[Connection] = set()
         self._locks: dict[str, _ClientLock] = {}
         self._server: asyncio.Server | None = None
