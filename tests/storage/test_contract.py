@@ -9,11 +9,14 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import threading
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from harness.storage import (
     accept_any,
@@ -887,3 +890,26 @@ def test_meta_version_is_shared_by_every_instance(storage: Storage, storage_url:
         assert [t.name for t in other.list_topics()] == ["orders"]
     finally:
         other.close()
+
+
+_KEY_CHARS = st.sampled_from(
+    ["a", "b", "/", "%", "_", "é", "\ud7ff", "\ue000", "\uffff", "\U00010000", "\U0010ffff"]
+)
+
+
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    keys=st.sets(st.text(_KEY_CHARS, max_size=4), max_size=12),
+    prefix=st.text(_KEY_CHARS, max_size=3),
+)
+def test_kv_list_is_every_key_that_starts_with_the_prefix(
+    storage: Storage, keys: set[str], prefix: str
+) -> None:
+    """Whatever the keys and the prefix, near the ends of the code points too
+    (U+D7FF before the surrogates, U+FFFF, U+10FFFF): `kv_list` answers from a
+    range of the primary key, and that range is exactly the prefix."""
+    namespace = f"prop-{uuid.uuid4().hex}"
+    for key in keys:
+        storage.kv_put(namespace, key, b"")
+    listed = [e.key for e in storage.kv_list(namespace, prefix)]
+    assert listed == sorted(k for k in keys if k.startswith(prefix))

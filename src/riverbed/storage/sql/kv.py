@@ -21,11 +21,21 @@ class KVQueries(SqlCore):
 
     @operation
     def kv_list(self, namespace: str, prefix: str = "") -> list[KVEntry]:
-        rows = self._q(
-            "SELECT key, value, version FROM kv WHERE namespace = ? AND substr(key, 1, ?) = ?"
-            " ORDER BY key",
-            (namespace, len(prefix), prefix),
-        ).fetchall()
+        # A range of the primary key (keys sort by code point on both backends),
+        # not `substr(key, 1, n) = prefix`, which read every key of the namespace.
+        end = prefix_end(prefix)
+        if end is None:
+            rows = self._q(
+                "SELECT key, value, version FROM kv WHERE namespace = ? AND key >= ?"
+                " ORDER BY key",
+                (namespace, prefix),
+            ).fetchall()
+        else:
+            rows = self._q(
+                "SELECT key, value, version FROM kv WHERE namespace = ? AND key >= ?"
+                " AND key < ? ORDER BY key",
+                (namespace, prefix, end),
+            ).fetchall()
         return [KVEntry(namespace, k, bytes(v), int(ver)) for k, v, ver in rows]
 
     @operation
@@ -111,3 +121,21 @@ class KVQueries(SqlCore):
             (namespace, key, expected_version),
         ).rowcount
         return deleted > 0
+
+
+_MAX_CHAR = 0x10FFFF
+_SURROGATES = range(0xD800, 0xE000)
+"""Code points no stored key holds (text is UTF-8 on both backends)."""
+
+
+def prefix_end(prefix: str) -> str | None:
+    """The least string above every string that starts with `prefix`, in code
+    point order; None when there is none (an empty prefix, or one of only
+    U+10FFFF): `prefix <= key < prefix_end(prefix)` is `key.startswith(prefix)`."""
+    stem = prefix.rstrip(chr(_MAX_CHAR))
+    if not stem:
+        return None
+    following = ord(stem[-1]) + 1
+    if following in _SURROGATES:
+        following = _SURROGATES.stop
+    return stem[:-1] + chr(following)
