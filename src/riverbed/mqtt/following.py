@@ -350,7 +350,8 @@ class Following:
                 conn.broker.writer.write(record, stored.version, NewCursors(tuple(new), 0))
             )
             conn.stored = written.without_made()
-        log.info("client %s: its subscriptions now reach topics %s", conn.client_id, new)
+        # debug: a topic bound under a common filter is news for every such session
+        log.debug("client %s: its subscriptions now reach topics %s", conn.client_id, new)
 
     def _follow_new_streams(self, readable: Readable) -> None:
         """Have the session follow those of `readable`'s streams it does not
