@@ -26,8 +26,7 @@ class KVQueries(SqlCore):
         end = prefix_end(prefix)
         if end is None:
             rows = self._q(
-                "SELECT key, value, version FROM kv WHERE namespace = ? AND key >= ?"
-                " ORDER BY key",
+                "SELECT key, value, version FROM kv WHERE namespace = ? AND key >= ? ORDER BY key",
                 (namespace, prefix),
             ).fetchall()
         else:
