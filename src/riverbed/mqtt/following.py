@@ -334,14 +334,14 @@ class Following:
         a new topic's binding took over was never delivered to the sessions
         subscribed before it."""
         conn = self.conn
-        private = tuple(s for s in session.subscriptions if not is_shared(s.topic_filter))
-        if not private:
-            return
-        reached = self.reachable_topics(private, await self.bindings())
+        bindings = await self.bindings()
         async with conn.record_lock:
+            # The filters as they are once no SUBSCRIBE or UNSUBSCRIBE is writing.
             stored = conn.stored
             if stored is None or conn.session is not session or conn.closing:
                 return
+            private = tuple(s for s in session.subscriptions if not is_shared(s.topic_filter))
+            reached = self.reachable_topics(private, bindings)
             new = [t for t in reached if t not in stored.record.topics]
             if not new:
                 return
