@@ -334,6 +334,8 @@ class Following:
         a new topic's binding took over was never delivered to the sessions
         subscribed before it."""
         conn = self.conn
+        if all(is_shared(s.topic_filter) for s in session.subscriptions):
+            return  # no filter of its own (a publisher): no read of the bindings
         bindings = await self.bindings()
         async with conn.record_lock:
             # The filters as they are once no SUBSCRIBE or UNSUBSCRIBE is writing.
