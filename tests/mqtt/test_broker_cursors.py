@@ -8,13 +8,18 @@ its messages back for ever. Messages already sent are still completed.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import pytest
 
 from harness.broker import BrokerProcess, Client
-from harness.waiting import eventually
+from harness.inprocess import running_broker
+from harness.raw_mqtt import AsyncRawClient
+from harness.waiting import eventually, eventually_async
 from riverbed.log.topics import BUILTIN_TOPIC, Topics
+from riverbed.mqtt.codec import Puback, Publish, Subscribe
+from riverbed.mqtt.following import Following
 from riverbed.sessions.store import CURSOR_PREFIX
 from riverbed.storage import open_storage
 
@@ -100,3 +105,39 @@ def test_a_topic_bound_while_a_session_is_subscribed_is_followed(storage_url: st
         assert sorted(m.payload for m in sub.wait_for(2)) == [b"s1", b"s2"]
         sub.disconnect()
         pub.disconnect()
+
+
+def test_a_look_for_new_topics_leaves_a_subscribe_in_hand_to_it(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A look for new topics (a topic created somewhere) runs while a SUBSCRIBE
+    is taken but not yet stored: the SUBSCRIBE's filter is not the look's to
+    match. It makes its own cursors, at the heads it took; matched by the look,
+    the new subscription got cursors from the start of the streams and was
+    sent what had been published before it (seen in a CI run: more messages
+    than published)."""
+    original = Following.subscribe
+
+    async def looked_at_meanwhile(self: Following, packet: Subscribe) -> None:
+        self.check_soon()
+        await eventually_async(lambda: self._task is not None and self._task.done(), 30.0)
+        await original(self, packet)
+
+    async def go() -> list[bytes]:
+        async with running_broker(sqlite_url) as broker:
+            publisher = await AsyncRawClient.open(broker.port)
+            await publisher.connect("pub", expiry=0)
+            publisher.send(Publish("held/x", b"before", qos=1, packet_id=1))
+            await publisher.expect(Puback)
+            monkeypatch.setattr(Following, "subscribe", looked_at_meanwhile)
+            holder = await AsyncRawClient.open(broker.port)
+            await holder.connect("holder", expiry=300)
+            await holder.subscribe("held/#", 1)
+            publisher.send(Publish("held/x", b"after", qos=1, packet_id=2))
+            await publisher.expect(Puback)
+            first = await holder.expect(Publish)
+            publisher.close()
+            holder.close()
+            return [first.payload]
+
+    assert asyncio.run(go()) == [b"after"]

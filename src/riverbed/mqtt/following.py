@@ -338,11 +338,19 @@ class Following:
             return  # no filter of its own (a publisher): no read of the bindings
         bindings = await self.bindings()
         async with conn.record_lock:
-            # The filters as they are once no SUBSCRIBE or UNSUBSCRIBE is writing.
             stored = conn.stored
             if stored is None or conn.session is not session or conn.closing:
                 return
-            private = tuple(s for s in session.subscriptions if not is_shared(s.topic_filter))
+            # Only the filters both stored and in effect: a SUBSCRIBE taken and not
+            # yet stored makes its own cursors, at the positions it took (from the
+            # start here, it got what was published before it); one an UNSUBSCRIBE
+            # took away is its to drop.
+            kept = {s.topic_filter for s in stored.record.subscriptions}
+            private = tuple(
+                s
+                for s in session.subscriptions
+                if s.topic_filter in kept and not is_shared(s.topic_filter)
+            )
             reached = self.reachable_topics(private, bindings)
             new = [t for t in reached if t not in stored.record.topics]
             if not new:
