@@ -191,7 +191,11 @@ def test_in_flight_counts_messages_a_subscriber_has_not_acknowledged(
         publisher.connect()
         for i in range(5):
             publisher.publish("held/x", b"h%d" % i, qos=1)
-        eventually(lambda: len(got) == 5, what="5 messages at the holder")
+        eventually(
+            lambda: len(got) == 5,
+            what="5 messages at the holder",
+            explain=lambda: [m.payload for m in got],
+        )
 
         def in_flight() -> tuple[float, int]:
             samples = _samples(api)
