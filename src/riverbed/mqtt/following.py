@@ -198,11 +198,12 @@ class Following:
         if new:
             async with conn.record_lock:
                 record = replace(conn.record(), topics=tuple(all_topics))
-                conn.stored = await asyncio.wrap_future(
+                written = await asyncio.wrap_future(
                     conn.broker.writer.write(
                         record, conn.stored.version, NewCursors(tuple(new), start_us)
                     )
                 )
+                conn.stored = written.without_made()
         heads = await conn.broker.fanout.refresh()
         start_heads = conn.broker.fanout.start_heads
         events: list[Event] = []
