@@ -50,9 +50,13 @@ from riverbed.storage.sql import FIRST_OFFSET_AT
 
 
 def subscription(
-    name: str, topic: str, start: StartKind = StartKind.EARLIEST
+    name: str, topic: str, start: StartKind = StartKind.EARLIEST, packed: bool = False
 ) -> SubscriptionRecord:
-    return SubscriptionRecord(name, topic, None, start, None, 1_700_000_000_000_000)
+    return SubscriptionRecord(name, topic, None, start, None, 1_700_000_000_000_000, packed)
+
+
+PACKED = pytest.mark.parametrize("packed", [False, True], ids=["rows", "packed"])
+"""A cursor test for both ways cursors are kept (`SubscriptionRecord.packed`)."""
 
 
 def no_cursors(heads: list[StreamHead]) -> dict[int, int]:
@@ -597,7 +601,8 @@ def test_delete_before(storage: Storage) -> None:
 # --------------------------------------------------------------------------- subscriptions
 
 
-def test_create_subscription_with_initial_cursors(storage: Storage) -> None:
+@PACKED
+def test_create_subscription_with_initial_cursors(storage: Storage, packed: bool) -> None:
     a, b = create_topic(storage, "orders", 2)
     create_topic(storage, "other", 1)
     storage.append({a.key: numbered_rows(5)})
@@ -607,7 +612,7 @@ def test_create_subscription_with_initial_cursors(storage: Storage) -> None:
         seen.append(heads)
         return {h.key: h.next_offset for h in heads}
 
-    record = subscription("latest", "orders", StartKind.LATEST)
+    record = subscription("latest", "orders", StartKind.LATEST, packed)
     storage.create_subscription(record, initial)
 
     assert [[h.stream for h in heads] for heads in seen] == [
@@ -618,20 +623,25 @@ def test_create_subscription_with_initial_cursors(storage: Storage) -> None:
     assert storage.get_cursors("latest") == {a.key: 5, b.key: 0}
 
 
-def test_create_subscription_errors_write_nothing(storage: Storage) -> None:
+@PACKED
+def test_create_subscription_errors_write_nothing(storage: Storage, packed: bool) -> None:
     (stream,) = create_topic(storage, "orders", 1)
-    storage.create_subscription(subscription("s", "orders"), lambda h: {stream.key: 1})
+    storage.create_subscription(
+        subscription("s", "orders", packed=packed), lambda h: {stream.key: 1}
+    )
 
     with pytest.raises(AlreadyExists, match="'s'"):
-        storage.create_subscription(subscription("s", "orders"), lambda h: {stream.key: 9})
+        storage.create_subscription(
+            subscription("s", "orders", packed=packed), lambda h: {stream.key: 9}
+        )
     with pytest.raises(TopicNotFound):
-        storage.create_subscription(subscription("t", "nope"), no_cursors)
+        storage.create_subscription(subscription("t", "nope", packed=packed), no_cursors)
 
     def refuse(heads: list[StreamHead]) -> dict[int, int]:
         raise ValueError("no start time")
 
     with pytest.raises(ValueError, match="no start time"):
-        storage.create_subscription(subscription("u", "orders"), refuse)
+        storage.create_subscription(subscription("u", "orders", packed=packed), refuse)
 
     assert [s.name for s in storage.list_subscriptions()] == ["s"]
     assert storage.get_cursors("s") == {stream.key: 1}
@@ -666,9 +676,10 @@ def test_get_list_and_delete_subscriptions(storage: Storage) -> None:
     storage.create_subscription(subscription("a", "audit"), no_cursors)
 
 
-def test_commit_cursors_never_moves_backwards(storage: Storage) -> None:
+@PACKED
+def test_commit_cursors_never_moves_backwards(storage: Storage, packed: bool) -> None:
     a, b = create_topic(storage, "orders", 2)
-    storage.create_subscription(subscription("s", "orders"), no_cursors)
+    storage.create_subscription(subscription("s", "orders", packed=packed), no_cursors)
 
     storage.commit_cursors("s", {a.key: 5})
     assert storage.get_cursors("s") == {a.key: 5}
@@ -684,9 +695,12 @@ def test_commit_cursors_never_moves_backwards(storage: Storage) -> None:
     assert storage.get_cursors("nope") == {}
 
 
-def test_reset_cursors_replaces_and_may_rewind(storage: Storage) -> None:
+@PACKED
+def test_reset_cursors_replaces_and_may_rewind(storage: Storage, packed: bool) -> None:
     a, b = create_topic(storage, "orders", 2)
-    storage.create_subscription(subscription("s", "orders"), lambda h: {a.key: 5, b.key: 6})
+    storage.create_subscription(
+        subscription("s", "orders", packed=packed), lambda h: {a.key: 5, b.key: 6}
+    )
 
     storage.reset_cursors("s", {a.key: 1})
     assert storage.get_cursors("s") == {a.key: 1}
@@ -697,12 +711,15 @@ def test_reset_cursors_replaces_and_may_rewind(storage: Storage) -> None:
         storage.reset_cursors("nope", {a.key: 1})
 
 
-def test_min_cursors(storage: Storage) -> None:
+@PACKED
+def test_min_cursors(storage: Storage, packed: bool) -> None:
+    """`packed`: the first subscription's cursors are packed, the second's rows."""
     a, b = create_topic(storage, "orders", 2)
     (other,) = create_topic(storage, "other", 1)
     assert storage.min_cursors("orders") == {}
 
-    storage.create_subscription(subscription("first", "orders"), lambda h: {a.key: 5})
+    first = subscription("first", "orders", packed=packed)
+    storage.create_subscription(first, lambda h: {a.key: 5})
     assert storage.min_cursors("orders") == {a.key: 5, b.key: -1}
 
     storage.create_subscription(subscription("second", "orders"), lambda h: {a.key: 3, b.key: 4})
@@ -712,7 +729,9 @@ def test_min_cursors(storage: Storage) -> None:
     assert storage.min_cursors("orders") == {a.key: 3, b.key: 4}
 
     # Subscriptions of another topic do not count.
-    storage.create_subscription(subscription("elsewhere", "other"), lambda h: {other.key: 9})
+    storage.create_subscription(
+        subscription("elsewhere", "other", packed=packed), lambda h: {other.key: 9}
+    )
     assert storage.min_cursors("orders") == {a.key: 3, b.key: 4}
     assert storage.min_cursors("other") == {other.key: 9}
 
@@ -725,6 +744,83 @@ def test_min_cursors(storage: Storage) -> None:
     storage.delete_subscription("second")
     assert storage.min_cursors("orders") == {}
     assert storage.min_cursors("nope") == {}
+
+
+def test_packed_commits_from_threads_at_once_all_count(storage: Storage) -> None:
+    """Commits of one packed subscription from several threads at once (on
+    PostgreSQL, transactions that each read the row before the other wrote it)
+    all count: none writes its merge over another's."""
+    keys = [h.key for h in create_topic(storage, "orders", 4)]
+    storage.create_subscription(subscription("s", "orders", packed=True), no_cursors)
+    errors: list[BaseException] = []
+
+    def commit(key: int) -> None:
+        try:
+            for offset in range(1, 31):
+                storage.commit_cursors("s", {key: offset})
+        except BaseException as exc:  # the assertion below says which
+            errors.append(exc)
+
+    threads = [threading.Thread(target=commit, args=(key,)) for key in keys]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert storage.get_cursors("s") == {key: 30 for key in keys}
+
+
+_CURSOR_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["packed", "rows"]),
+        st.sampled_from(["commit", "reset"]),
+        st.dictionaries(st.integers(0, 2), st.integers(0, 40), max_size=3),
+    ),
+    max_size=10,
+)
+
+
+@settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=_CURSOR_OPS)
+def test_packed_cursors_answer_as_rows_do(
+    storage: Storage, ops: list[tuple[str, str, dict[int, int]]]
+) -> None:
+    """Whatever the commits and resets, a packed subscription's cursors read as a
+    model of them says, the same as a subscription kept as rows given the same
+    ones; and retention's lowest committed offsets (`min_cursors`, and
+    `delete_before` keeping what is not consumed) take both kinds into account."""
+    topic = f"prop-{uuid.uuid4().hex}"
+    keys = [h.key for h in create_topic(storage, topic, 3)]
+    storage.append({key: numbered_rows(40) for key in keys})
+    names = {"packed": f"{topic}.packed", "rows": f"{topic}.rows", "mirror": f"{topic}.mirror"}
+    for kind, name in names.items():
+        storage.create_subscription(subscription(name, topic, packed=kind != "rows"), no_cursors)
+    model: dict[str, dict[int, int]] = {"packed": {}, "rows": {}}
+    for which, op, picked in ops:
+        offsets = {keys[i]: offset for i, offset in picked.items()}
+        targets = [which, "mirror"] if which == "rows" else [which]
+        for target in targets:
+            if op == "commit":
+                storage.commit_cursors(names[target], offsets)
+            else:
+                storage.reset_cursors(names[target], offsets)
+        if op == "commit":
+            for key, offset in offsets.items():
+                model[which][key] = max(offset, model[which].get(key, -1))
+        else:
+            model[which] = dict(offsets)
+        assert storage.get_cursors(names[which]) == model[which]
+        assert storage.get_cursors(names["mirror"]) == model["rows"]
+
+    lowest = {
+        key: min(model["packed"][key], model["rows"][key])
+        if key in model["packed"] and key in model["rows"]
+        else -1
+        for key in keys
+    }
+    assert storage.min_cursors(topic) == lowest
+    for key in keys:
+        assert storage.delete_before(key, 40, keep_uncommitted=True) == max(lowest[key], 0)
 
 
 # --------------------------------------------------------------------------- key-value

@@ -11,6 +11,7 @@ from riverbed.log.log import Log
 from riverbed.log.retention import RetentionResult, run_retention
 from riverbed.model import Message, StreamId
 from riverbed.storage import open_storage
+from riverbed.storage.base import StartKind, SubscriptionRecord
 from riverbed.storage.schema import MIGRATIONS
 from riverbed.storage.sql import core as sql_core
 from riverbed.subscriptions.named import Subscriptions
@@ -33,6 +34,25 @@ def _indexes_of_cursors(url: str) -> set[str]:
         return {row[0] for row in conn.execute(query).fetchall()}
 
 
+def _old_subscription(url: str, name: str, topic: str, cursors: dict[int, int]) -> None:
+    """A subscription as the schema before packed cursors stored it: its row
+    without `offsets`, a row of `cursors` per stream (behind the storage's back:
+    today's code writes the column the old schema lacks)."""
+    mark = "?" if url.startswith("sqlite") else "%s"
+    with raw_connection(url) as conn:
+        conn.execute(
+            "INSERT INTO subscriptions (name, topic, topic_filter, start_kind, start_us,"
+            f" created_us) VALUES ({mark}, {mark}, NULL, 'earliest', NULL, 1)",
+            (name, topic),
+        )
+        for stream, committed in cursors.items():
+            conn.execute(
+                "INSERT INTO cursors (subscription, stream, committed)"
+                f" VALUES ({mark}, {mark}, {mark})",
+                (name, stream, committed),
+            )
+
+
 def test_cursors_lose_their_index_by_stream_and_retention_still_waits_for_them(
     storage_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -45,10 +65,10 @@ def test_cursors_lose_their_index_by_stream_and_retention_still_waits_for_them(
         )
         with Log.open(storage_url) as log:  # the schema as it was before
             log.topics.create("t", 1, retention_us=HOUR)
-            subs = Subscriptions(log.storage)
-            subs.create("fast", "t")
-            subs.create("slow", "t")
+            key = log.storage.list_streams("t")[0].key
             log.produce("t", [Message(b"m%d" % i, key="k") for i in range(10)])
+    for name in ("fast", "slow"):
+        _old_subscription(storage_url, name, "t", {key: 0})
     assert "cursors_by_stream" in _indexes_of_cursors(storage_url)
 
     with Log.open(storage_url) as log:
@@ -61,3 +81,40 @@ def test_cursors_lose_their_index_by_stream_and_retention_still_waits_for_them(
         far_future = now_us() + 100 * HOUR
         assert run_retention(log.storage, now_us=far_future) == [RetentionResult(S0, 3, 3)]
     open_storage(storage_url).close()  # and opens again as it is now
+
+
+def test_cursors_kept_as_rows_before_packed_ones_still_count(
+    storage_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Migration 8 adds packed cursors (`subscriptions.offsets`). A session's
+    cursors made before it stay rows, and read, commit and hold retention back
+    as they did, beside a packed subscription on the same topic."""
+    with monkeypatch.context() as patch:
+        patch.setattr(
+            sql_core,
+            "MIGRATIONS",
+            MIGRATIONS[: _before("ALTER TABLE subscriptions ADD COLUMN offsets {text}")],
+        )
+        with Log.open(storage_url) as log:
+            log.topics.create("t", 1, retention_us=HOUR)
+            key = log.storage.list_streams("t")[0].key
+            log.produce("t", [Message(b"m%d" % i, key="k") for i in range(10)])
+    _old_subscription(storage_url, "$session.old.t", "t", {key: 2})
+
+    with Log.open(storage_url) as log:
+        storage = log.storage
+        old = storage.get_subscription("$session.old.t")
+        assert not old.packed
+        assert storage.get_cursors(old.name) == {key: 2}
+        packed = SubscriptionRecord("$session.new.t", "t", None, StartKind.LATEST, None, 1, True)
+        storage.create_subscription(packed, lambda heads: {h.key: 4 for h in heads})
+        assert storage.get_subscription(packed.name).packed
+        assert storage.min_cursors("t") == {key: 2}
+
+        storage.commit_cursors(old.name, {key: 6})
+        storage.commit_cursors(old.name, {key: 5})  # never back
+        assert storage.get_cursors(old.name) == {key: 6}
+        assert storage.get_cursors(packed.name) == {key: 4}
+        assert storage.min_cursors("t") == {key: 4}
+        far_future = now_us() + 100 * HOUR
+        assert run_retention(storage, now_us=far_future) == [RetentionResult(S0, 4, 4)]

@@ -19,9 +19,11 @@ marker table, written with the message (`Storage.append_once`), deleted at
 PUBREL or with the session, so they never outlive it.
 
 Cursors: one named subscription per (session id, topic), named
-`$session.<session id>.<topic>`. `Subscriptions.create` refuses names starting
-with `$`, so the prefix is reserved for sessions; retention sees these cursors
-like any other subscription's. A clean start mints a new session id, so nothing
+`$session.<session id>.<topic>`, its offsets packed in its row (one row
+written for all the topic's streams; `SubscriptionRecord.packed`).
+`Subscriptions.create` refuses names starting with `$`, so the prefix is
+reserved for sessions; retention sees these cursors like any other
+subscription's. A clean start mints a new session id, so nothing
 the old session left behind can be mistaken for the new one's.
 """
 
@@ -481,6 +483,7 @@ class SessionStore:
             StartKind.LATEST if start_us is None else StartKind.TIME,
             start_us,
             now_us(),
+            packed=True,
         )
         return record, initial
 

@@ -73,7 +73,6 @@ from riverbed.storage.transactions import (
     kv_write_in,
     storage_error,
     storage_topics_in,
-    subscription_exists_in,
     transaction,
     transaction_now,
 )
@@ -329,11 +328,10 @@ class SessionWriter:
                 record = replace(stored.record, seen_us=at_us or now_us(), sent=dict(sent))
                 written = _put(tx, record, stored.version, self.store)
                 for topic, offsets in cursors.items():
-                    name = cursor_name(record.session_id, topic)
                     # A topic the session stopped reaching may have lost its
-                    # cursor since this checkpoint was taken: nothing to keep.
-                    if offsets and subscription_exists_in(tx, name):
-                        commit_cursors_in(tx, name, offsets)
+                    # cursor since this checkpoint was taken: nothing to keep
+                    # (`commit_cursors_in` writes nothing then).
+                    commit_cursors_in(tx, cursor_name(record.session_id, topic), offsets)
                 return written
 
     def _make_cursors(

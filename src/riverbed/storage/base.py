@@ -112,6 +112,13 @@ class SubscriptionRecord:
     start: StartKind
     start_us: int | None
     created_us: int
+    packed: bool = False
+    """Its committed offsets are kept together in the subscription's own row
+    (one write for all of its streams) rather than a row per stream. For a
+    subscription whose cursors one writer at a time reads and commits whole:
+    an MQTT session's on a topic. Every cursor operation of `Storage` works
+    the same on both; only `advance_cursor`'s per-stream compare-and-set
+    (competing workers) needs rows."""
 
 
 @dataclass(frozen=True, slots=True)

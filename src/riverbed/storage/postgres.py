@@ -113,6 +113,7 @@ class PostgresStorage(SqlStorage):
         "messages_suffix": "",
     }
     EMPTY_BLOB = "'\\x'::bytea"
+    JSON_EACH = "jsonb_each_text(({})::jsonb)"
 
     def __init__(self, url: str, *, create: bool = True) -> None:
         self.token = secrets.token_hex(4)

@@ -118,6 +118,17 @@ MIGRATIONS: list[list[str]] = [
     [
         "DROP INDEX IF EXISTS cursors_by_stream",
     ],
+    # 8: a subscription's cursors packed in its own row: a JSON object of
+    # committed offsets by stream key (`SubscriptionRecord.packed`). A
+    # session's cursors on a topic are read and written whole, by one
+    # connection at a time: one row for a SUBSCRIBE to `mqtt` where its 16
+    # partitions took 16 rows of `cursors` (and their B-tree pages). NULL:
+    # the cursors are rows of `cursors`, as every subscription made before
+    # keeps them, and as named subscriptions keep them (their workers commit
+    # streams apart, each with a compare-and-set of its own row).
+    [
+        "ALTER TABLE subscriptions ADD COLUMN offsets {text}",
+    ],
 ]
 
 MESSAGE_COLUMNS = "off, id, ts, mqtt_topic, key, payload, properties, qos, retain"

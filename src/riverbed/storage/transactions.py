@@ -327,11 +327,6 @@ def delete_markers_with_prefix_in(tx: Transaction, prefix: str, *, keep: str | N
     return tx._storage._delete_markers_with_prefix_on(tx._cursor, prefix, keep)
 
 
-def subscription_exists_in(tx: Transaction, name: str) -> bool:
-    """Whether the named subscription exists, read inside `tx`."""
-    return tx.execute("SELECT 1 FROM subscriptions WHERE name = ?", (name,)).fetchone() is not None
-
-
 def storage_topics_in(tx: Transaction, topic: str) -> list[StorageTopicRecord]:
     """`Storage.list_storage_topics` inside `tx`: the topic's generations
     (empty for a topic that does not exist)."""
@@ -350,17 +345,14 @@ def create_subscription_in(
     tx._storage._create_subscription_on(tx._cursor, record, initial)
 
 
-def commit_cursors_in(tx: Transaction, subscription: str, offsets: Mapping[int, int]) -> None:
+def commit_cursors_in(tx: Transaction, subscription: str, offsets: Mapping[int, int]) -> bool:
     """`Storage.commit_cursors` inside `tx`: each stream's committed offset moves
-    forward to the given one (never back)."""
-    if offsets:
-        tx.executemany(
-            "INSERT INTO cursors (subscription, stream, committed) VALUES (?, ?, ?)"
-            " ON CONFLICT (subscription, stream) DO UPDATE SET committed ="
-            " CASE WHEN excluded.committed > cursors.committed"
-            " THEN excluded.committed ELSE cursors.committed END",
-            [(subscription, k, v) for k, v in offsets.items()],
-        )
+    forward to the given one (never back). False, and nothing written, if the
+    subscription does not exist."""
+    if not offsets:
+        return True
+    tx._check_open()
+    return tx._storage._commit_cursors_on(tx._cursor, subscription, offsets)
 
 
 # --------------------------------------------------------------------- cursors in a transaction
@@ -371,7 +363,9 @@ def advance_cursor(
 ) -> bool:
     """Compare-and-set one stream's committed offset inside `tx`: write `offset`
     only if the stored offset is still `expected` (None: no row yet). False if
-    another writer moved it first (the caller rolls back)."""
+    another writer moved it first (the caller rolls back). For subscriptions
+    whose cursors are rows (not `SubscriptionRecord.packed`): competing
+    workers each commit their own streams."""
     if expected is None:
         row = tx.execute(
             "INSERT INTO cursors (subscription, stream, committed) VALUES (?, ?, ?)"

@@ -52,6 +52,9 @@ class SqlCore(ConnectedStorage):
     SCHEMA_TYPES: Mapping[str, str] = {}
     EMPTY_BLOB = "X''"
     """An empty blob literal (`read_arrow`)."""
+    JSON_EACH = "json_each({})"
+    """A table function of a JSON object's members (`key`, `value`), given the
+    column or expression holding it as text (packed cursors)."""
 
     def __init__(self, url: str) -> None:
         super().__init__(url)

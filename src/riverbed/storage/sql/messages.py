@@ -276,10 +276,15 @@ class MessageQueries(SqlCore):
         ).fetchone()[0]
         if not subscriptions:
             return 1 << 62
+        each = self.JSON_EACH.format("p.offsets")
         lowest, count = self._x(
             cur,
-            "SELECT MIN(committed), COUNT(*) FROM cursors WHERE stream = ? AND subscription IN"
-            " (SELECT name FROM subscriptions WHERE topic = ?)",
-            (stream_key, topic),
+            "SELECT MIN(c.committed), COUNT(*) FROM ("
+            "SELECT committed FROM cursors WHERE stream = ? AND subscription IN"
+            " (SELECT name FROM subscriptions WHERE topic = ? AND offsets IS NULL)"
+            " UNION ALL SELECT CAST(j.value AS BIGINT)"
+            f" FROM subscriptions p, {each} j"
+            " WHERE p.topic = ? AND p.offsets IS NOT NULL AND j.key = ?) c",
+            (stream_key, topic, topic, str(stream_key)),
         ).fetchone()
         return int(lowest) if count == subscriptions else start

@@ -1,20 +1,49 @@
-"""Named subscriptions and their cursors."""
+"""Named subscriptions and their cursors.
+
+A subscription's committed offsets are rows of `cursors` (one per stream), or,
+for a packed one (`SubscriptionRecord.packed`), a JSON object in its own row
+(`subscriptions.offsets`: `{"stream key": offset}`). Every operation here
+reads and writes both the same way, so callers never tell them apart."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from riverbed.errors import AlreadyExists, SubscriptionNotFound
+from riverbed.errors import AlreadyExists, StorageError, SubscriptionNotFound
 from riverbed.storage.base import StartKind, StreamHead, SubscriptionRecord
 from riverbed.storage.connections import Cursor, operation
 from riverbed.storage.sql.core import _HEAD_COLUMNS, SqlCore, _head
 
 _SUB_COLUMNS = "name, topic, topic_filter, start_kind, start_us, created_us"
+_READ_COLUMNS = f"{_SUB_COLUMNS}, offsets IS NOT NULL"
+_UPSERT_CURSOR = (
+    "INSERT INTO cursors (subscription, stream, committed) VALUES (?, ?, ?)"
+    " ON CONFLICT (subscription, stream) DO UPDATE SET committed ="
+    " CASE WHEN excluded.committed > cursors.committed"
+    " THEN excluded.committed ELSE cursors.committed END"
+)
+_MERGE_TRIES = 100
+"""Compare-and-set attempts of one packed commit before it gives up (each
+lost attempt means another transaction committed the same row meanwhile)."""
 
 
 def _subscription(row: Sequence[Any]) -> SubscriptionRecord:
-    return SubscriptionRecord(row[0], row[1], row[2], StartKind(row[3]), row[4], row[5])
+    return SubscriptionRecord(
+        row[0], row[1], row[2], StartKind(row[3]), row[4], row[5], bool(row[6])
+    )
+
+
+def pack_offsets(offsets: Mapping[int, int]) -> str:
+    """A packed subscription's committed offsets as stored: a JSON object
+    keyed by stream key (as text), in key order."""
+    return json.dumps({str(k): int(offsets[k]) for k in sorted(offsets)}, separators=(",", ":"))
+
+
+def unpack_offsets(text: str) -> dict[int, int]:
+    """`pack_offsets` read back."""
+    return {int(k): int(v) for k, v in json.loads(text).items()}
 
 
 class SubscriptionQueries(SqlCore):
@@ -44,18 +73,6 @@ class SubscriptionQueries(SqlCore):
         ).fetchone()
         if found is not None:
             raise AlreadyExists(f"subscription {record.name!r} exists already")
-        self._x(
-            cur,
-            f"INSERT INTO subscriptions ({_SUB_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
-            (
-                record.name,
-                record.topic,
-                record.filter,
-                record.start.value,
-                record.start_us,
-                record.created_us,
-            ),
-        )
         heads = [
             _head(r)
             for r in self._x(
@@ -65,15 +82,29 @@ class SubscriptionQueries(SqlCore):
             ).fetchall()
         ]
         offsets = initial(heads)
-        cur.executemany(
-            self._sql("INSERT INTO cursors (subscription, stream, committed) VALUES (?, ?, ?)"),
-            [(record.name, k, v) for k, v in offsets.items()],
+        self._x(
+            cur,
+            f"INSERT INTO subscriptions ({_SUB_COLUMNS}, offsets) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                record.name,
+                record.topic,
+                record.filter,
+                record.start.value,
+                record.start_us,
+                record.created_us,
+                pack_offsets(offsets) if record.packed else None,
+            ),
         )
+        if not record.packed:
+            cur.executemany(
+                self._sql("INSERT INTO cursors (subscription, stream, committed) VALUES (?, ?, ?)"),
+                [(record.name, k, v) for k, v in offsets.items()],
+            )
 
     @operation
     def get_subscription(self, name: str) -> SubscriptionRecord:
         row = self._q(
-            f"SELECT {_SUB_COLUMNS} FROM subscriptions WHERE name = ?", (name,)
+            f"SELECT {_READ_COLUMNS} FROM subscriptions WHERE name = ?", (name,)
         ).fetchone()
         if row is None:
             raise SubscriptionNotFound(f"subscription {name!r} does not exist")
@@ -82,10 +113,10 @@ class SubscriptionQueries(SqlCore):
     @operation
     def list_subscriptions(self, topic: str | None = None) -> list[SubscriptionRecord]:
         if topic is None:
-            rows = self._q(f"SELECT {_SUB_COLUMNS} FROM subscriptions ORDER BY name").fetchall()
+            rows = self._q(f"SELECT {_READ_COLUMNS} FROM subscriptions ORDER BY name").fetchall()
         else:
             rows = self._q(
-                f"SELECT {_SUB_COLUMNS} FROM subscriptions WHERE topic = ? ORDER BY name",
+                f"SELECT {_READ_COLUMNS} FROM subscriptions WHERE topic = ? ORDER BY name",
                 (topic,),
             ).fetchall()
         return [_subscription(r) for r in rows]
@@ -100,54 +131,112 @@ class SubscriptionQueries(SqlCore):
     @operation
     def get_cursors(self, name: str) -> dict[int, int]:
         rows = self._q(
-            "SELECT stream, committed FROM cursors WHERE subscription = ?", (name,)
+            "SELECT offsets, 0, 0 FROM subscriptions WHERE name = ? AND offsets IS NOT NULL"
+            " UNION ALL SELECT NULL, stream, committed FROM cursors WHERE subscription = ?",
+            (name, name),
         ).fetchall()
-        return {int(s): int(c) for s, c in rows}
+        out: dict[int, int] = {}
+        for packed, stream, committed in rows:
+            if packed is not None:
+                out.update(unpack_offsets(packed))
+            else:
+                out[int(stream)] = int(committed)
+        return out
 
-    def _require_subscription(self, cur: Cursor, name: str) -> None:
-        if self._x(cur, "SELECT 1 FROM subscriptions WHERE name = ?", (name,)).fetchone() is None:
-            raise SubscriptionNotFound(f"subscription {name!r} does not exist")
+    def _cursors_row(self, cur: Cursor, name: str) -> tuple[Any] | None:
+        """The subscription's packed offsets as stored (`(None,)`: its cursors
+        are rows; None: no such subscription)."""
+        row = self._x(cur, "SELECT offsets FROM subscriptions WHERE name = ?", (name,)).fetchone()
+        return None if row is None else (row[0],)
+
+    def _commit_cursors_on(self, cur: Cursor, name: str, offsets: Mapping[int, int]) -> bool:
+        """`commit_cursors` inside the transaction of `cur`; False (and nothing
+        written) if there is no such subscription."""
+        for _ in range(_MERGE_TRIES):
+            found = self._cursors_row(cur, name)
+            if found is None:
+                return False
+            stored = found[0]
+            if stored is None:
+                cur.executemany(
+                    self._sql(_UPSERT_CURSOR), [(name, k, v) for k, v in offsets.items()]
+                )
+                return True
+            merged = unpack_offsets(stored)
+            moved = False
+            for key, offset in offsets.items():
+                if offset > merged.get(key, -1):
+                    merged[key] = offset
+                    moved = True
+            if not moved:
+                return True
+            # A compare-and-set on the text read: a transaction that committed
+            # the row meanwhile (PostgreSQL, another node) makes it match
+            # nothing, and the merge starts again from what it wrote.
+            written = self._x(
+                cur,
+                "UPDATE subscriptions SET offsets = ? WHERE name = ? AND offsets = ?",
+                (pack_offsets(merged), name, stored),
+            ).rowcount
+            if written:
+                return True
+        raise StorageError(
+            f"the cursors of subscription {name!r} kept changing under a commit"
+            f" ({_MERGE_TRIES} attempts)"
+        )
 
     @operation
     def commit_cursors(self, name: str, offsets: Mapping[int, int]) -> None:
         if not offsets:
             return
         with self._write() as cur:
-            self._require_subscription(cur, name)
-            cur.executemany(
-                self._sql(
-                    "INSERT INTO cursors (subscription, stream, committed) VALUES (?, ?, ?)"
-                    " ON CONFLICT (subscription, stream) DO UPDATE SET committed ="
-                    " CASE WHEN excluded.committed > cursors.committed"
-                    " THEN excluded.committed ELSE cursors.committed END"
-                ),
-                [(name, k, v) for k, v in offsets.items()],
-            )
+            if not self._commit_cursors_on(cur, name, offsets):
+                raise SubscriptionNotFound(f"subscription {name!r} does not exist")
 
     @operation
     def reset_cursors(self, name: str, offsets: Mapping[int, int]) -> None:
         with self._write() as cur:
-            self._require_subscription(cur, name)
+            found = self._cursors_row(cur, name)
+            if found is None:
+                raise SubscriptionNotFound(f"subscription {name!r} does not exist")
+            if found[0] is not None:
+                self._x(
+                    cur,
+                    "UPDATE subscriptions SET offsets = ? WHERE name = ?",
+                    (pack_offsets(offsets), name),
+                )
+                return
             self._x(cur, "DELETE FROM cursors WHERE subscription = ?", (name,))
             cur.executemany(
                 self._sql("INSERT INTO cursors (subscription, stream, committed) VALUES (?, ?, ?)"),
                 [(name, k, v) for k, v in offsets.items()],
             )
 
+    def _committed_of_topic(self) -> str:
+        """A subquery of every committed offset on the topic's streams (`stream`,
+        `committed`), rows and packed alike; its one parameter is the topic,
+        given twice."""
+        each = self.JSON_EACH.format("p.offsets")
+        return (
+            "SELECT stream, committed FROM cursors WHERE subscription IN"
+            " (SELECT name FROM subscriptions WHERE topic = ? AND offsets IS NULL)"
+            " UNION ALL SELECT CAST(j.key AS BIGINT), CAST(j.value AS BIGINT)"
+            f" FROM subscriptions p, {each} j WHERE p.topic = ? AND p.offsets IS NOT NULL"
+        )
+
     @operation
     def min_cursors(self, topic: str) -> dict[int, int]:
         subs = self._q("SELECT COUNT(*) FROM subscriptions WHERE topic = ?", (topic,)).fetchone()
         total = int(subs[0])
+        if total == 0:
+            return {}
         rows = self._q(
             "SELECT s.id, MIN(c.committed), COUNT(c.committed) FROM streams s"
-            " LEFT JOIN cursors c ON c.stream = s.id AND c.subscription IN"
-            " (SELECT name FROM subscriptions WHERE topic = ?)"
+            f" LEFT JOIN ({self._committed_of_topic()}) c ON c.stream = s.id"
             " WHERE s.topic = ? GROUP BY s.id",
-            (topic, topic),
+            (topic, topic, topic),
         ).fetchall()
-        out: dict[int, int] = {}
-        for stream, lowest, count in rows:
-            if total == 0:
-                continue
-            out[int(stream)] = int(lowest) if int(count) == total else -1
-        return out
+        return {
+            int(stream): int(lowest) if int(count) == total else -1
+            for stream, lowest, count in rows
+        }
