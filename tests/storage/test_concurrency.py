@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -391,6 +392,39 @@ def test_after_a_try_append_the_threads_other_writes_wait_for_the_lock_again(
         assert head(storage, stream.key).next_offset == 3
     finally:
         other.close()
+        storage.close()
+
+
+def test_a_read_after_a_try_append_that_finds_the_database_busy_waits_and_reads(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An event loop's connection keeps its busy timeout off between its writes
+    and its reads (no statement to switch it each time). A read that finds the
+    database busy all the same (in WAL mode, a checkpoint resetting the log, or
+    recovery) turns the timeout on and reads, rather than fail. The busy answer
+    is the driver's, made up here: a real one needs another connection in
+    exclusive locking mode, which no connection already open lets it take."""
+    storage = open_storage(sqlite_url)
+    assert isinstance(storage, sqlite_module.SqliteStorage)
+    try:
+        (stream,) = create_topic(storage, "orders", 1)
+        assert storage.try_append({stream.key: numbered_rows(1)}) == {stream.key: 0}
+        conn = storage.connections.get()
+        assert not conn.waits
+        statements: list[str] = []
+        original = sqlite_module._Connection.execute
+
+        def busy_once_without_timeout(self: Any, sql: str, *args: Any) -> Any:
+            statements.append(sql)
+            if sql.startswith("SELECT") and not self.waits and len(statements) == 1:
+                raise sqlite3.OperationalError("database is locked")
+            return original(self, sql, *args)
+
+        monkeypatch.setattr(sqlite_module._Connection, "execute", busy_once_without_timeout)
+        assert head(storage, stream.key).next_offset == 1
+        assert statements[1].startswith("PRAGMA busy_timeout=")
+        assert conn.waits
+    finally:
         storage.close()
 
 

@@ -203,6 +203,16 @@ class ConnectedStorage:
     def _begin_write(self, conn: Connection) -> None:
         raise NotImplementedError
 
+    def _read_conn(self) -> Connection:
+        """This thread's connection for a read (`_conn` unless the backend
+        reads on a connection as it is)."""
+        return self._conn()
+
+    def _wait_for_read(self, conn: Connection, exc: Exception) -> bool:
+        """Whether a read that failed with `exc` on `conn` is to run again,
+        `conn` now set to wait for what kept it busy (a backend hook)."""
+        return False
+
     def _is_broken(self, conn: Connection) -> bool:
         """Whether `conn` lost its link to the database (after an error)."""
         return False
@@ -226,10 +236,12 @@ class ConnectedStorage:
         text = self._sql(sql)
         retried = False
         while True:
-            conn = self._conn()
+            conn = self._read_conn()
             try:
                 return conn.execute(text, params)
             except self.DRIVER_ERRORS as exc:
+                if self._wait_for_read(conn, exc):
+                    continue
                 if not self._discard_if_broken(conn):
                     raise
                 if retried:

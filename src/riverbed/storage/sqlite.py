@@ -222,6 +222,23 @@ class SqliteStorage(SqlStorage):
     def busy(self, exc: BaseException | None) -> bool:
         return isinstance(exc, sqlite3.OperationalError) and _busy(exc)
 
+    def _read_conn(self) -> _Connection:
+        """The thread's connection as it is: an event loop's keeps its busy
+        timeout off between the writes it makes without waiting and its reads
+        (each switch is a statement, and a loop alternates them: a SUBSCRIBE
+        reads, writes, reads). A read in WAL mode waits for no writer; what
+        can make one busy (a checkpoint resetting the WAL, recovery after a
+        crash) is rare, and `_wait_for_read` turns the timeout on then."""
+        conn: _Connection = self.connections.get()
+        return conn
+
+    def _wait_for_read(self, conn: Any, exc: Exception) -> bool:
+        if conn.waits or not (isinstance(exc, sqlite3.OperationalError) and _busy(exc)):
+            return False
+        conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
+        conn.waits = True
+        return True
+
     def _waiting_conn(self) -> _Connection:
         """The thread's connection, with its busy timeout on unless `try_append`
         is using it."""

@@ -67,12 +67,6 @@ class SubscriptionQueries(SqlCore):
     ) -> None:
         """`create_subscription` inside the transaction of `cur`."""
         self._lock_meta(cur)
-        self._get_topic(cur, record.topic)
-        found = self._x(
-            cur, "SELECT 1 FROM subscriptions WHERE name = ?", (record.name,)
-        ).fetchone()
-        if found is not None:
-            raise AlreadyExists(f"subscription {record.name!r} exists already")
         heads = [
             _head(r)
             for r in self._x(
@@ -81,10 +75,13 @@ class SubscriptionQueries(SqlCore):
                 (record.topic,),
             ).fetchall()
         ]
+        if not heads:  # every topic has streams
+            self._get_topic(cur, record.topic)  # raises TopicNotFound
         offsets = initial(heads)
-        self._x(
+        inserted = self._x(
             cur,
-            f"INSERT INTO subscriptions ({_SUB_COLUMNS}, offsets) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            f"INSERT INTO subscriptions ({_SUB_COLUMNS}, offsets) VALUES (?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (name) DO NOTHING",
             (
                 record.name,
                 record.topic,
@@ -94,7 +91,9 @@ class SubscriptionQueries(SqlCore):
                 record.created_us,
                 pack_offsets(offsets) if record.packed else None,
             ),
-        )
+        ).rowcount
+        if not inserted:
+            raise AlreadyExists(f"subscription {record.name!r} exists already")
         if not record.packed:
             cur.executemany(
                 self._sql("INSERT INTO cursors (subscription, stream, committed) VALUES (?, ?, ?)"),
