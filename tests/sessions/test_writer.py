@@ -3,6 +3,7 @@ transaction, each answered with what it wrote or why it was refused."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import threading
 from concurrent.futures import Future
@@ -21,7 +22,7 @@ from riverbed.errors import (
 )
 from riverbed.sessions.session import Subscription
 from riverbed.sessions.store import SessionRecord, SessionStore, Stored, cursor_name
-from riverbed.sessions.writer import NewCursors, SessionWriter
+from riverbed.sessions.writer import NewCursors, SessionWriter, outcome_of
 from riverbed.storage import Storage, open_storage
 
 TIMEOUT = 30.0
@@ -304,3 +305,34 @@ def test_a_write_waits_for_the_thread_while_another_connection_writes(sqlite_url
         assert writer.written_here == 0 and writer.transactions == 1
     finally:
         storage.close()
+
+
+def test_a_write_committed_here_is_had_without_a_turn_of_the_loop() -> None:
+    """`outcome_of` a write that committed on the loop's thread (its future done
+    when `write` returns) gives it without suspending the coroutine: no wake-up
+    of the loop from another thread, no turn more. A refused one raises at once."""
+    stored = Stored(record("here"), 1)
+    done: Future[Stored] = Future()
+    done.set_result(stored)
+    coroutine = outcome_of(done)
+    with pytest.raises(StopIteration) as finished:
+        coroutine.send(None)
+    assert finished.value.value is stored
+
+    refused: Future[Stored] = Future()
+    refused.set_exception(PreconditionFailed("key sessions/here is not at version 1"))
+    coroutine = outcome_of(refused)
+    with pytest.raises(PreconditionFailed, match="version 1"):
+        coroutine.send(None)
+
+
+def test_a_write_the_thread_commits_is_awaited() -> None:
+    """A write queued for the writer's thread: `outcome_of` waits for its answer."""
+    stored = Stored(record("queued"), 1)
+    pending: Future[Stored] = Future()
+
+    async def wait() -> Stored:
+        threading.Timer(0.05, pending.set_result, (stored,)).start()
+        return await outcome_of(pending)
+
+    assert asyncio.run(wait()) is stored

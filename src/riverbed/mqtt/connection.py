@@ -124,6 +124,7 @@ from riverbed.sessions.session import (
     cursors_by_topic,
 )
 from riverbed.sessions.store import SessionRecord, Stored
+from riverbed.sessions.writer import outcome_of
 
 log = logging.getLogger(__name__)
 
@@ -391,9 +392,7 @@ class Connection(asyncio.Protocol):
         its name goes with it, even after a crash."""
         async with self.record_lock:
             if self.stored is not None and self.stored.version is None:
-                self.stored = await asyncio.wrap_future(
-                    self.broker.writer.write(self.record(), None)
-                )
+                self.stored = await outcome_of(self.broker.writer.write(self.record(), None))
 
     @property
     def following(self) -> Following:
@@ -841,7 +840,7 @@ class Connection(asyncio.Protocol):
                 node=broker.node,
                 epoch=old.epoch + 1,
             )
-            self.stored = await asyncio.wrap_future(broker.writer.write(record, stored.version))
+            self.stored = await outcome_of(broker.writer.write(record, stored.version))
             since = old.disconnected_us if old.disconnected_us is not None else old.seen_us
             private = tuple(s for s in record.subscriptions if not is_shared(s.topic_filter))
             follow = await self.following.follow(
@@ -869,7 +868,7 @@ class Connection(asyncio.Protocol):
             # creates it), if ever. A CONNACK with no commit to wait for.
             self.stored = Stored(record, None)
             return False, []
-        self.stored = await asyncio.wrap_future(
+        self.stored = await outcome_of(
             broker.writer.write(record, None if stored is None else stored.version)
         )
         if stored is not None:
@@ -953,7 +952,7 @@ class Connection(asyncio.Protocol):
                     write = self.broker.writer.write(
                         record, self.stored.version, also=released.also, holds=released.holds
                     )
-                self.stored = await asyncio.wrap_future(write)
+                self.stored = await outcome_of(write)
                 if sharing is not None:
                     sharing.recorded(record.qos2)
         except LentElsewhere as exc:
@@ -1116,7 +1115,7 @@ class Connection(asyncio.Protocol):
                 )
                 stored = Stored(record, stored.version)
             by_topic = cursors_by_topic(checkpoint.cursors, self.broker.fanout.topic_of())
-            self.stored = await asyncio.wrap_future(
+            self.stored = await outcome_of(
                 self.broker.writer.commit(stored, by_topic, checkpoint.sent)
             )
 

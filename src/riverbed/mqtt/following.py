@@ -48,7 +48,7 @@ from riverbed.mqtt.codec import (
 from riverbed.mqtt.sharing import Sharing, SharingOwner, is_shared
 from riverbed.sessions.session import Event, Follow, Session, Subscription
 from riverbed.sessions.store import MadeCursors, SessionRecord, Stored, start_positions
-from riverbed.sessions.writer import NewCursors
+from riverbed.sessions.writer import NewCursors, outcome_of
 from riverbed.sharedsub.claims import GroupStore
 from riverbed.sharedsub.protocol import GroupId
 from riverbed.storage.base import Storage, StorageTopicRecord, StreamHead
@@ -198,7 +198,7 @@ class Following:
         if new:
             async with conn.record_lock:
                 record = replace(conn.record(), topics=tuple(all_topics))
-                written = await asyncio.wrap_future(
+                written = await outcome_of(
                     conn.broker.writer.write(
                         record, conn.stored.version, NewCursors(tuple(new), start_us)
                     )
@@ -362,7 +362,7 @@ class Following:
             if not new:
                 return
             record = replace(conn.record(), topics=(*stored.record.topics, *new))
-            written = await asyncio.wrap_future(
+            written = await outcome_of(
                 conn.broker.writer.write(record, stored.version, NewCursors(tuple(new), 0))
             )
             conn.stored = written.without_made()
@@ -548,7 +548,7 @@ class Following:
             if new:
                 record = replace(record, topics=(*record.topics, *new))
         cursors = NewCursors(tuple(new), taken.at_us, taken.positions) if new else None
-        stored = await asyncio.wrap_future(broker.writer.write(record, version, cursors))
+        stored = await outcome_of(broker.writer.write(record, version, cursors))
         if new:
             follow, waiting = await self._streams_of(
                 record.session_id, new, {}, made=stored.made or {}
@@ -594,9 +594,7 @@ class Following:
                 return
             kept = tuple(t for t in conn.stored.record.topics if t not in gone)
             record = replace(conn.record(), topics=kept)
-            conn.stored = await asyncio.wrap_future(
-                conn.broker.writer.write(record, conn.stored.version)
-            )
+            conn.stored = await outcome_of(conn.broker.writer.write(record, conn.stored.version))
         await asyncio.to_thread(conn.broker.store.drop_cursors, conn.stored.record.session_id, gone)
 
     async def save_subscriptions(self) -> None:
@@ -606,9 +604,7 @@ class Following:
             if conn.stored is None:
                 return
             record = replace(conn.record(), subscriptions=conn.subscriptions())
-            conn.stored = await asyncio.wrap_future(
-                conn.broker.writer.write(record, conn.stored.version)
-            )
+            conn.stored = await outcome_of(conn.broker.writer.write(record, conn.stored.version))
 
 
 def _topic_shape(

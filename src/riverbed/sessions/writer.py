@@ -38,6 +38,7 @@ must not be repeated, and every write of the batch gets the error.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -364,6 +365,17 @@ class SessionWriter:
             heads, committed = placed[0]
             made[topic] = MadeCursors(storage_topics_in(tx, topic), heads, committed)
         return made
+
+
+async def outcome_of(future: Future[Stored]) -> Stored:
+    """What a write came to, for a coroutine: at once when it committed on the
+    calling loop's thread (`SessionWriter.commit_here`: the future is done
+    before `write` returns; awaited through `asyncio.wrap_future`, it would
+    wake the loop through its self-pipe and resume a turn later, three times
+    per session), else when the writer's thread answers."""
+    if future.done():
+        return future.result()
+    return await asyncio.wrap_future(future)
 
 
 def _put(
