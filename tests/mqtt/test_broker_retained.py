@@ -4,6 +4,7 @@ Handling, Retain As Published for live messages, deleted by an empty payload,
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,7 +12,12 @@ import paho.mqtt.client as paho
 import pytest
 
 from harness.broker import BrokerProcess, Client
+from harness.inprocess import running_broker
+from harness.raw_mqtt import AsyncRawClient
 from harness.waiting import eventually
+from riverbed.errors import StorageError
+from riverbed.mqtt.codec import Puback, Publish, SubackReason
+from riverbed.mqtt.retained import RetainedStore
 
 PROTOCOLS = [pytest.param(paho.MQTTv5, id="mqtt5"), pytest.param(paho.MQTTv311, id="mqtt311")]
 
@@ -153,3 +159,33 @@ def test_no_local_live_and_retained(broker: BrokerProcess) -> None:
     assert me.payloads() == [b"theirs, retained", b"theirs, live", b"marker"]
     me.disconnect()
     other.disconnect()
+
+
+def test_a_subscribe_whose_retained_lookup_fails_is_acknowledged_and_served(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store fails to say whether a new filter has retained messages: the
+    failure is logged, and the SUBSCRIBE is acknowledged and delivers what is
+    published after it, as if there were none."""
+
+    def fails(self: RetainedStore, topic_filter: str) -> bool:
+        raise StorageError(f"reading the retained messages under {topic_filter!r} failed")
+
+    monkeypatch.setattr(RetainedStore, "any_under", fails)
+
+    async def go() -> bytes:
+        async with running_broker(sqlite_url) as broker:
+            holder = await AsyncRawClient.open(broker.port)
+            await holder.connect("holder", expiry=300)
+            suback = await holder.subscribe("held/#", 1)
+            assert suback.reason_codes == (SubackReason.GRANTED_QOS_1,)
+            publisher = await AsyncRawClient.open(broker.port)
+            await publisher.connect("pub", expiry=0)
+            publisher.send(Publish("held/x", b"after", qos=1, packet_id=1))
+            await publisher.expect(Puback)
+            delivered = await holder.expect(Publish)
+            publisher.close()
+            holder.close()
+            return delivered.payload
+
+    assert asyncio.run(go()) == b"after"

@@ -496,31 +496,43 @@ class Following:
             self.lineage_wait = self.lineage_wait or waiting
         self._follow_new_streams(follow)
         conn.send(Suback(packet.packet_id, taken.codes))
-        if taken.wants_retained and broker.config.limits.retain_available:
-            # Not on this connection's worker: the packets after the SUBSCRIBE
-            # (another SUBSCRIBE, to take effect when read) need not wait for it.
-            if self._retaining is None:
-                self._retaining = set()
-            task = conn.loop.create_task(self._send_retained(taken.wants_retained))
-            self._retaining.add(task)
-            task.add_done_callback(self._retaining.discard)
+        wanted = taken.wants_retained
+        if wanted and broker.config.limits.retain_available:
+            if broker.log.storage.appends_inline:
+                # On an embedded database, whether there is any is looked up
+                # here, on the loop (an indexed row or two: most SUBSCRIBEs find
+                # none, and need neither a task nor a hand-over to a thread).
+                wanted = self._with_retained(wanted)
+            if wanted:
+                # Not on this connection's worker: the packets after the
+                # SUBSCRIBE (another SUBSCRIBE, to take effect when read) need
+                # not wait for it.
+                if self._retaining is None:
+                    self._retaining = set()
+                task = conn.loop.create_task(self._send_retained(wanted))
+                self._retaining.add(task)
+                task.add_done_callback(self._retaining.discard)
+
+    def _with_retained(self, subscriptions: list[Subscription]) -> list[Subscription]:
+        """Those of `subscriptions` whose filters may match a retained message
+        (`RetainedStore.any_under`)."""
+        conn = self.conn
+        retained = conn.broker.retained
+        try:
+            return [sub for sub in subscriptions if retained.any_under(sub.topic_filter)]
+        except RiverbedError:
+            log.exception("client %s: reading retained messages failed", conn.client_id)
+            return []
 
     async def _send_retained(self, subscriptions: list[Subscription]) -> None:
         """After the SUBACK: the retained messages new subscriptions asked for
         (Retain Handling), through the session's window, unless the
         subscription has gone (UNSUBSCRIBE) or changed (a SUBSCRIBE replaced it)
-        since."""
+        since. What matches is read in a worker thread, as a `#` may match many."""
         conn = self.conn
         retained = conn.broker.retained
-        # On an embedded database, whether there is any is looked up here, on
-        # the loop (an indexed row or two: most SUBSCRIBEs find none and need
-        # no hand-over to a thread); what matches is read in a worker thread,
-        # as a `#` may match many.
-        look_first = conn.broker.log.storage.appends_inline
         for sub in subscriptions:
             try:
-                if look_first and not retained.any_under(sub.topic_filter):
-                    continue
                 found = await asyncio.to_thread(retained.matching, sub.topic_filter)
             except RiverbedError:
                 log.exception("client %s: reading retained messages failed", conn.client_id)
