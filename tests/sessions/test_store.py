@@ -92,6 +92,23 @@ def test_cursors_start_at_given_offsets_within_the_stream(storage: Storage) -> N
     assert store.positions("s2", "t", storage.list_streams("t"))[a] == 5
 
 
+def test_cursors_of_says_which_topics_lack_cursors_and_where_the_others_are(
+    storage: Storage,
+) -> None:
+    """One call: the cursors on the topics asked for, and which of `ensure`
+    have none, whether they are among those topics or not, in `ensure`'s order."""
+    (t,) = create_topic(storage, "t", partitions=1)
+    for name in ("u", "v", "w"):
+        create_topic(storage, name, partitions=1)
+    store = SessionStore(storage)
+    store.ensure_cursors("s1", ["t", "v"], None, {t.key: 0})
+    store.commit(store.write(record(topics=("t", "v")), None), {"t": {t.key: 2}}, {})
+
+    missing, cursors = store.cursors_of("s1", ["t", "u"], ensure=iter(["w", "u", "t", "v"]))
+    assert missing == ["w", "u"]
+    assert cursors == {"t": {t.key: 2}, "u": {}}
+
+
 def test_expire_discards_record_and_cursors(storage: Storage) -> None:
     create_topic(storage, "t")
     store = SessionStore(storage)

@@ -80,6 +80,7 @@ CALLS: dict[str, Callable[[Storage], object]] = {
     "list_subscriptions": lambda s: s.list_subscriptions(),
     "delete_subscription": lambda s: s.delete_subscription("s"),
     "get_cursors": lambda s: s.get_cursors("s"),
+    "find_cursors": lambda s: s.find_cursors("s"),
     "commit_cursors": lambda s: s.commit_cursors("s", {1: 1}),
     "reset_cursors": lambda s: s.reset_cursors("s", {1: 1}),
     "min_cursors": lambda s: s.min_cursors("t"),

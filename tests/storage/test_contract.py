@@ -696,6 +696,24 @@ def test_commit_cursors_never_moves_backwards(storage: Storage, packed: bool) ->
 
 
 @PACKED
+def test_find_cursors_tells_a_subscription_without_cursors_from_none(
+    storage: Storage, packed: bool
+) -> None:
+    a, b = create_topic(storage, "orders", 2)
+    storage.create_subscription(subscription("empty", "orders", packed=packed), no_cursors)
+    storage.create_subscription(
+        subscription("placed", "orders", packed=packed), lambda h: {a.key: 3, b.key: 4}
+    )
+
+    assert storage.find_cursors("empty") == {}
+    assert storage.find_cursors("placed") == {a.key: 3, b.key: 4}
+    assert storage.find_cursors("nope") is None
+    assert storage.get_cursors("nope") == {}
+    storage.delete_subscription("placed")
+    assert storage.find_cursors("placed") is None
+
+
+@PACKED
 def test_reset_cursors_replaces_and_may_rewind(storage: Storage, packed: bool) -> None:
     a, b = create_topic(storage, "orders", 2)
     storage.create_subscription(

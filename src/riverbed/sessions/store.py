@@ -498,8 +498,11 @@ class SessionStore:
         """In one call (one hand-over to a thread): which of `ensure` the session
         has no cursor on (`missing_cursors`), and its committed cursors on each
         of `topics` (`start_positions` makes positions of them)."""
-        missing = self.missing_cursors(session_id, ensure)
-        return missing, {t: self.storage.get_cursors(cursor_name(session_id, t)) for t in topics}
+        read = {t: self.storage.find_cursors(cursor_name(session_id, t)) for t in topics}
+        ensure = list(ensure)
+        absent = set(self.missing_cursors(session_id, [t for t in ensure if t not in read]))
+        missing = [t for t in ensure if (read[t] is None if t in read else t in absent)]
+        return missing, {t: cursors or {} for t, cursors in read.items()}
 
     def commit(
         self,

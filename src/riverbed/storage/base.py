@@ -326,6 +326,11 @@ class Storage(Protocol):
         """Committed offsets by stream key (streams never committed are absent)."""
         ...
 
+    def find_cursors(self, name: str) -> dict[int, int] | None:
+        """`get_cursors`, and None if there is no such subscription: whether it
+        exists and where it is, in one read."""
+        ...
+
     def commit_cursors(self, name: str, offsets: Mapping[int, int]) -> None:
         """Set committed offsets; an offset never moves backwards here (use
         `reset_cursors` to rewind)."""

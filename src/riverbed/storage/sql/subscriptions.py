@@ -129,18 +129,30 @@ class SubscriptionQueries(SqlCore):
 
     @operation
     def get_cursors(self, name: str) -> dict[int, int]:
+        return self._find_cursors(name) or {}
+
+    @operation
+    def find_cursors(self, name: str) -> dict[int, int] | None:
+        return self._find_cursors(name)
+
+    def _find_cursors(self, name: str) -> dict[int, int] | None:
+        # The subscription's own row first (kind 0: it exists; its offsets if
+        # packed), then its rows of `cursors` (kind 1).
         rows = self._q(
-            "SELECT offsets, 0, 0 FROM subscriptions WHERE name = ? AND offsets IS NOT NULL"
-            " UNION ALL SELECT NULL, stream, committed FROM cursors WHERE subscription = ?",
+            "SELECT 0, offsets, 0, 0 FROM subscriptions WHERE name = ?"
+            " UNION ALL SELECT 1, NULL, stream, committed FROM cursors WHERE subscription = ?",
             (name, name),
         ).fetchall()
+        found = False
         out: dict[int, int] = {}
-        for packed, stream, committed in rows:
-            if packed is not None:
-                out.update(unpack_offsets(packed))
+        for kind, packed, stream, committed in rows:
+            if kind == 0:
+                found = True
+                if packed is not None:
+                    out.update(unpack_offsets(packed))
             else:
                 out[int(stream)] = int(committed)
-        return out
+        return out if found else None
 
     def _cursors_row(self, cur: Cursor, name: str) -> tuple[Any] | None:
         """The subscription's packed offsets as stored (`(None,)`: its cursors
