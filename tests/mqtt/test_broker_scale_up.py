@@ -11,6 +11,7 @@ backlog in both generations.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -134,3 +135,31 @@ def test_a_resumed_session_reads_generations_in_lineage_order(
     back.wait_payloads(*_round(0, 61), timeout=60)
     _check_order(back.payloads(), 61)
     back.disconnect()
+
+
+def test_an_online_session_passed_by_at_the_end_of_a_generation_follows_the_next(
+    storage_url: str, tmp_path: Path
+) -> None:
+    """The last messages of the session's stream in the generation before are
+    none of its own: the fan-out does not answer its fetch for them, and no
+    hand-out of where it got to comes within the test (`idle_cursor_interval`
+    an hour). Its look for the new generation moves its cursors past them
+    first (`Fanout.passed`): without that its stream of the generation before
+    never looked consumed, and nothing of the new one reached it."""
+    config = tmp_path / "riverbed.toml"
+    config.write_text("[storage]\nidle_cursor_interval = 3600\n")
+    with BrokerProcess(storage_url, extra_args=("--config", str(config))) as broker:
+        sub = Client(broker.port, "mine")
+        sub.connect(clean=True, expiry=300)
+        sub.subscribe("s/mine", qos=1)
+        pub = Client(broker.port, "pub")
+        pub.connect()
+        pub.publish("s/mine", b"before", qos=1).wait_for_publish(30)
+        for i in range(5):
+            pub.publish("s/other", b"%d" % i, qos=1).wait_for_publish(30)
+        sub.wait_payloads(b"before")
+        _scale_up(storage_url, 32)
+        pub.publish("s/mine", b"after", qos=1).wait_for_publish(30)
+        sub.wait_payloads(b"before", b"after", timeout=60)
+        pub.disconnect()
+        sub.disconnect()

@@ -99,6 +99,35 @@ def test_non_matching_messages_move_the_cursor() -> None:
     assert s.cursors() == {1: 2}
 
 
+def test_passed_moves_a_waiting_fetch_and_the_cursor_behind_it() -> None:
+    """The router's messages passed the session by (none matched) while its
+    fetch waited: what it took in moves there, the cursor with it where nothing
+    is in flight or queued, and the next checkpoint carries it."""
+    s = session(window=1, checkpoint_every=1000, checkpoint_interval=1.0)
+    s.handle_all([Follow(1, 0), Follow(2, 0), Follow(3, 0)], now=0.0)
+    s.handle(Offered(1, [msg(0), msg(1)], 2), now=0.0)  # 0 in flight, 1 queued
+    assert s.next_deadline() == 1.0
+    s.handle(Tick(), now=1.0)  # the checkpoint of what Offered moved
+    assert s.next_deadline() is None
+
+    s.passed({1: 9, 2: 7, 4: 5})  # 4: a stream it does not follow
+    assert s.cursors() == {1: 0, 2: 7, 3: 0}  # 1: offset 0 still in flight
+    assert s.next_deadline() == 2.0
+    assert of(Fetch, s.handle(Tick(), now=1.5)) == []  # the fetches still wait
+    (checkpoint,) = of(Checkpoint, s.handle(Tick(), now=2.0))
+    assert checkpoint.cursors == {2: 7}
+
+    # The fetch of stream 1 waits from 9: its answer starts there.
+    assert [d.message.offset for d in of(Deliver, s.handle(Acked(1), now=2.0))] == [1]
+    s.handle(Acked(2), now=2.0)
+    sent = of(Deliver, s.handle(Offered(1, [msg(8), msg(9)], 10), now=2.0))
+    assert [d.message.offset for d in sent] == [9]
+    s.handle(Acked(3), now=2.0)
+    # Behind what the stream took in already: nothing moves back.
+    s.passed({1: 5})
+    assert s.cursors()[1] == 10
+
+
 def test_checkpoint_every_n_acks() -> None:
     s = session(window=10, checkpoint_every=2, checkpoint_interval=60)
     s.handle(Follow(1, 0), now=0.0)

@@ -1,12 +1,14 @@
 """The session state machine under random event sequences (hypothesis).
 
 A model of the log (streams of messages) answers the session's fetches in any
-order; the client acknowledges any message in flight, at any time. Invariants:
-the window is never exceeded; a followed stream is never left stalled (it has a
-fetch out, or a queue at least half its share, or is done); a window held back
-for a batched refill has a deadline that sends it anyway; each stream's
-messages are delivered once, in offset order; the cursor never passes an
-unacknowledged message; and at the end everything matching is delivered.
+order; the client acknowledges any message in flight, at any time; the router
+may pass a waiting fetch by (messages that match none of the session's
+subscriptions, `Session.passed`). Invariants: the window is never exceeded; a
+followed stream is never left stalled (it has a fetch out, or a queue at least
+half its share, or is done); a window held back for a batched refill has a
+deadline that sends it anyway; each stream's messages are delivered once, in
+offset order; the cursor never passes an unacknowledged message; and at the end
+everything matching is delivered.
 """
 
 from __future__ import annotations
@@ -87,6 +89,24 @@ class SessionMachine(RuleBasedStateMachine):
         upto = taken[-1].offset + 1 if taken else fetch.offset
         offered = [m for m in taken if m.mqtt_topic.startswith("a/")]
         self._apply(self.session.handle(Offered(stream, offered, upto), self.now))
+
+    @precondition(lambda self: bool(self.fetches))
+    @rule(data=st.data())
+    def pass_a_fetch(self, data: st.DataObject) -> None:
+        """The router passes a waiting fetch by: messages that match nothing of
+        the session's, at its offset on; the fetch waits on from past them
+        (`Fanout.passed`)."""
+        stream = data.draw(st.sampled_from(sorted(self.fetches)))
+        fetch = self.fetches[stream]
+        upto = fetch.offset
+        for message in self.log[stream][fetch.offset :]:
+            if message.mqtt_topic.startswith("a/"):
+                break
+            upto = message.offset + 1
+        if upto > fetch.offset:
+            self.fetches[stream] = Fetch(stream, upto, fetch.limit)
+            self.session.passed({stream: upto})
+            self._apply(self.session.handle(Tick(), self.now))
 
     @precondition(lambda self: bool(self.inflight))
     @rule(data=st.data())

@@ -136,9 +136,13 @@ class Broker:
         self.retained = RetainedStore(log.storage)
         self.trie: TopicTrie[Hashable] = TopicTrie()
         self.fanout = Fanout(
-            log.storage, self.trie, poll_interval=config.storage.poll_interval_ms / 1000
+            log.storage,
+            self.trie,
+            poll_interval=config.storage.poll_interval_ms / 1000,
+            pass_interval=config.storage.idle_cursor_interval,
         )
         self.fanout.on_new_streams = self._streams_changed
+        self.fanout.on_passed = _passed
         self.pacer = CommitPacer(log, config.storage.commit_interval_ms / 1000)
         self.authenticator, self.authorizer = load_auth(config.auth)
         self.may_publish = self.authorizer.allows_publish
@@ -611,6 +615,13 @@ _LISTEN_ERRORS = {
     errno.EADDRNOTAVAIL: "it is no address of this machine; choose one that is",
     errno.EACCES: "ports below 1024 need privileges; choose another port",
 }
+
+
+def _passed(handle: Hashable, positions: dict[int, int]) -> None:
+    """`Fanout.on_passed`: a session's waiting fetches moved past messages that
+    matched none of its subscriptions (its handle in the trie is its connection)."""
+    if isinstance(handle, Connection):
+        handle.passed(positions)
 
 
 def check_listeners(config: BrokerConfig) -> None:

@@ -32,6 +32,7 @@ A complete file, with the defaults:
     url = "sqlite:///./riverbed-data/riverbed.db"   # default: --db, $RIVERBED_DB, else this
     commit_interval_ms = 3           # the least time between two commits of PUBLISHes
     poll_interval_ms = 20            # the least time between two looks for others' messages
+    idle_cursor_interval = 30        # seconds: online sessions' cursors pass what matched none
 
     [limits]
     receive_maximum = 100            # QoS 1/2 PUBLISHes a client may have unacknowledged
@@ -149,6 +150,15 @@ Why the defaults are what they are:
   this often whatever wakes it: other nodes' messages are then up to this
   late. Each look is one small query; 20 ms keeps them cheap under load.
   From 1 ms to 60 s.
+- `idle_cursor_interval` 30 s: a message that matches none of an online
+  session's subscriptions costs that session nothing when it is routed; where
+  its cursors have got to past such messages is handed to all the sessions
+  this often, and to each at its disconnect. Until then an idle subscription's
+  stored cursor stays behind, which holds those messages back from retention
+  (a pass a minute: `[retention] interval`) and is what a crash of the broker
+  makes the session read again, matching none of it. Each hand-out costs a
+  cursor write per session whose streams moved: a shorter interval writes an
+  idle fleet's cursors that much more often. From 1 s to 1 h.
 - `[retention] interval` 60 s: retention deletes what every subscription has
   consumed and is past its topic's retention time, so a pass a minute keeps a
   busy topic within a minute's messages of that, at the cost of a few cheap
@@ -370,6 +380,7 @@ class StorageConfig:
     url: str | None = None
     commit_interval_ms: int = 3
     poll_interval_ms: int = 20
+    idle_cursor_interval: int = 30
 
     def __post_init__(self) -> None:
         _check_fields("storage", self)
@@ -868,6 +879,11 @@ KEYS: dict[str, Key] = {
         _integer(1, 60_000, " ms"),
         "the least time between two looks for messages others committed"
         " (another node's commit wakes the broker at once on PostgreSQL)",
+    ),
+    "storage.idle_cursor_interval": Key(
+        _seconds(3600, low=1),
+        "seconds between two moves of online sessions' cursors past messages"
+        " that matched none of their subscriptions",
     ),
     "limits.receive_maximum": Key(
         _integer(

@@ -997,6 +997,21 @@ class Connection(asyncio.Protocol):
         ):
             await self._persist(0)
 
+    def passed(self, positions: dict[int, int]) -> None:
+        """The fan-out's messages of these streams passed the session by, up to
+        these offsets, and its fetches wait on from there (`Fanout.passed`):
+        its cursors move on, checkpointed when due."""
+        session = self.session
+        if session is None or self.closing or not positions:
+            return
+        session.passed(positions)
+        self.handle(Tick())
+
+    def take_passed(self) -> None:
+        """`passed`, asked of the fan-out now for this session alone."""
+        if self.session is not None and not self.closing:
+            self.passed(self.broker.fanout.passed(self))
+
     def offer(self, stream: int, messages: object, upto: int) -> None:
         # Always on a later turn of the loop: a fetch answered from memory must not
         # re-enter the session while it is handing out effects.
@@ -1177,7 +1192,9 @@ class Connection(asyncio.Protocol):
                     await self._record_released(session)
                 self.sharing.close()
             if session is not None:
-                broker.fanout.forget(self)
+                # Where its waiting fetches got to: its last checkpoint moves
+                # the cursors of streams whose messages passed it by there.
+                session.passed(broker.fanout.forget(self))
                 for sub in session.subscriptions:
                     broker.trie.remove(sub.topic_filter, self)
                 if self._checkpointing is not None:

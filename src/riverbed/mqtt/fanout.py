@@ -5,9 +5,15 @@ offset, limit, sink)`, the runtime side of `sessions.session.Fetch`). The fan-ou
 answers from where it is cheapest:
 
 - the offset is what the fan-out has routed up to: the fetch waits (the session
-  is *live*) and is answered as soon as the next messages of that stream are
-  routed, with the messages its filters can match (found through the topic
-  trie, once per message for all sessions) and the new position;
+  is *live*) and is answered as soon as messages of that stream that its
+  filters can match are routed (found through the topic trie, once per message
+  for all sessions), with them and the new position. Messages that match none
+  of its filters pass it by: its fetch waits on, and routing costs nothing per
+  session it does not reach (a fleet of idle subscribers is not woken by every
+  commit). Where such a fetch has got to is handed out by `passed`: to every
+  session, at most every `pass_interval` seconds while its streams move, so
+  that an idle subscription's cursor moves on and does not pin retention, and
+  to one session when it asks (at disconnect, before its last checkpoint);
 - the offset is within the last `buffer_size` messages routed: answered at once
   from memory;
 - it is further back: read from storage (in a worker thread), the session is
@@ -62,6 +68,9 @@ yet answers its next fetches (one read kept per stream)."""
 WATCH_TIMEOUT = 1.0
 """Seconds between looks at the heads when no wake-up comes (and the storage
 hears other processes' commits)."""
+PASS_INTERVAL = 30.0
+"""The default `pass_interval`: seconds between two hand-outs of where the
+waiting fetches that messages passed by have got to."""
 REFRESH_INTERVAL = 0.02
 """The default `poll_interval`: seconds between looks at the heads at most,
 however many wake-ups by this process's own commits come; also the pace of
@@ -89,6 +98,12 @@ class _Routed:
     catching_up: bool = False
     head: int = 0
     """The highest head seen (storage or local commits)."""
+    filtered: dict[Hashable, None] | None = None
+    """The waiters matched against a filter of their own (not in the trie),
+    answered whenever the stream moves; None while there are none."""
+    passed: int = 0
+    """`upto` at the last hand-out of passed fetches: every waiter is at or
+    beyond it (one registered later waits from where the stream was then)."""
 
     @property
     def base(self) -> int:
@@ -109,13 +124,17 @@ class Fanout:
         *,
         buffer_size: int = 4096,
         poll_interval: float = REFRESH_INTERVAL,
+        pass_interval: float = PASS_INTERVAL,
     ) -> None:
         if not poll_interval > 0:
             raise ValueError(f"poll_interval {poll_interval!r} must be more than 0 seconds")
+        if not pass_interval > 0:
+            raise ValueError(f"pass_interval {pass_interval!r} must be more than 0 seconds")
         self.storage = storage
         self.trie = trie
         self.buffer_size = buffer_size
         self.poll_interval = poll_interval
+        self.pass_interval = pass_interval
         self.looks = 0
         """Looks at the heads table so far (`refresh`)."""
         self.told = 0
@@ -135,6 +154,11 @@ class Fanout:
         self.on_new_streams: Callable[[], None] | None = None
         """Called when streams appear after the start (a topic scaled up or was
         created): sessions may have new streams to follow."""
+        self.on_passed: Callable[[Hashable, dict[int, int]], None] | None = None
+        """Called every `pass_interval` with each session (handle) whose waiting
+        fetches messages passed by, and where they wait from now (`passed`)."""
+        self._passed_at = 0.0
+        """When the last hand-out of passed fetches was (loop time)."""
         self._wanted = asyncio.Event()
         """Set while some session may wait on a stream: the watcher runs."""
         self.start_heads: dict[int, int] = {}
@@ -145,6 +169,7 @@ class Fanout:
         heads = await asyncio.to_thread(self.storage.list_streams)
         self._learn(heads)
         self.started = True
+        self._passed_at = time.monotonic()
         self.start_heads = {h.key: h.next_offset for h in heads}
         self._watcher = asyncio.create_task(self._watch(), name="riverbed-fanout-watch")
 
@@ -256,6 +281,10 @@ class Fanout:
             return
         if offset >= routed.upto:
             routed.waiters[handle] = _Waiter(offset, limit, sink, topic_filter)
+            if topic_filter is not None:
+                if routed.filtered is None:
+                    routed.filtered = {}
+                routed.filtered[handle] = None
             if not self._wanted.is_set():
                 self._wanted.set()
             if offset > routed.upto or routed.head > routed.upto:
@@ -287,16 +316,66 @@ class Fanout:
         sink(key, taken, taken[-1].offset + 1)
         return True
 
-    def forget(self, handle: Hashable) -> None:
-        """Drop a session's waiting fetches (it went offline)."""
-        for routed in self._streams.values():
-            routed.waiters.pop(handle, None)
+    def forget(self, handle: Hashable) -> dict[int, int]:
+        """Drop a session's waiting fetches (it went offline). Returns where
+        those that messages passed by had got to, as `passed` does: the
+        session's last checkpoint moves its cursors there."""
+        out: dict[int, int] = {}
+        for key, routed in self._streams.items():
+            waiter = routed.waiters.pop(handle, None)
+            if waiter is None:
+                continue
+            if waiter.topic_filter is not None:
+                self._unfilter(routed, handle)
+            elif waiter.offset < routed.upto:
+                out[key] = routed.upto
+        return out
 
     def cancel(self, key: int, handle: Hashable) -> None:
         """Drop a waiting fetch of one stream (a lease given back)."""
         routed = self._streams.get(key)
-        if routed is not None:
-            routed.waiters.pop(handle, None)
+        if routed is not None and routed.waiters.pop(handle, None) is not None:
+            self._unfilter(routed, handle)
+
+    @staticmethod
+    def _unfilter(routed: _Routed, handle: Hashable) -> None:
+        filtered = routed.filtered
+        if filtered is not None:
+            filtered.pop(handle, None)
+            if not filtered:
+                routed.filtered = None
+
+    def passed(self, handle: Hashable) -> dict[int, int]:
+        """Where `handle`'s waiting fetches are, of the streams whose messages
+        since passed it by (none matched its filters): stream key -> the
+        position routed up to. The fetches wait on from there; the session
+        moves its cursors there (`Session.passed`)."""
+        out: dict[int, int] = {}
+        for key, routed in self._streams.items():
+            waiter = routed.waiters.get(handle)
+            if waiter is not None and waiter.topic_filter is None and waiter.offset < routed.upto:
+                waiter.offset = routed.upto
+                out[key] = routed.upto
+        return out
+
+    def pass_all(self) -> dict[Hashable, dict[int, int]]:
+        """`passed` for every session at once: each handle whose waiting
+        fetches messages passed by, with where they wait from now. A stream
+        that has not moved since the last call is not looked at."""
+        out: dict[Hashable, dict[int, int]] = {}
+        for key, routed in self._streams.items():
+            upto = routed.upto
+            if routed.passed == upto:
+                continue
+            routed.passed = upto
+            for handle, waiter in routed.waiters.items():
+                if waiter.offset < upto and waiter.topic_filter is None:
+                    waiter.offset = upto
+                    mine = out.get(handle)
+                    if mine is None:
+                        mine = out[handle] = {}
+                    mine[key] = upto
+        return out
 
     # --- routing ---------------------------------------------------------------------
     def committed(self, stream: StreamId, first: int, rows: Sequence[StoredMessage]) -> None:
@@ -325,33 +404,56 @@ class Fanout:
         waiters = routed.waiters
         if not waiters:
             return
-        # One trie match per message for all sessions; each waiting session gets
-        # the messages its filters can match, and the new position either way
-        # (an idle subscription's cursor moves on: DESIGN.md, Sessions).
+        # One trie match per message for all sessions; a waiting session is
+        # answered only when some message can match its filters. The others
+        # wait on: their position is handed out later (`passed`), so what a
+        # commit costs does not grow with the sessions it does not reach.
         matched: dict[Hashable, list[StoredMessage]] = {}
         match = self.trie.match
         for row in rows:
             for handle in match(row.mqtt_topic):
                 if handle in waiters:
-                    mine = matched.setdefault(handle, [])
-                    if not mine or mine[-1] is not row:  # several of its filters match
+                    mine = matched.get(handle)
+                    if mine is None:
+                        matched[handle] = [row]
+                    elif mine[-1] is not row:  # several of its filters match
                         mine.append(row)
-        for handle, waiter in list(waiters.items()):
+        key = routed.key
+        for handle, mine in matched.items():
+            waiter = waiters[handle]
+            offset = waiter.offset
+            if offset > mine[0].offset:
+                mine = [m for m in mine if m.offset >= offset]
+                if not mine:
+                    continue
+            del waiters[handle]
+            self._answer(key, waiter, mine, upto)
+        filtered = routed.filtered
+        if filtered is None:
+            return
+        # A lease's fetch (a shared subscription's stream lent to a session):
+        # answered whenever the stream moves, its progress is its group's.
+        for handle in list(filtered):
+            waiter = waiters[handle]
             if waiter.offset >= upto:
                 continue
             del waiters[handle]
-            if waiter.topic_filter is not None:
-                pattern = waiter.topic_filter
-                mine = [
-                    m for m in rows if m.offset >= waiter.offset and matches(pattern, m.mqtt_topic)
-                ]
-            else:
-                mine = [m for m in matched.get(handle, ()) if m.offset >= waiter.offset]
-            answer_upto = upto
-            if len(mine) > waiter.limit:
-                answer_upto = mine[waiter.limit].offset
-                mine = mine[: waiter.limit]
-            waiter.sink(routed.key, mine, answer_upto)
+            del filtered[handle]
+            pattern = waiter.topic_filter
+            assert pattern is not None
+            offset = waiter.offset
+            mine = [m for m in rows if m.offset >= offset and matches(pattern, m.mqtt_topic)]
+            self._answer(key, waiter, mine, upto)
+        if not filtered:
+            routed.filtered = None
+
+    @staticmethod
+    def _answer(key: int, waiter: _Waiter, mine: list[StoredMessage], upto: int) -> None:
+        """Answer a waiting fetch with its messages up to `upto`, at most its limit."""
+        if len(mine) > waiter.limit:
+            upto = mine[waiter.limit].offset
+            mine = mine[: waiter.limit]
+        waiter.sink(key, mine, upto)
 
     def _advance(self, routed: _Routed) -> None:
         """Bring the stream to its head: read the gap if anyone waits, else skip it."""
@@ -476,9 +578,24 @@ class Fanout:
             except RiverbedError:
                 log.exception("looking at the stream heads failed")
                 await asyncio.sleep(WATCH_TIMEOUT)
+            if time.monotonic() - self._passed_at >= self.pass_interval:
+                self._hand_out_passed()
             # The rest. Only a storage that hears APART counts others' commits
             # (a DEAF one once, when it hears again).
             await wakeups.wait_others_async(heard, self.poll_interval)
+
+    def _hand_out_passed(self) -> None:
+        """Tell each session whose waiting fetches messages passed by where
+        they wait from now (`on_passed`): its cursors move on."""
+        self._passed_at = time.monotonic()
+        on_passed = self.on_passed
+        if on_passed is None:
+            return  # nobody to tell: the fetches stay where the sessions know them
+        for handle, positions in self.pass_all().items():
+            try:
+                on_passed(handle, positions)
+            except Exception:
+                log.exception("handing out passed positions to %r failed", handle)
 
     def _heard(self, heads: Mapping[int, int]) -> bool:
         """Move the streams to the heads another process's commits told of; False

@@ -17,8 +17,11 @@ topic its filters can reach. `Following` keeps that set in step:
 - a stream of a later generation (a topic scaled up) is followed only once its
   lineage's streams of the generation before are fully consumed
   (`log.lineage.readable_streams`): per-key order across a scale-up. While some
-  stream waits, the check runs again after every checkpoint; streams that
-  appear while the session is online are picked up when the fan-out sees them.
+  stream waits, the check runs again after every checkpoint and at least every
+  LINEAGE_RECHECK seconds, with the session's cursors moved past what the
+  fan-out routed that matched none of its subscriptions (`Fanout.passed`: the
+  last messages of a generation may be none of its own); streams that appear
+  while the session is online are picked up when the fan-out sees them.
 """
 
 from __future__ import annotations
@@ -54,6 +57,10 @@ from riverbed.sharedsub.protocol import GroupId
 from riverbed.storage.base import Storage, StorageTopicRecord, StreamHead
 
 log = logging.getLogger(__name__)
+
+LINEAGE_RECHECK = 1.0
+"""Seconds between two looks for streams to follow while some stream of the
+session's topics waits for its lineage."""
 
 
 class FollowingOwner(SharingOwner, Protocol):
@@ -91,6 +98,11 @@ class FollowingOwner(SharingOwner, Protocol):
 
     def handle_all(self, events: Sequence[Event]) -> None:
         """Events for the session, handled as one."""
+        ...
+
+    def take_passed(self) -> None:
+        """Move the session's waiting fetches, and its cursors, past what the
+        fan-out routed that matched none of its subscriptions."""
         ...
 
     def send(self, packet: Packet, level: int | None = None) -> None: ...
@@ -138,6 +150,7 @@ class Following:
 
     __slots__ = (
         "_again",
+        "_recheck",
         "_retaining",
         "_taken",
         "_task",
@@ -152,6 +165,8 @@ class Following:
         self._task: asyncio.Task[None] | None = None
         self._again = False
         """Another look for new streams was asked for while one ran."""
+        self._recheck: asyncio.TimerHandle | None = None
+        """The next look while some stream waits for its lineage."""
         self._taken: _Taken | None = None
         """The SUBSCRIBE `take` took and `subscribe` has yet to finish."""
         self._retaining: set[asyncio.Task[None]] | None = None
@@ -161,6 +176,9 @@ class Following:
     def cancel(self) -> None:
         if self._task is not None:
             self._task.cancel()
+        if self._recheck is not None:
+            self._recheck.cancel()
+            self._recheck = None
         for task in self._retaining or ():
             task.cancel()
 
@@ -232,9 +250,13 @@ class Following:
         conn = self.conn
         assert conn.stored is not None
         session_id = conn.stored.record.session_id
-        in_memory = conn.session.cursors() if conn.session is not None else {}
+        in_memory: dict[int, int] = {}
+        if conn.session is not None:
+            conn.take_passed()
+            in_memory = conn.session.cursors()
         out, waiting = await self._streams_of(session_id, topics, in_memory, ensure)
         self.lineage_wait = waiting
+        self.recheck_lineage()
         return out
 
     async def _streams_of(
@@ -300,6 +322,18 @@ class Following:
         conn = self.conn
         if conn.session is not None and conn.stored is not None and not conn.closing:
             self.check_soon()
+
+    def recheck_lineage(self) -> None:
+        """While some stream waits for its lineage, look again in
+        LINEAGE_RECHECK seconds: the streams it waits for may be consumed by
+        then with no checkpoint to say so (their last messages passed the
+        session by)."""
+        if self.lineage_wait and self._recheck is None:
+            self._recheck = self.conn.loop.call_later(LINEAGE_RECHECK, self._recheck_due)
+
+    def _recheck_due(self) -> None:
+        self._recheck = None
+        self.check_soon()
 
     def check_soon(self) -> None:
         """Look for streams to follow soon; a look asked for while one runs
@@ -494,6 +528,7 @@ class Following:
                     record, conn.stored.version, filters, taken
                 )
             self.lineage_wait = self.lineage_wait or waiting
+            self.recheck_lineage()
         self._follow_new_streams(follow)
         conn.send(Suback(packet.packet_id, taken.codes))
         wanted = taken.wants_retained
@@ -599,8 +634,11 @@ class Following:
         gone = [t for t in conn.stored.record.topics if t not in reached]
         if not gone:
             return
-        topic_of = conn.broker.fanout.topic_of()
-        session.unfollow(key for key, topic in topic_of.items() if topic in gone)
+        fanout = conn.broker.fanout
+        unfollowed = [key for key, topic in fanout.topic_of().items() if topic in gone]
+        session.unfollow(unfollowed)
+        for key in unfollowed:
+            fanout.cancel(key, conn)  # its fetch waits for nothing now
         async with conn.record_lock:
             if conn.stored is None:
                 return

@@ -489,6 +489,19 @@ class Session:
                 del self._streams[key]
                 self._check_all = True
 
+    def passed(self, positions: Mapping[int, int]) -> None:
+        """The router's messages of these streams up to these offsets passed the
+        session by (none matched its subscriptions), and its fetches of them
+        wait on from there (`Fanout.passed`): what was taken in moves there,
+        and with it the cursor of a stream with nothing in flight or queued.
+        A caught-up session's idle subscription so does not pin retention.
+        The next checkpoint (due or at disconnect) carries them."""
+        for key, upto in positions.items():
+            state = self._streams.get(key)
+            if state is not None and state.fetching and upto > state.fetched:
+                state.fetched = upto
+                self._moved = True
+
     # --- grants -------------------------------------------------------------------
     def grant_key(self) -> int:
         """A key for a new grant's stream: below RETAINED, never used before in
