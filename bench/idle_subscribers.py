@@ -31,6 +31,7 @@ import contextlib
 import os
 import platform
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -44,6 +45,16 @@ from harness.raw_mqtt import AsyncRawClient, RawClient
 from mqtt import Broker, Mosquitto, Riverbed  # bench/mqtt.py
 from riverbed.mqtt.codec import Puback, Publish
 
+
+class MosquittoNoDelay(Mosquitto):
+    """mosquitto with `set_tcp_nodelay true`: its PUBACKs go out at once, not
+    behind Nagle's algorithm waiting for the client's delayed ACK (without it
+    a window of PUBLISHes here is answered about every 20 ms: 2,273 msg/s)."""
+
+    def settings(self) -> str:
+        return super().settings() + "set_tcp_nodelay true\n"
+
+
 EXPIRY = 86_400
 TIMEOUT = 60.0
 
@@ -51,6 +62,9 @@ TIMEOUT = 60.0
 def publish(port: int, count: int, client_id: str) -> float:
     """`count` QoS 1 PUBLISHes nobody subscribes to; the seconds they took."""
     with RawClient(port, timeout=TIMEOUT) as c:
+        # Each window's PUBLISHes go out at once, not behind Nagle's algorithm
+        # waiting for the broker's delayed ACK.
+        c.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         c.connect(client_id, clean=True)
         t = time.perf_counter()
         c.publish_many((f"telemetry/{j % 100}", b"t" * 64) for j in range(count))
@@ -153,7 +167,7 @@ def main() -> None:
         f" Riverbed on {args.riverbed_db}",
         flush=True,
     )
-    kinds: dict[str, type[Broker]] = {"riverbed": Riverbed, "mosquitto": Mosquitto}
+    kinds: dict[str, type[Broker]] = {"riverbed": Riverbed, "mosquitto": MosquittoNoDelay}
     results: dict[str, dict[str, float]] = {}
     with contextlib.ExitStack() as stack:
         if args.riverbed_db == "postgres" and "riverbed" in args.brokers:
