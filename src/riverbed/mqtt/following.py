@@ -400,7 +400,8 @@ class Following:
                 conn.broker.writer.write(record, stored.version, NewCursors(tuple(new), 0))
             )
             conn.stored = written.without_made()
-        # debug: a topic bound under a common filter is news for every such session
+        # At debug level: a topic bound under a common filter is news for every
+        # session subscribed to it, one line each.
         log.debug("client %s: its subscriptions now reach topics %s", conn.client_id, new)
 
     def _follow_new_streams(self, readable: Readable) -> None:

@@ -25,33 +25,31 @@ class KVQueries(SqlCore):
         # not `substr(key, 1, n) = prefix`, which read every key of the namespace.
         end = prefix_end(prefix)
         if end is None:
-            rows = self._q(
-                "SELECT key, value, version FROM kv WHERE namespace = ? AND key >= ? ORDER BY key",
-                (namespace, prefix),
-            ).fetchall()
-        else:
-            rows = self._q(
-                "SELECT key, value, version FROM kv WHERE namespace = ? AND key >= ?"
-                " AND key < ? ORDER BY key",
-                (namespace, prefix, end),
-            ).fetchall()
-        return [KVEntry(namespace, k, bytes(v), int(ver)) for k, v, ver in rows]
+            return self._kv_rows(namespace, "key >= ?", (prefix,))
+        return self._kv_rows(namespace, "key >= ? AND key < ?", (prefix, end))
 
     @operation
     def kv_page(self, namespace: str, after: str | None, limit: int) -> list[KVEntry]:
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
             raise InvalidInput(f"page size {limit!r} must be an integer >= 1")
         if after is None:
-            rows = self._q(
-                "SELECT key, value, version FROM kv WHERE namespace = ? ORDER BY key LIMIT ?",
-                (namespace, limit),
-            ).fetchall()
-        else:
-            rows = self._q(
-                "SELECT key, value, version FROM kv WHERE namespace = ? AND key > ?"
-                " ORDER BY key LIMIT ?",
-                (namespace, after, limit),
-            ).fetchall()
+            return self._kv_rows(namespace, "", (), limit)
+        return self._kv_rows(namespace, "key > ?", (after,), limit)
+
+    def _kv_rows(
+        self, namespace: str, keys: str, params: tuple[str, ...], limit: int | None = None
+    ) -> list[KVEntry]:
+        """The entries of `namespace` whose keys satisfy `keys` (an SQL condition
+        on `key` with `params`; empty: all), in key order, at most `limit`."""
+        sql = "SELECT key, value, version FROM kv WHERE namespace = ?"
+        if keys:
+            sql += f" AND {keys}"
+        sql += " ORDER BY key"
+        args: tuple[str | int, ...] = (namespace, *params)
+        if limit is not None:
+            sql += " LIMIT ?"
+            args = (*args, limit)
+        rows = self._q(sql, args).fetchall()
         return [KVEntry(namespace, k, bytes(v), int(ver)) for k, v, ver in rows]
 
     @operation
