@@ -14,10 +14,15 @@ import pytest
 from harness.broker import BrokerProcess, Client
 from harness.inprocess import running_broker
 from harness.raw_mqtt import AsyncRawClient
-from harness.waiting import eventually
+from harness.waiting import eventually, eventually_async
 from riverbed.errors import StorageError
-from riverbed.mqtt.codec import Puback, Publish, SubackReason
+from riverbed.model import Message
+from riverbed.mqtt.broker import Broker
+from riverbed.mqtt.codec import Puback, Publish, Suback, SubackReason, Subscribe, SubscribeTopic
+from riverbed.mqtt.config import Limits
+from riverbed.mqtt.connection import Connection
 from riverbed.mqtt.retained import RetainedStore
+from riverbed.sessions.session import Session
 
 PROTOCOLS = [pytest.param(paho.MQTTv5, id="mqtt5"), pytest.param(paho.MQTTv311, id="mqtt311")]
 
@@ -189,3 +194,94 @@ def test_a_subscribe_whose_retained_lookup_fails_is_acknowledged_and_served(
             return delivered.payload
 
     assert asyncio.run(go()) == b"after"
+
+
+RETAINED = 30
+"""Retained messages under `r/` in the tests of pages below."""
+
+
+PAGING = Limits(session_queue_limit=8, max_inflight=3)
+"""Pages of four retained messages, three in flight."""
+
+
+async def _reader(broker: Broker) -> tuple[AsyncRawClient, Connection, Session]:
+    """RETAINED retained messages `r/00` ... (sorted as topic names sort), and
+    a client "reader" connected: its connection and session in the broker."""
+    for i in range(RETAINED):
+        broker.retained.put(Message(b"%d" % i, mqtt_topic=f"r/{i:02d}", qos=1), 1)
+    reader = await AsyncRawClient.open(broker.port)
+    await reader.connect("reader", expiry=300)
+    (conn,) = [c for c in broker.connections.values() if c.client_id == "reader"]
+    assert conn.session is not None
+    return reader, conn, conn.session
+
+
+async def _take_all(client: AsyncRawClient, count: int) -> list[str]:
+    """Acknowledge and return the topics of the next `count` PUBLISHes."""
+    topics: list[str] = []
+    for _ in range(count):
+        publish = await client.expect(Publish)
+        assert publish.retain and publish.packet_id is not None
+        client.send(Puback(publish.packet_id))
+        topics.append(publish.topic)
+    return topics
+
+
+def test_retained_messages_go_a_page_at_a_time(sqlite_url: str) -> None:
+    """A `#` over many retained messages holds no more of them in memory than
+    the session's queue allows: read a page (half of `session_queue_limit`)
+    at a time, the next once most of the last is sent; a client that does not
+    acknowledge stops the reading. Once it does, it gets them all, in topic
+    name order, once."""
+
+    async def go() -> list[str]:
+        async with running_broker(sqlite_url, limits=PAGING) as broker:
+            reader, conn, session = await _reader(broker)
+            await reader.subscribe("r/#", 1)
+            # Three in flight; pages of four, the next read once at most two
+            # wait: at most six queued, and the reading waits for room.
+            await eventually_async(
+                lambda: conn._room is not None and session.inflight == 3,
+                what="the reading of retained messages waiting for room",
+            )
+            assert session.retained_queued <= 6
+            topics = await _take_all(reader, RETAINED)
+            reader.close()
+            return topics
+
+    assert asyncio.run(go()) == [f"r/{i:02d}" for i in range(RETAINED)]
+
+
+def test_subscribing_again_and_again_queues_one_more_send_of_the_retained(
+    sqlite_url: str,
+) -> None:
+    """A client that SUBSCRIBEs to the same filter over and over while its
+    retained messages are still being sent gets them once more, not once per
+    SUBSCRIBE: what the broker holds for it stays bounded."""
+
+    async def go() -> list[str]:
+        async with running_broker(sqlite_url, limits=PAGING) as broker:
+            reader, conn, session = await _reader(broker)
+            for packet_id in range(1, 21):
+                reader.send(Subscribe(packet_id, (SubscribeTopic("r/#", 1),)))
+            taken = []
+            for _ in range(20):  # the PUBLISHes in flight come between the SUBACKs
+                packet = await reader.next()
+                while isinstance(packet, Publish):
+                    taken.append(packet)
+                    packet = await reader.next()
+                assert isinstance(packet, Suback)
+            await eventually_async(lambda: conn._room is not None, what="waiting for room")
+            assert session.retained_queued <= 6
+            assert conn.following._retain_queue is not None
+            assert len(conn.following._retain_queue) == 1
+            for publish in taken:
+                assert publish.packet_id is not None
+                reader.send(Puback(publish.packet_id))
+            topics = [p.topic for p in taken]
+            topics += await _take_all(reader, 2 * RETAINED - len(taken))
+            reader.close()
+            return topics
+
+    once = [f"r/{i:02d}" for i in range(RETAINED)]
+    assert asyncio.run(go()) == once + once

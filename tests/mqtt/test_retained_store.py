@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from unittest.mock import patch
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from riverbed.model import Message
+from riverbed.mqtt import retained as retained_module
 from riverbed.mqtt.retained import RetainedStore
 from riverbed.storage import Storage, open_storage
 
@@ -62,3 +64,52 @@ def test_any_under_is_true_whenever_matching_finds_some(
             assert not store.any_under(topic_filter)
     finally:
         storage.close()
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    retained=st.lists(TOPICS, max_size=10, unique=True),
+    topic_filter=FILTERS,
+    limit=st.integers(1, 4),
+    read=st.sampled_from([1, 2, 256]),
+)
+def test_pages_put_together_are_what_matching_finds(
+    storage_url: str, retained: list[str], topic_filter: str, limit: int, read: int
+) -> None:
+    """`page` hands out what `matching` finds, in the same order, at most
+    `limit` at a time, and says when there is no more; whatever the size of
+    its reads (`read`: entries per storage read, those the filter does not
+    match among them)."""
+    storage = open_storage(storage_url)
+    try:
+        with patch.object(retained_module, "_READ", read):
+            _check_pages(RetainedStore(storage), storage, retained, topic_filter, limit)
+    finally:
+        storage.close()
+
+
+def _check_pages(
+    store: RetainedStore, storage: Storage, retained: list[str], topic_filter: str, limit: int
+) -> None:
+    for entry in storage.kv_list("retained"):
+        store.delete(entry.key)
+    _retain(store, retained)
+    pages: list[list[str]] = []
+    after: str | None = None
+    while True:
+        found, after = store.page(topic_filter, after, limit)
+        assert len(found) <= limit
+        pages.append([m.mqtt_topic for m in found])
+        if after is None:
+            break
+        assert len(pages) <= len(retained) + 1, "pages that never end"
+    assert [t for page in pages for t in page] == [
+        m.mqtt_topic for m in store.matching(topic_filter)
+    ]
+
+
+def test_a_page_of_no_size_is_refused(storage: Storage) -> None:
+    with pytest.raises(ValueError, match="page size 0 must be at least 1"):
+        RetainedStore(storage).page("#", None, 0)

@@ -261,6 +261,7 @@ class Connection(asyncio.Protocol):
         "_persisting",
         "_quickack",
         "_record_lock",
+        "_room",
         "_slow_timer",
         "_sock",
         "_teardown_task",
@@ -333,6 +334,8 @@ class Connection(asyncio.Protocol):
         """The transport's write buffer is over its high-water mark (`pause_writing`)."""
         self._slow_timer: asyncio.TimerHandle | None = None
         """Aborts the connection if its write buffer stays full (`limits.slow_consumer_timeout`)."""
+        self._room: tuple[int, asyncio.Future[None]] | None = None
+        """`retained_room` waiting: for at most this many queued retained messages."""
         self._dropped = 0
         """QoS 0 messages dropped in the current drop episode."""
         self._dropping_since = 0.0
@@ -920,6 +923,16 @@ class Connection(asyncio.Protocol):
                 case _:
                     assert_never(effect)
         self._arm_timer()
+        if self._room is not None:
+            self._room_made()
+
+    def _room_made(self) -> None:
+        """Wake `retained_room` if the session's retained queue is short enough."""
+        assert self._room is not None
+        most, room = self._room
+        session = self.session
+        if not room.done() and (session is None or session.retained_queued <= most):
+            room.set_result(None)
 
     def record(self, *, released: bool = False) -> SessionRecord:
         """The record to write: the last one written with the session's QoS 2
@@ -1006,6 +1019,20 @@ class Connection(asyncio.Protocol):
             return
         session.passed(positions)
         self.handle(Tick())
+
+    async def retained_room(self, most: int) -> None:
+        """Return once at most `most` retained messages wait in the session's
+        queue: at once if so (or if the connection is closing), else after the
+        acknowledgements that free the window for the rest."""
+        session = self.session
+        if session is None or self.closing or session.retained_queued <= most:
+            return
+        room: asyncio.Future[None] = self.loop.create_future()
+        self._room = (most, room)
+        try:
+            await room
+        finally:
+            self._room = None
 
     def take_passed(self) -> None:
         """`passed`, asked of the fan-out now for this session alone."""

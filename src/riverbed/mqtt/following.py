@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
@@ -105,6 +106,11 @@ class FollowingOwner(SharingOwner, Protocol):
         fan-out routed that matched none of its subscriptions."""
         ...
 
+    async def retained_room(self, most: int) -> None:
+        """Return once at most `most` retained messages wait in the session's
+        queue (at once if so, or if the connection is closing)."""
+        ...
+
     def send(self, packet: Packet, level: int | None = None) -> None: ...
 
     def __hash__(self) -> int:
@@ -151,6 +157,7 @@ class Following:
     __slots__ = (
         "_again",
         "_recheck",
+        "_retain_queue",
         "_retaining",
         "_taken",
         "_task",
@@ -169,9 +176,12 @@ class Following:
         """The next look while some stream waits for its lineage."""
         self._taken: _Taken | None = None
         """The SUBSCRIBE `take` took and `subscribe` has yet to finish."""
-        self._retaining: set[asyncio.Task[None]] | None = None
-        """Retained messages being looked up for new subscriptions (made on
-        first use: most connections never need one)."""
+        self._retaining: asyncio.Task[None] | None = None
+        """Sends the retained messages new subscriptions asked for, one
+        subscription after another (made on first use: most connections never
+        need one)."""
+        self._retain_queue: deque[Subscription] | None = None
+        """Subscriptions whose retained messages are still to be sent."""
 
     def cancel(self) -> None:
         if self._task is not None:
@@ -179,8 +189,8 @@ class Following:
         if self._recheck is not None:
             self._recheck.cancel()
             self._recheck = None
-        for task in self._retaining or ():
-            task.cancel()
+        if self._retaining is not None:
+            self._retaining.cancel()
 
     async def bindings(self) -> list[tuple[str, str | None]]:
         conn = self.conn
@@ -540,14 +550,7 @@ class Following:
                 # none, and need neither a task nor a hand-over to a thread).
                 wanted = self._with_retained(wanted)
             if wanted:
-                # Not on this connection's worker: the packets after the
-                # SUBSCRIBE (another SUBSCRIBE, to take effect when read) need
-                # not wait for it.
-                if self._retaining is None:
-                    self._retaining = set()
-                task = conn.loop.create_task(self._send_retained(wanted))
-                self._retaining.add(task)
-                task.add_done_callback(self._retaining.discard)
+                self._queue_retained(wanted)
 
     def _with_retained(self, subscriptions: list[Subscription]) -> list[Subscription]:
         """Those of `subscriptions` whose filters may match a retained message
@@ -560,22 +563,59 @@ class Following:
             log.exception("client %s: reading retained messages failed", conn.client_id)
             return []
 
-    async def _send_retained(self, subscriptions: list[Subscription]) -> None:
+    def _queue_retained(self, subscriptions: list[Subscription]) -> None:
+        """Have the retained messages of `subscriptions` sent after what is
+        queued (by the task that sends them, not this connection's worker: the
+        packets after the SUBSCRIBE need not wait for them). One still queued
+        for the same filter is superseded: a client that SUBSCRIBEs to `#`
+        again and again has them sent once more, not once per SUBSCRIBE."""
+        queue = self._retain_queue
+        if queue is None:
+            queue = self._retain_queue = deque()
+        for sub in subscriptions:
+            for queued in queue:
+                if queued.topic_filter == sub.topic_filter:
+                    queue.remove(queued)
+                    break
+            queue.append(sub)
+        if self._retaining is None or self._retaining.done():
+            self._retaining = self.conn.loop.create_task(self._send_retained(queue))
+
+    async def _send_retained(self, queue: deque[Subscription]) -> None:
         """After the SUBACK: the retained messages new subscriptions asked for
         (Retain Handling), through the session's window, unless the
         subscription has gone (UNSUBSCRIBE) or changed (a SUBSCRIBE replaced it)
-        since. What matches is read in a worker thread, as a `#` may match many."""
+        since. They are read a page at a time in a worker thread, and the next
+        page only once the session has sent most of the last one: a `#` over
+        many retained messages holds at most `queue_limit` of them in memory."""
         conn = self.conn
         retained = conn.broker.retained
-        for sub in subscriptions:
-            try:
-                found = await asyncio.to_thread(retained.matching, sub.topic_filter)
-            except RiverbedError:
-                log.exception("client %s: reading retained messages failed", conn.client_id)
-                return
-            session = conn.session
-            if found and session is not None and not conn.closing and sub in session.subscriptions:
-                conn.execute(session.retained(sub, found, conn.loop.time()))
+        while queue:
+            sub = queue.popleft()
+            after: str | None = None
+            while self._still_wants(sub):
+                session = conn.require_session()
+                size = max(1, session.queue_limit // 2)
+                try:
+                    found, after = await asyncio.to_thread(
+                        retained.page, sub.topic_filter, after, size
+                    )
+                except RiverbedError:
+                    log.exception("client %s: reading retained messages failed", conn.client_id)
+                    break
+                if not self._still_wants(sub):
+                    break
+                if found:
+                    conn.execute(session.retained(sub, found, conn.loop.time()))
+                if after is None:
+                    break
+                await conn.retained_room(size // 2)
+
+    def _still_wants(self, sub: Subscription) -> bool:
+        """Whether the session is open and `sub` still one of its subscriptions."""
+        conn = self.conn
+        session = conn.session
+        return session is not None and not conn.closing and sub in session.subscriptions
 
     async def _store_subscriptions(
         self, record: SessionRecord, version: int | None, filters: list[str], taken: _Taken

@@ -23,6 +23,9 @@ from riverbed.storage.base import Storage
 from riverbed.topics.filters import matches
 
 NAMESPACE = "retained"
+_READ = 256
+"""Entries per storage read of `page` (those under the prefix the filter does
+not match are read and passed over)."""
 
 
 def _prefix(topic_filter: str) -> str:
@@ -92,6 +95,39 @@ class RetainedStore:
             return True
         after = self.storage.kv_page(NAMESPACE, prefix, 1)
         return bool(after) and after[0].key.startswith(prefix)
+
+    def page(
+        self, topic_filter: str, after: str | None, limit: int
+    ) -> tuple[list[StoredMessage], str | None]:
+        """The retained messages `topic_filter` matches whose topic names sort
+        after `after` (None: from the first), in topic name order: at most
+        `limit` of them, and the name the next page goes on after (None: there
+        are no more). A subscriber gets them a page at a time, as it takes
+        them in, where `matching` holds them all at once."""
+        if limit < 1:
+            raise ValueError(f"page size {limit!r} must be at least 1")
+        prefix = _prefix(topic_filter)
+        found: list[StoredMessage] = []
+        if after is None and prefix:
+            # The prefix itself (`a/#` matches `a`), then the names after it.
+            entry = self.storage.kv_get(NAMESPACE, prefix)
+            if entry is not None and matches(topic_filter, prefix):
+                found.append(_stored(entry.key, entry.value))
+            after = prefix
+        read = max(limit, _READ)
+        while len(found) < limit:
+            entries = self.storage.kv_page(NAMESPACE, after, read)
+            for entry in entries:
+                if not entry.key.startswith(prefix):
+                    return found, None  # past the names under the prefix
+                after = entry.key
+                if matches(topic_filter, entry.key):
+                    found.append(_stored(entry.key, entry.value))
+                    if len(found) == limit:
+                        return found, after
+            if len(entries) < read:
+                return found, None
+        return found, after
 
     def matching(self, topic_filter: str, limit: int | None = None) -> list[StoredMessage]:
         """The retained messages whose topic names `topic_filter` matches, in

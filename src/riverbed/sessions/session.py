@@ -574,6 +574,12 @@ class Session:
     def queued(self) -> int:
         return sum(len(s.pending) for s in self._streams.values())
 
+    @property
+    def retained_queued(self) -> int:
+        """Retained messages waiting for the window (`retained`)."""
+        state = self._streams.get(RETAINED)
+        return 0 if state is None else len(state.pending)
+
     def cursors(self) -> dict[int, int]:
         """Every followed stream's cursor: the first offset not yet done (not
         grants': their progress is the group's)."""
