@@ -192,6 +192,9 @@ class PostgresStorage(SqlStorage):
     def _lock_meta(self, cur: Cursor) -> None:
         cur.execute("SELECT pg_advisory_xact_lock(%s)", (META_LOCK,))
 
+    def _lock_meta_shared(self, cur: Cursor) -> None:
+        cur.execute("SELECT pg_advisory_xact_lock_shared(%s)", (META_LOCK,))
+
     def _schema_version(self, cur: Cursor) -> int:
         self._lock_meta(cur)
         if cur.execute("SELECT to_regclass('meta')").fetchone()[0] is None:

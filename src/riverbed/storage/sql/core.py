@@ -94,6 +94,12 @@ class SqlCore(ConnectedStorage):
     def _lock_meta(self, cur: Cursor) -> None:
         """Serialise metadata changes across processes (a backend hook)."""
 
+    def _lock_meta_shared(self, cur: Cursor) -> None:
+        """What `_lock_meta` excludes, without excluding one another: a new
+        subscription reads its topic's streams as no metadata change in
+        progress leaves them, alongside other new subscriptions (a backend
+        hook)."""
+
     def _notify_in_tx(self, cur: Cursor) -> None:
         """Hook for cross-process wake-ups that ride the transaction."""
 

@@ -65,8 +65,12 @@ class SubscriptionQueries(SqlCore):
         record: SubscriptionRecord,
         initial: Callable[[list[StreamHead]], dict[int, int]],
     ) -> None:
-        """`create_subscription` inside the transaction of `cur`."""
-        self._lock_meta(cur)
+        """`create_subscription` inside the transaction of `cur`. Excluded by
+        metadata changes (a topic scaled up or deleted) and by retention's
+        deletion of what every subscription has consumed, which all take
+        `_lock_meta`; not by other new subscriptions (sessions' SUBSCRIBEs on
+        every node at once)."""
+        self._lock_meta_shared(cur)
         heads = [
             _head(r)
             for r in self._x(
