@@ -76,11 +76,12 @@ def test_an_idle_online_session_s_cursors_move_every_interval(sqlite_url: str) -
 def test_a_session_s_last_checkpoint_moves_its_cursors_past_what_passed_it(
     sqlite_url: str,
 ) -> None:
-    """At the default interval (30 s) no hand-out comes within the test: the
-    cursors are where they are at the DISCONNECT."""
+    """No hand-out comes within the test (an interval of an hour): the cursors
+    are where they are at the DISCONNECT."""
 
     async def go() -> None:
-        async with running_broker(sqlite_url) as broker:
+        storage = StorageConfig(idle_cursor_interval=3600)
+        async with running_broker(sqlite_url, storage=storage) as broker:
             idle = await AsyncRawClient.open(broker.port)
             await idle.connect("idle", expiry=300)
             await idle.subscribe("devices/idle/cmd", 1)

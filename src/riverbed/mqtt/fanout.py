@@ -68,7 +68,7 @@ yet answers its next fetches (one read kept per stream)."""
 WATCH_TIMEOUT = 1.0
 """Seconds between looks at the heads when no wake-up comes (and the storage
 hears other processes' commits)."""
-PASS_INTERVAL = 30.0
+PASS_INTERVAL = 10.0
 """The default `pass_interval`: seconds between two hand-outs of where the
 waiting fetches that messages passed by have got to."""
 REFRESH_INTERVAL = 0.02
