@@ -19,6 +19,8 @@ where the `cluster` command exists (`drain_supported`).
 
 from __future__ import annotations
 
+import contextlib
+import re
 import subprocess
 import sys
 import threading
@@ -383,9 +385,27 @@ def drain_step(
         lambda: all(0x9C in c.disconnects for c in moved),
         WAIT,
         "every client of the drained node asked to move (0x9C)",
-        explain=lambda: {c.client_id: c.disconnects for c in moved if 0x9C not in c.disconnects},
+        explain=lambda: _not_moved(moved, nodes),
     )
     fleet.wait_resumed(held)
+
+
+def _not_moved(moved: list[Client], nodes: list[BrokerProcess]) -> dict[str, object]:
+    """For each client not asked to move: its disconnects (paho's reasons; a
+    connection lost without a DISCONNECT is 128 too) and what every node logged
+    of it, last lines first (seen twice on a loaded machine, not explained)."""
+    out: dict[str, object] = {}
+    for c in moved:
+        if 0x9C in c.disconnects:
+            continue
+        named = re.compile(rf"\b{re.escape(c.client_id)}\b")
+        lines: list[str] = []
+        for i, node in enumerate(nodes):
+            with contextlib.suppress(OSError):
+                text = node.log_path.read_text(errors="replace")
+                lines += [f"node{i + 1}: {ln}" for ln in text.splitlines() if named.search(ln)]
+        out[c.client_id] = {"disconnects": c.disconnects, "logged": lines[-8:]}
+    return out
 
 
 def node_name(url: str, broker: BrokerProcess, held: set[str]) -> str:
