@@ -363,7 +363,8 @@ def drain_step(
     url: str, nodes: list[BrokerProcess], victim: int, fleet: Fleet, haproxy: HAProxy
 ) -> None:
     """DRAIN STEP: `riverbed cluster drain NODE --db URL` on node `victim`: the
-    node asks its clients to move (DISCONNECT 0x9C Use another server) and
+    node asks its clients to move (DISCONNECT 0x9C Use another server; one
+    whose CONNECT it has in hand, CONNACK 0x9C) and
     exits; they connect again through HAProxy, which sends them to the node
     left, and resume their sessions."""
     held = sessions_by_node(url, nodes, fleet)[victim]
@@ -382,12 +383,17 @@ def drain_step(
     haproxy.wait_state(f"node{victim + 1}", "DOWN")
     moved = [c for c in fleet.clients if c.client_id in held]
     eventually(
-        lambda: all(0x9C in c.disconnects for c in moved),
+        # Connected: DISCONNECT 0x9C; its CONNECT in hand: CONNACK 0x9C.
+        lambda: all(_asked_to_move(c) for c in moved),
         WAIT,
         "every client of the drained node asked to move (0x9C)",
         explain=lambda: _not_moved(moved, nodes),
     )
     fleet.wait_resumed(held)
+
+
+def _asked_to_move(client: Client) -> bool:
+    return 0x9C in client.disconnects or 0x9C in client.refusals
 
 
 def _not_moved(moved: list[Client], nodes: list[BrokerProcess]) -> dict[str, object]:
@@ -396,7 +402,7 @@ def _not_moved(moved: list[Client], nodes: list[BrokerProcess]) -> dict[str, obj
     of it, last lines first (seen twice on a loaded machine, not explained)."""
     out: dict[str, object] = {}
     for c in moved:
-        if 0x9C in c.disconnects:
+        if _asked_to_move(c):
             continue
         named = re.compile(rf"\b{re.escape(c.client_id)}\b")
         lines: list[str] = []
@@ -404,7 +410,11 @@ def _not_moved(moved: list[Client], nodes: list[BrokerProcess]) -> dict[str, obj
             with contextlib.suppress(OSError):
                 text = node.log_path.read_text(errors="replace")
                 lines += [f"node{i + 1}: {ln}" for ln in text.splitlines() if named.search(ln)]
-        out[c.client_id] = {"disconnects": c.disconnects, "logged": lines[-8:]}
+        out[c.client_id] = {
+            "disconnects": c.disconnects,
+            "refusals": c.refusals,
+            "logged": lines[-8:],
+        }
     return out
 
 

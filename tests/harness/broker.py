@@ -288,6 +288,8 @@ class Client:
         self.protocol = protocol
         self.received: list[Received] = []
         self.disconnects: list[int] = []
+        self.refusals: list[int] = []
+        """The reason codes of CONNACKs that refused a CONNECT (0x80 and up)."""
         self.connack: tuple[bool, int] | None = None
         self.connack_properties: Any = None
         self.acked: list[int] = []
@@ -505,6 +507,9 @@ class Client:
     def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
         self.connack = (bool(flags.session_present), int(reason.value))
         self.connack_properties = props
+        if int(reason.value) >= 0x80:
+            with self._lock:
+                self.refusals.append(int(reason.value))
         self._connected.set()
 
     def _on_message(self, client: Any, userdata: Any, message: Any) -> None:

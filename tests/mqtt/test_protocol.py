@@ -268,6 +268,36 @@ def test_an_answer_after_the_connection_closed_is_ignored() -> None:
     assert core.handle(SessionOpened(False), 0.0) == []
 
 
+@pytest.mark.parametrize(
+    ("reason", "level", "answer"),
+    [
+        (DisconnectReason.USE_ANOTHER_SERVER, MQTT_5, ConnectReason.USE_ANOTHER_SERVER),
+        (DisconnectReason.SERVER_MOVED, MQTT_5, ConnectReason.SERVER_MOVED),
+        (DisconnectReason.SERVER_SHUTTING_DOWN, MQTT_5, None),  # no CONNACK says so
+        (DisconnectReason.USE_ANOTHER_SERVER, 4, None),  # 3.1.1 has no such return code
+    ],
+)
+def test_a_node_told_to_move_its_clients_answers_a_connect_in_hand_with_where_to_go(
+    reason: DisconnectReason, level: int, answer: ConnectReason | None
+) -> None:
+    """A draining node closes a connection whose CONNECT it is still working on
+    (authenticating, opening its session): no DISCONNECT may precede a
+    successful CONNACK, so a CONNACK refusal tells the client to move, with the
+    server reference; then the answers still to come are ignored."""
+    core = new_core()
+    core.receive(encode(Connect("c1"), level), 0.0)
+    effects = core.handle(ServerClose(reason, "node-b:1883"), 0.0)
+    assert closed_with(effects) is reason
+    if answer is None:
+        assert sent(effects, level) == []
+    else:
+        (connack,) = sent(effects, level)
+        assert isinstance(connack, Connack)
+        assert connack.reason_code is answer and not connack.session_present
+        assert connack.properties.server_reference == "node-b:1883"
+    assert core.handle(Authenticated(ConnectReason.SUCCESS, None), 0.0) == []
+
+
 def test_an_event_in_the_wrong_state_is_the_runtimes_fault() -> None:
     with pytest.raises(LocalProtocolError, match="SessionOpened in state awaiting CONNECT"):
         new_core().handle(SessionOpened(False), 0.0)

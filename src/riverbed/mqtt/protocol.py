@@ -115,6 +115,9 @@ from riverbed.mqtt.protocol_effects import (
     ToSession,
 )
 
+_MOVE_REASONS = frozenset({DisconnectReason.USE_ANOTHER_SERVER, DisconnectReason.SERVER_MOVED})
+"""A server's reasons to close that a CONNACK can give as well: the client is
+to connect elsewhere."""
 CONNECT_TIMEOUT = 10.0
 """Seconds a new connection has to send its CONNECT."""
 CLIENT_RECEIVE_MAXIMUM = 0xFFFF
@@ -857,6 +860,7 @@ class ConnectionCore:
     ) -> None:
         if self.state is State.CLOSING:
             return
+        answering = self.state is State.AUTHENTICATING
         self._goto("close")
         if self.connack_sent and self.level == MQTT_5 and isinstance(reason, DisconnectReason):
             if server_reference is None:
@@ -865,6 +869,17 @@ class ConnectionCore:
                 self._send(
                     Disconnect(reason, DisconnectProperties(server_reference=server_reference))
                 )
+        elif answering and self.level == MQTT_5 and reason in _MOVE_REASONS:
+            # A node draining while a CONNECT is in hand: no DISCONNECT before
+            # a CONNACK under 0x80 [MQTT-3.14.0-1], so the CONNACK says where to go
+            # (MQTT 5.0 §4.11: Use another server, Server moved).
+            assert isinstance(reason, DisconnectReason)
+            self._send(
+                Connack(
+                    reason_code=ConnectReason(reason.value),
+                    properties=ConnackProperties(server_reference=server_reference),
+                )
+            )
         self._emit(Close(reason, error=error))
 
     # ----------------------------------------------------------------- plumbing
