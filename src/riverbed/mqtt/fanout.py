@@ -158,7 +158,7 @@ class Fanout:
         """Called every `pass_interval` with each session (handle) whose waiting
         fetches messages passed by, and where they wait from now (`passed`)."""
         self._passed_at = 0.0
-        """When the last hand-out of passed fetches was (loop time)."""
+        """When the last hand-out of passed fetches was (`time.monotonic`)."""
         self._wanted = asyncio.Event()
         """Set while some session may wait on a stream: the watcher runs."""
         self.start_heads: dict[int, int] = {}
