@@ -68,7 +68,7 @@ yet answers its next fetches (one read kept per stream)."""
 WATCH_TIMEOUT = 1.0
 """Seconds between looks at the heads when no wake-up comes (and the storage
 hears other processes' commits)."""
-PASS_INTERVAL = 10.0
+PASS_INTERVAL = 1.0
 """The default `pass_interval`: seconds between two hand-outs of where the
 waiting fetches that messages passed by have got to."""
 REFRESH_INTERVAL = 0.02
@@ -144,6 +144,10 @@ class Fanout:
         self._keys: dict[StreamId, int] = {}
         self._ahead: dict[int, tuple[int, list[StoredMessage]]] = {}
         """Stream key -> (offset read from, rows) of its last read for a session."""
+        self._reads: dict[int, tuple[int, asyncio.Future[list[StoredMessage]]]] = {}
+        """Stream key -> (offset, the read running for a session from there):
+        fetches it will cover wait for it instead of reading the same rows
+        (sessions resuming at once after a crash, at the same cursors)."""
         self._topics: dict[int, str] = {}
         self._watcher: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -298,6 +302,10 @@ class Fanout:
             sink(key, rows, rows[-1].offset + 1 if rows else offset)
             return
         if self._from_read_ahead(key, offset, limit, sink):
+            return
+        reading = self._reads.get(key)
+        if reading is not None and reading[0] <= offset < reading[0] + READ_AHEAD:
+            self._spawn(self._after_read(reading[1], key, offset, limit, sink))
             return
         self._spawn(self._read_for(key, offset, limit, sink))
 
@@ -503,12 +511,19 @@ class Fanout:
         # of the sort (the read may predate commits below it).
         known = self._streams.get(key)
         base = known.base if known is not None else None
+        read = asyncio.ensure_future(
+            asyncio.to_thread(self.storage.read, key, offset, max(limit, READ_AHEAD))
+        )
+        self._reads[key] = (offset, read)
         try:
-            rows = await asyncio.to_thread(self.storage.read, key, offset, max(limit, READ_AHEAD))
+            rows = await read
         except RiverbedError:
             log.exception("reading stream %d for a session failed", key)
             rows = []
-        if len(rows) > limit:
+        finally:
+            if self._reads.get(key, (0, None))[1] is read:
+                del self._reads[key]
+        if rows:
             self._ahead[key] = (offset, rows)
             rows = rows[:limit]
         if rows:
@@ -522,6 +537,21 @@ class Fanout:
                 # reading storage again and again.
                 await self._refresh_quietly()
             sink(key, (), offset)
+
+    async def _after_read(
+        self,
+        read: asyncio.Future[list[StoredMessage]],
+        key: int,
+        offset: int,
+        limit: int,
+        sink: Sink,
+    ) -> None:
+        """Answer a fetch from the read another fetch of the stream started,
+        once it is done; from a read of its own if that did not cover it."""
+        with contextlib.suppress(RiverbedError):
+            await asyncio.shield(read)  # a failure is the reader's to log
+        if not self._from_read_ahead(key, offset, limit, sink):
+            await self._read_for(key, offset, limit, sink)
 
     async def _refresh_quietly(self) -> None:
         with contextlib.suppress(RiverbedError):
