@@ -98,6 +98,7 @@ def test_the_documented_example_file_loads(tmp_path: Path) -> None:
     assert config.storage.url == "sqlite:///./riverbed-data/riverbed.db"
     assert config.storage.commit_interval_ms == 3
     assert config.storage.poll_interval_ms == 20
+    assert config.storage.idle_cursor_interval == 1
 
 
 def test_every_key_is_a_field_and_every_field_a_key() -> None:
@@ -252,6 +253,9 @@ RULES: list[tuple[str, object, str]] = [
     ("storage.poll_interval_ms", 0, "must be an integer from 1 to 60000 ms"),
     ("storage.poll_interval_ms", 60_001, "must be an integer from 1 to 60000 ms"),
     ("storage.poll_interval_ms", "fast", "must be an integer from 1 to 60000 ms"),
+    ("storage.idle_cursor_interval", 0, "whole seconds from 1 to 3600"),
+    ("storage.idle_cursor_interval", "2h", "whole seconds from 1 to 3600"),
+    ("storage.idle_cursor_interval", "0.5s", "whole seconds from 1 to 3600"),
     ("auth.password_file", "", "must be the name of a file"),
     ("auth.password_file", 7, "must be the name of a file"),
 ]
