@@ -35,6 +35,14 @@ async def _publish_elsewhere(broker: Broker) -> dict[int, int]:
     return {h.key: h.next_offset for h in broker.log.storage.list_streams(BUILTIN_TOPIC)}
 
 
+async def _idle_device(broker: Broker) -> AsyncRawClient:
+    """Client "idle": a persistent session subscribed to its own command topic."""
+    idle = await AsyncRawClient.open(broker.port)
+    await idle.connect("idle", expiry=300)
+    await idle.subscribe("devices/idle/cmd", 1)
+    return idle
+
+
 def _record(broker: Broker, client_id: str) -> SessionRecord:
     stored = broker.store.load(client_id)
     assert stored is not None
@@ -51,9 +59,7 @@ def test_an_idle_online_session_s_cursors_move_every_interval(sqlite_url: str) -
     async def go() -> None:
         storage = StorageConfig(idle_cursor_interval=1)
         async with running_broker(sqlite_url, storage=storage) as broker:
-            idle = await AsyncRawClient.open(broker.port)
-            await idle.connect("idle", expiry=300)
-            await idle.subscribe("devices/idle/cmd", 1)
+            idle = await _idle_device(broker)
             before = _stored_cursors(broker, "idle")
             heads = await _publish_elsewhere(broker)
             assert before != heads
@@ -82,9 +88,7 @@ def test_a_session_s_last_checkpoint_moves_its_cursors_past_what_passed_it(
     async def go() -> None:
         storage = StorageConfig(idle_cursor_interval=3600)
         async with running_broker(sqlite_url, storage=storage) as broker:
-            idle = await AsyncRawClient.open(broker.port)
-            await idle.connect("idle", expiry=300)
-            await idle.subscribe("devices/idle/cmd", 1)
+            idle = await _idle_device(broker)
             heads = await _publish_elsewhere(broker)
             await idle.leave()
             await eventually_async(lambda: not _record(broker, "idle").connected, what="saved")
