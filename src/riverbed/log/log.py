@@ -54,7 +54,7 @@ class Log:
         self._key_modes: dict[str, KeyMode] = {}
         self._routes: dict[str, Route] = {}
         """MQTT topic name -> route, for the bindings as last loaded."""
-        self.topics = Topics(storage, on_change=self._forget_bindings)
+        self.topics = Topics(storage, on_change=self.forget_bindings)
         self.topics.ensure_builtin()
         self.appender = Appender(storage, max_batch=max_batch, linger=linger, ids=ids)
 
@@ -174,7 +174,25 @@ class Log:
                 return record
         return self.storage.get_topic(name)  # raises TopicNotFound
 
-    def _forget_bindings(self) -> None:
+    def bindings(self) -> list[TopicRecord]:
+        """Every topic with its binding, as `route` sees them: another process's
+        changes within BINDINGS_TTL, this one's at once. Raises `StorageError`
+        while they could never be read (the storage unreachable since the start)."""
+        self._refresh_bindings()
+        if self._bindings_version < 0:
+            raise StorageError("the topics could not be read from the storage yet")
+        return self._bindings
+
+    def layout_version(self) -> int:
+        """The storage's topic-metadata version the bindings are of (`meta_version`:
+        it moves with every topic created, changed, scaled up or deleted), checked
+        as `bindings` checks it; -1 before the first read."""
+        self._refresh_bindings()
+        return self._bindings_version
+
+    def forget_bindings(self) -> None:
+        """Check the topics again at the next use, however recent the last look
+        (something says they changed: new streams appeared)."""
         self._bindings_checked = 0.0
 
     def _refresh_bindings(self) -> None:

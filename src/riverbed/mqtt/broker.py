@@ -62,6 +62,7 @@ from riverbed.mqtt.node import ClusterNode
 from riverbed.mqtt.pacer import CommitPacer
 from riverbed.mqtt.readings import read_storage
 from riverbed.mqtt.retained import RetainedStore
+from riverbed.mqtt.shapes import TopicShapes
 from riverbed.mqtt.sys import SysPublisher
 from riverbed.mqtt.tls import server_context
 from riverbed.mqtt.websocket import WebSocket
@@ -142,6 +143,8 @@ class Broker:
             pass_interval=config.storage.idle_cursor_interval,
         )
         self.fanout.on_new_streams = self._streams_changed
+        self.shapes = TopicShapes(log, self.read_shared)
+        """Topics' shapes and bindings, read once for all sessions (`mqtt/shapes.py`)."""
         self.fanout.on_passed = _passed
         self.pacer = CommitPacer(log, config.storage.commit_interval_ms / 1000)
         self.authenticator, self.authorizer = load_auth(config.auth)
@@ -455,6 +458,7 @@ class Broker:
         return total
 
     def _streams_changed(self) -> None:
+        self.shapes.forget()
         for connection in list(self.connections.values()):
             connection.following.streams_changed()
 

@@ -847,7 +847,7 @@ class Connection(asyncio.Protocol):
             since = old.disconnected_us if old.disconnected_us is not None else old.seen_us
             private = tuple(s for s in record.subscriptions if not is_shared(s.topic_filter))
             follow = await self.following.follow(
-                self.following.reachable_topics(private, await self.following.bindings()),
+                self.following.reachable_topics(private, self.following.bindings()),
                 start_us=since,
                 dup=old.sent,
                 crashed=crashed,

@@ -35,7 +35,7 @@ from types import MappingProxyType
 from typing import Protocol
 
 from riverbed.clock import now_us
-from riverbed.errors import InvalidTopicFilter, ProtocolError, RiverbedError, TopicNotFound
+from riverbed.errors import InvalidTopicFilter, ProtocolError, RiverbedError
 from riverbed.log.lineage import readable_streams
 from riverbed.log.topics import reachable_topics
 from riverbed.mqtt.codec import (
@@ -49,13 +49,13 @@ from riverbed.mqtt.codec import (
     UnsubackReason,
     Unsubscribe,
 )
+from riverbed.mqtt.shapes import Shape
 from riverbed.mqtt.sharing import Sharing, SharingOwner, is_shared
 from riverbed.sessions.session import Event, Follow, Session, Subscription
 from riverbed.sessions.store import MadeCursors, SessionRecord, Stored, start_positions
 from riverbed.sessions.writer import NewCursors, outcome_of
 from riverbed.sharedsub.claims import GroupStore
 from riverbed.sharedsub.protocol import GroupId
-from riverbed.storage.base import Storage, StorageTopicRecord, StreamHead
 
 log = logging.getLogger(__name__)
 
@@ -192,10 +192,8 @@ class Following:
         if self._retaining is not None:
             self._retaining.cancel()
 
-    async def bindings(self) -> list[tuple[str, str | None]]:
-        conn = self.conn
-        topics = await conn.broker.read_shared("topics", conn.broker.log.storage.list_topics)
-        return [(t.name, t.binding) for t in topics]
+    def bindings(self) -> list[tuple[str, str | None]]:
+        return self.conn.broker.shapes.bindings()
 
     def reachable_topics(
         self, subscriptions: tuple[Subscription, ...], bindings: list[tuple[str, str | None]]
@@ -283,27 +281,26 @@ class Following:
         session's write has just made, with their topics' shape as that write
         read it (nothing of those topics is read again).
 
-        A topic's generations and heads are the same for every session: read
-        once for all the connections that ask at the same time
-        (`Services.read_shared`; a fleet resuming at once asked hundreds of
-        times for the same rows). The session's own cursors, and whether those
-        of `ensure` exist, in one read."""
+        A topic's generations and heads are the same for every session:
+        `Services.shapes` reads them once for all (a fleet resuming at once
+        read them once per session). The session's own cursors, and whether
+        those of `ensure` exist, in one read."""
         broker = self.conn.broker
         store = broker.store
-        storage = broker.log.storage
-        shapes: dict[str, tuple[list[StorageTopicRecord], list[StreamHead]]] = {}
+        shapes = broker.shapes
+        found: dict[str, Shape] = {}
         stored: dict[str, dict[int, int]] = {}
         for topic in topics:
-            shape: tuple[list[StorageTopicRecord], list[StreamHead]] | None
+            shape: Shape | None
             if topic in made:
                 shape = made[topic].generations, made[topic].heads
                 stored[topic] = made[topic].committed
             else:
-                shape = await broker.read_shared(("topic", topic), _topic_shape, storage, topic)
+                shape = await shapes.get(topic)
             if shape is not None:  # else deleted since: nothing to follow there
-                shapes[topic] = shape
+                found[topic] = shape
         missing: list[str] = []
-        unread = [t for t in shapes if t not in made]
+        unread = [t for t in found if t not in made]
         if unread or ensure:
             missing, read = await broker.read(store.cursors_of, session_id, unread, ensure)
             stored.update(read)
@@ -314,7 +311,7 @@ class Following:
         out: dict[int, int] = {}
         unstored: list[int] = []
         waiting = False
-        for topic, (generations, topic_heads) in shapes.items():
+        for topic, (generations, topic_heads) in found.items():
             rows = stored.get(topic, {})
             positions = start_positions(rows, topic_heads)
             cursors = {k: in_memory.get(k, v) for k, v in positions.items()}
@@ -386,7 +383,7 @@ class Following:
         conn = self.conn
         if all(is_shared(s.topic_filter) for s in session.subscriptions):
             return  # no filter of its own (a publisher): no read of the bindings
-        bindings = await self.bindings()
+        bindings = self.bindings()
         async with conn.record_lock:
             stored = conn.stored
             if stored is None or conn.session is not session or conn.closing:
@@ -632,7 +629,7 @@ class Following:
         new: list[str] = []
         if taken.added:
             known = set(record.topics)
-            new = [t for t in reachable_topics(filters, await self.bindings()) if t not in known]
+            new = [t for t in reachable_topics(filters, self.bindings()) if t not in known]
             if new:
                 record = replace(record, topics=(*record.topics, *new))
         cursors = NewCursors(tuple(new), taken.at_us, taken.positions) if new else None
@@ -671,7 +668,7 @@ class Following:
         session = conn.session
         if session is None or conn.stored is None:
             return
-        reached = set(self.reachable_topics(session.subscriptions, await self.bindings()))
+        reached = set(self.reachable_topics(session.subscriptions, self.bindings()))
         gone = [t for t in conn.stored.record.topics if t not in reached]
         if not gone:
             return
@@ -696,14 +693,3 @@ class Following:
                 return
             record = replace(conn.record(), subscriptions=conn.subscriptions())
             conn.stored = await outcome_of(conn.broker.writer.write(record, conn.stored.version))
-
-
-def _topic_shape(
-    storage: Storage, topic: str
-) -> tuple[list[StorageTopicRecord], list[StreamHead]] | None:
-    """A topic's generations and stream heads (None: no such topic), blocking."""
-    try:
-        generations = storage.list_storage_topics(topic)
-    except TopicNotFound:
-        return None
-    return generations, storage.list_streams(topic)

@@ -25,6 +25,7 @@ from riverbed.mqtt.config import BrokerConfig
 from riverbed.mqtt.fanout import Fanout
 from riverbed.mqtt.pacer import CommitPacer
 from riverbed.mqtt.retained import RetainedStore
+from riverbed.mqtt.shapes import TopicShapes
 from riverbed.sessions.store import SessionStore
 from riverbed.sessions.writer import SessionWriter
 from riverbed.sharedsub.runtime import SharedRuntime
@@ -64,6 +65,11 @@ class Services(Protocol):
 
     @property
     def pacer(self) -> CommitPacer: ...
+
+    @property
+    def shapes(self) -> TopicShapes:
+        """Topics' shapes and bindings, read once for all sessions."""
+        ...
 
     @property
     def authorizer(self) -> Authorizer: ...
