@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import assert_never
 
@@ -69,6 +69,81 @@ class Pin:
     """The age of the oldest message held."""
 
 
+class Holds:
+    """Where subscriptions being made will start, until their cursors exist.
+
+    A SUBSCRIBE takes its start positions when it is read, and its cursors are
+    committed a little later (`mqtt/following.py`). Until then retention does
+    not see them: under the `consumed` policy a pass could delete messages
+    committed after the SUBSCRIBE that every existing cursor had passed, and
+    the new subscription would never get them. A hold (`hold`, until
+    `release`) keeps everything at and after its positions.
+
+    A pass reads the cursors, then the holds. A hold released after the
+    cursors were read would be in neither, so a released hold stays visible
+    to every pass that began before its release (`begin_pass`, `end_pass`).
+    Thread-safe: holds come from the event loop, passes run in the retention
+    thread. Only passes given these holds honour them (this process's)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._active: dict[int, Mapping[int, int]] = {}
+        """Token -> stream key -> the offset held from."""
+        self._released: list[tuple[int, Mapping[int, int]]] = []
+        """(when released, positions) of holds some running pass may still need."""
+        self._passes: dict[int, int] = {}
+        """Pass id -> when it began."""
+
+    def _tick(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def hold(self, positions: Mapping[int, int]) -> int:
+        """Keep `positions` (stream key -> offset) and everything after them; a token."""
+        with self._lock:
+            token = self._tick()
+            self._active[token] = positions
+            return token
+
+    def release(self, token: int) -> None:
+        """The hold's cursors are committed (or will not be made). Idempotent."""
+        with self._lock:
+            positions = self._active.pop(token, None)
+            if positions is not None and self._passes:
+                self._released.append((self._tick(), positions))
+
+    def begin_pass(self) -> int:
+        with self._lock:
+            started = self._tick()
+            self._passes[started] = started
+            return started
+
+    def end_pass(self, pass_id: int) -> None:
+        with self._lock:
+            self._passes.pop(pass_id, None)
+            oldest = min(self._passes.values(), default=None)
+            self._released = (
+                [] if oldest is None else [(at, p) for at, p in self._released if at > oldest]
+            )
+
+    def lowest(self) -> dict[int, int]:
+        """Stream key -> the lowest offset held (held now, or released during a
+        pass still running)."""
+        out: dict[int, int] = {}
+        with self._lock:
+            held = [*self._active.values(), *(p for _, p in self._released)]
+        for positions in held:
+            for key, offset in positions.items():
+                if offset < out.get(key, offset + 1):
+                    out[key] = offset
+        return out
+
+    def __len__(self) -> int:
+        """Holds not released yet."""
+        return len(self._active)
+
+
 @dataclass(slots=True)
 class RetentionRun:
     """What one pass of retention did and found."""
@@ -98,20 +173,27 @@ def apply_retention(
     batch: int = DELETE_BATCH,
     stop: threading.Event | None = None,
     pins: bool = False,
+    holds: Holds | None = None,
 ) -> RetentionRun:
     """`run_retention`, deleting at most `batch` messages per transaction, and
     stopping between two transactions once `stop` is set. With `pins`, also
-    report the streams whose subscriptions hold messages past retention."""
+    report the streams whose subscriptions hold messages past retention.
+    `holds`: the positions of subscriptions being made (kept as cursors are)."""
     if batch < 1:
         raise ValueError(f"batch {batch} must be at least 1")
     now_us = clock_now_us() if now_us is None else now_us
     topics = [storage.get_topic(topic)] if topic is not None else storage.list_topics()
     run = RetentionRun()
-    for record in topics:
-        if stop is not None and stop.is_set():
-            run.complete = False
-            break
-        _retain_topic(storage, record, now_us, batch, stop, pins, run)
+    pass_id = holds.begin_pass() if holds is not None else 0
+    try:
+        for record in topics:
+            if stop is not None and stop.is_set():
+                run.complete = False
+                break
+            _retain_topic(storage, record, now_us, batch, stop, pins, run, holds)
+    finally:
+        if holds is not None:
+            holds.end_pass(pass_id)
     return run
 
 
@@ -123,10 +205,13 @@ def _retain_topic(
     stop: threading.Event | None,
     want_pins: bool,
     run: RetentionRun,
+    holds: Holds | None = None,
 ) -> None:
     policy = record.retention_policy
     subscriptions = [s.name for s in storage.list_subscriptions(record.name)]
     lowest = storage.min_cursors(record.name) if subscriptions else {}
+    # After the cursors: a hold released since is still among these (`Holds`).
+    held = holds.lowest() if holds is not None else {}
     deleted_from: list[tuple[StreamId, int]] = []
     cursors: dict[str, dict[int, int]] | None = None
     for head in storage.list_streams(record.name):
@@ -137,17 +222,19 @@ def _retain_topic(
             consumed = head.start_offset if committed < 0 else committed
         else:
             consumed = head.next_offset
+        held_from_here = held.get(head.key)
+        kept = consumed if held_from_here is None else min(consumed, held_from_here)
         if record.retention_us is None:
             expired = head.start_offset
         else:
             expired = storage.first_offset_at(head.key, now_us - record.retention_us)
         match policy:
             case RetentionPolicy.CONSUMED_AND_EXPIRED:
-                bound, held_below = min(consumed, expired), expired
+                bound, held_below = min(kept, expired), expired
             case RetentionPolicy.EXPIRED:
                 bound, held_below = expired, head.start_offset
             case RetentionPolicy.CONSUMED:
-                bound, held_below = consumed, head.next_offset
+                bound, held_below = kept, head.next_offset
             case _:
                 assert_never(policy)
         forced = _forced_bound(storage, record, head, now_us)
@@ -250,10 +337,13 @@ class Retainer:
         pin_warning_hours: float = 24,
         batch: int = DELETE_BATCH,
         clock: Callable[[], int] = clock_now_us,
+        holds: Holds | None = None,
     ) -> None:
         if interval <= 0:
             raise ValueError(f"interval {interval} must be positive")
         self.storage = storage
+        self.holds = holds
+        """Positions of subscriptions this process is making (`Holds`)."""
         self.interval = interval
         self.pin_warning_hours = pin_warning_hours
         self.batch = batch
@@ -300,7 +390,12 @@ class Retainer:
     def run_once(self) -> RetentionRun:
         """One pass over every topic."""
         run = apply_retention(
-            self.storage, now_us=self._clock(), batch=self.batch, stop=self._stop, pins=True
+            self.storage,
+            now_us=self._clock(),
+            batch=self.batch,
+            stop=self._stop,
+            pins=True,
+            holds=self.holds,
         )
         deleted = sum(r.deleted for r in run.results)
         self.deleted += deleted

@@ -51,7 +51,7 @@ from typing import Any, Protocol, TypeVar, cast
 from riverbed.clock import now_us
 from riverbed.errors import CannotListen, PreconditionFailed, RiverbedError
 from riverbed.log.log import Log
-from riverbed.log.retention import Retainer
+from riverbed.log.retention import Holds, Retainer
 from riverbed.metrics import Counts, Metrics, Refresher
 from riverbed.mqtt.auth import load_auth
 from riverbed.mqtt.codec import DisconnectReason
@@ -143,6 +143,9 @@ class Broker:
             pass_interval=config.storage.idle_cursor_interval,
         )
         self.fanout.on_new_streams = self._streams_changed
+        self.holds = Holds()
+        """Where SUBSCRIBEs taken here start, until their cursors are committed:
+        retention keeps those messages (`log.retention.Holds`)."""
         self.shapes = TopicShapes(log, self.read_shared)
         """Topics' shapes and bindings, read once for all sessions (`mqtt/shapes.py`)."""
         self.fanout.on_passed = _passed
@@ -302,6 +305,7 @@ class Broker:
                 retention.interval,
                 pin_warning_hours=retention.pin_warning_hours,
                 batch=retention.batch,
+                holds=self.holds,
             )
             self.retainer.start()
         else:

@@ -30,6 +30,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Protocol
@@ -37,6 +38,7 @@ from typing import Protocol
 from riverbed.clock import now_us
 from riverbed.errors import InvalidTopicFilter, ProtocolError, RiverbedError
 from riverbed.log.lineage import readable_streams
+from riverbed.log.retention import Holds
 from riverbed.log.topics import reachable_topics
 from riverbed.mqtt.codec import (
     MQTT_5,
@@ -134,6 +136,32 @@ class Readable:
 NOTHING_TO_READ = Readable({})
 
 
+class _HeldStart:
+    """A SUBSCRIBE's hold on its start positions (`Services.holds`): released
+    once its cursors are committed, or once it is sure none will be."""
+
+    __slots__ = ("holds", "token", "written")
+
+    def __init__(self, holds: Holds, token: int) -> None:
+        self.holds = holds
+        self.token = token
+        self.written: Future[Stored] | None = None
+
+    def until_written(self, written: Future[Stored]) -> None:
+        """Kept until this write of the cursors is done, whatever its waiter does
+        (a connection closing stops waiting; the write goes on)."""
+        self.written = written
+        written.add_done_callback(self._done)
+
+    def _done(self, _written: object) -> None:
+        self.holds.release(self.token)
+
+    def release(self) -> None:
+        """No write of its cursors was made: let go now (a no-op once one was)."""
+        if self.written is None:
+            self.holds.release(self.token)
+
+
 @dataclass(frozen=True, slots=True)
 class _Taken:
     """A SUBSCRIBE as `Following.take` left it for `Following.subscribe`."""
@@ -149,6 +177,9 @@ class _Taken:
     at_us: int
     """When it was read (a message id's time): where streams not in
     `positions` start."""
+    hold: _HeldStart | None = None
+    """Retention keeps what it starts at until its cursors are committed
+    (`Services.holds`); None with no private subscription."""
 
 
 class Following:
@@ -184,6 +215,9 @@ class Following:
         """Subscriptions whose retained messages are still to be sent."""
 
     def cancel(self) -> None:
+        taken, self._taken = self._taken, None
+        if taken is not None and taken.hold is not None:
+            taken.hold.release()  # unless its cursors' write is on its way
         if self._task is not None:
             self._task.cancel()
         if self._recheck is not None:
@@ -484,6 +518,7 @@ class Following:
         positions: dict[int, int] = {}
         current = True
         at_us = 0
+        hold: _HeldStart | None = None
         if added:
             # The server may send matching PUBLISHes before the SUBACK (MQTT 5.0
             # §3.8.4); what must wait for it is only that they survive a crash.
@@ -500,16 +535,32 @@ class Following:
             at_us = broker.log.appender.ids.next_raw()[1]
             if not current:
                 positions = {}
+            # What is committed from now on must be there for the new cursors
+            # (retention must not delete it before they exist). Where the view
+            # may be old, it is older: it holds more.
+            holds = broker.holds
+            hold = _HeldStart(holds, holds.hold(positions or broker.fanout.heads()))
         assert self._taken is None, "a SUBSCRIBE taken and not finished"
-        self._taken = _Taken(packet, tuple(codes), added, shared, wants_retained, positions, at_us)
+        self._taken = _Taken(
+            packet, tuple(codes), added, shared, wants_retained, positions, at_us, hold
+        )
 
     async def subscribe(self, packet: Subscribe) -> None:
         """The rest of a SUBSCRIBE `take` took: the subscriptions and the cursors
         of the topics they newly reach are durable before the SUBACK (a broker
         restarted after it resumes the session from there); then the streams
         of those topics are followed, and the retained messages sent."""
-        taken, self._taken = self._taken, None
+        taken = self._taken
         assert taken is not None and taken.packet is packet
+        try:
+            await self._subscribe(taken)
+        finally:
+            self._taken = None
+            if taken.hold is not None:
+                taken.hold.release()
+
+    async def _subscribe(self, taken: _Taken) -> None:
+        packet = taken.packet
         conn = self.conn
         broker = conn.broker
         follow = NOTHING_TO_READ
@@ -633,7 +684,10 @@ class Following:
             if new:
                 record = replace(record, topics=(*record.topics, *new))
         cursors = NewCursors(tuple(new), taken.at_us, taken.positions) if new else None
-        stored = await outcome_of(broker.writer.write(record, version, cursors))
+        written = broker.writer.write(record, version, cursors)
+        if taken.hold is not None:
+            taken.hold.until_written(written)
+        stored = await outcome_of(written)
         if new:
             follow, waiting = await self._streams_of(
                 record.session_id, new, {}, made=stored.made or {}

@@ -18,7 +18,7 @@ from collections.abc import Callable, Hashable, Mapping
 from typing import Protocol, TypeVar
 
 from riverbed.log.log import Log
-from riverbed.log.retention import Retainer
+from riverbed.log.retention import Holds, Retainer
 from riverbed.metrics import Counts
 from riverbed.mqtt.acl import Authorizer
 from riverbed.mqtt.config import BrokerConfig
@@ -82,6 +82,11 @@ class Services(Protocol):
     @property
     def shared(self) -> SharedRuntime | None:
         """Durable shared subscriptions, unless disabled."""
+        ...
+
+    @property
+    def holds(self) -> Holds:
+        """Where SUBSCRIBEs taken here start until their cursors are committed."""
         ...
 
     @property
