@@ -260,3 +260,28 @@ def test_all_decodes_only_the_records_that_changed(storage: Storage, decoded: li
     assert again["c1"].record.expiry_interval == 77
     assert again["c2"].record.session_id == "other"
     assert again["c0"].record == first["c0"].record
+
+
+def test_load_decodes_only_a_record_that_changed(storage: Storage, decoded: list[bytes]) -> None:
+    """A fleet resuming at once loads the records it wrote at its disconnects:
+    those are not decoded again; one written since by anyone else is."""
+    store = SessionStore(storage)
+    written = store.write(record(connected=False), None)
+    loaded = store.load("c")
+    assert loaded is not None and loaded.record is written.record
+    assert loaded.version == written.version and decoded == []
+    # Written since by another process (a store of its own).
+    SessionStore(storage).write(record(connected=False, expiry_interval=77), written.version)
+    changed = store.load("c")
+    assert changed is not None and changed.record.expiry_interval == 77
+    assert len(decoded) == 1
+    # Made again here, then deleted and made again elsewhere at the same
+    # version with other contents: the bytes tell.
+    SessionStore(storage).discard(changed)
+    mine = store.write(record(connected=False), None)
+    elsewhere = SessionStore(storage)
+    elsewhere.discard(mine)
+    theirs = elsewhere.write(record(session_id="other", connected=False), None)
+    again = store.load("c")
+    assert again is not None and again.record.session_id == "other"
+    assert again.version == theirs.version == mine.version

@@ -312,9 +312,16 @@ class SessionStore:
 
     # --- records -----------------------------------------------------------------
     def load(self, client_id: str) -> Stored | None:
+        """The session's record, if any. One that is still as it was last
+        written or read by `all` (the same version and bytes) is not decoded
+        again: a fleet resuming at once decoded every record it had just
+        written at its disconnect."""
         entry = self.storage.kv_get(NAMESPACE, client_id)
         if entry is None:
             return None
+        hit = self._decoded.get(client_id)
+        if hit is not None and hit[0] == entry.version and hit[1] == hash(entry.value):
+            return Stored(hit[2], entry.version)
         return Stored(SessionRecord.from_json(entry.value), entry.version)
 
     def all(self) -> list[Stored]:
