@@ -48,7 +48,7 @@ import logging
 import socket
 import uuid
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Protocol, assert_never
 
@@ -814,8 +814,14 @@ class Connection(asyncio.Protocol):
         """Resume or create the session record; return (Session Present, Follow events)."""
         broker = self.broker
         store = broker.store
-        stored = await broker.read(store.load, self.client_id)
+        cursors: Mapping[str, dict[int, int] | None] | None = None
+        if clean_start:
+            stored = await broker.read(store.load, self.client_id)
+        else:
+            # Its cursors with it: they are this record's while its version holds.
+            stored, cursors = await broker.read(store.load_resuming, self.client_id)
         while stored is not None and store.connected_elsewhere(stored.record, broker.node):
+            cursors = None  # read again once the other node has let go
             # Held by a connection to another node: that node lets go of it
             # first (closes it, saves it), so the two never both deliver.
             fresh = await broker.claim(stored)
@@ -851,6 +857,7 @@ class Connection(asyncio.Protocol):
                 start_us=since,
                 dup=old.sent,
                 crashed=crashed,
+                cursors=cursors,
             )
             return True, follow
         record = SessionRecord(

@@ -242,9 +242,12 @@ class Following:
         start_us: int | None,
         dup: Mapping[int, int],
         crashed: bool,
+        cursors: Mapping[str, dict[int, int] | None] | None = None,
     ) -> list[Event]:
         """Make sure the session has cursors on `topics`; return Follow events for
-        their streams, and record the topics."""
+        their streams, and record the topics. `cursors`: its committed cursors
+        per topic as read with the record it resumed (`SessionStore.load_resuming`),
+        not read again."""
         conn = self.conn
         assert conn.stored is not None
         stored = conn.stored
@@ -274,7 +277,7 @@ class Following:
         events: list[Event] = []
         # The cursors of the topics it had are made if missing (a crash between
         # making them and writing the record that names them).
-        readable = await self.readable(all_topics, ensure=stored.record.topics)
+        readable = await self.readable(all_topics, ensure=stored.record.topics, known=cursors)
         for key in readable.cursors:
             dup_below = dup.get(key, 0)
             if crashed:
@@ -282,7 +285,12 @@ class Following:
             events.append(readable.follow(key, dup_below))
         return events
 
-    async def readable(self, topics: list[str], ensure: tuple[str, ...] = ()) -> Readable:
+    async def readable(
+        self,
+        topics: list[str],
+        ensure: tuple[str, ...] = (),
+        known: Mapping[str, dict[int, int] | None] | None = None,
+    ) -> Readable:
         """The streams of `topics` the session may read now, with their cursors:
         a stream of a later generation only once its lineage's streams of the
         generation before are fully consumed (`log.lineage`, per-key order across
@@ -296,7 +304,7 @@ class Following:
         if conn.session is not None:
             conn.take_passed()
             in_memory = conn.session.cursors()
-        out, waiting = await self._streams_of(session_id, topics, in_memory, ensure)
+        out, waiting = await self._streams_of(session_id, topics, in_memory, ensure, known=known)
         self.lineage_wait = waiting
         self.recheck_lineage()
         return out
@@ -308,12 +316,15 @@ class Following:
         in_memory: dict[int, int],
         ensure: tuple[str, ...] = (),
         made: Mapping[str, MadeCursors] = MappingProxyType({}),
+        known: Mapping[str, dict[int, int] | None] | None = None,
     ) -> tuple[Readable, bool]:
         """`readable`, without setting `lineage_wait`: the streams and cursors,
         and whether some stream has to wait for its lineage. `in_memory`: the
         session's cursors, newer than the stored ones. `made`: cursors the
         session's write has just made, with their topics' shape as that write
-        read it (nothing of those topics is read again).
+        read it (nothing of those topics is read again). `known`: the
+        session's committed cursors per topic as a resume read them with its
+        record (None: missing), not read again.
 
         A topic's generations and heads are the same for every session:
         `Services.shapes` reads them once for all (a fleet resuming at once
@@ -335,8 +346,16 @@ class Following:
                 found[topic] = shape
         missing: list[str] = []
         unread = [t for t in found if t not in made]
+        if known:
+            # Read with the record (`follow`'s `cursors`): None is a topic
+            # whose cursors are missing.
+            missing = [t for t in ensure if t in known and known[t] is None]
+            stored.update({t: known[t] or {} for t in unread if t in known})
+            unread = [t for t in unread if t not in known]
+            ensure = tuple(t for t in ensure if t not in known)
         if unread or ensure:
-            missing, read = await broker.read(store.cursors_of, session_id, unread, ensure)
+            absent, read = await broker.read(store.cursors_of, session_id, unread, ensure)
+            missing += absent
             stored.update(read)
         if missing:
             await asyncio.to_thread(store.ensure_cursors, session_id, missing, None)

@@ -324,6 +324,23 @@ class SessionStore:
             return Stored(hit[2], entry.version)
         return Stored(SessionRecord.from_json(entry.value), entry.version)
 
+    def load_resuming(
+        self, client_id: str
+    ) -> tuple[Stored | None, dict[str, dict[int, int] | None]]:
+        """`load`, and the session's committed cursors on each topic its record
+        names (None: none there), in one call: a resume needs both, and on a
+        database in another process each call is a hand-over to a thread and
+        a round trip. A checkpoint writes a session's cursors and its record in
+        one transaction, so while the record stays at this version (a
+        compare-and-set on it succeeds) these are its cursors."""
+        stored = self.load(client_id)
+        if stored is None:
+            return None, {}
+        session_id = stored.record.session_id
+        return stored, {
+            t: self.storage.find_cursors(cursor_name(session_id, t)) for t in stored.record.topics
+        }
+
     def all(self) -> list[Stored]:
         """Every session record. The periodic readers (the expiry sweep, the
         orphan sweep, the metrics) call it every few seconds, and with many
