@@ -342,3 +342,48 @@ def test_fetches_that_a_running_read_covers_wait_for_it(sqlite_url: str) -> None
         assert storage.reads == 1
     finally:
         log.close()
+
+
+class ListingStorage:
+    """Passes everything to a real storage, recording `list_streams` calls."""
+
+    def __init__(self, storage: Any) -> None:
+        self._storage = storage
+        self.listed: list[str | None] = []
+
+    def list_streams(self, topic: str | None = None) -> Any:
+        self.listed.append(topic)
+        return self._storage.list_streams(topic)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._storage, name)
+
+
+def test_start_positions_read_only_the_topics_asked_for(sqlite_url: str) -> None:
+    """A SUBSCRIBE needs the heads of the topics it reaches for the first time
+    only: with many topics, reading every stream's row was the cost of each."""
+    log = Log.open(sqlite_url)
+    try:
+        log.topics.create("r", 2)
+        log.topics.create("s", 3)
+        log.produce("r", [Message(b"x", key="k", mqtt_topic="a")] * 4)
+        storage = ListingStorage(log.storage)
+
+        async def ask() -> None:
+            fanout = await _fanout_of_one_session(storage)
+            try:
+                storage.listed.clear()
+                positions, current = fanout.start_positions(["r"])
+                assert storage.listed == ["r"] and current
+                heads = {h.key: h.next_offset for h in log.storage.list_streams("r")}
+                assert positions == heads and sum(heads.values()) == 4
+                assert fanout.start_positions([]) == ({}, True)
+                assert storage.listed == ["r"]  # nothing new to start on: nothing read
+                everything, _ = fanout.start_positions()
+                assert len(everything) == len(log.storage.list_streams())
+            finally:
+                await fanout.stop()
+
+        asyncio.run(ask())
+    finally:
+        log.close()

@@ -90,3 +90,34 @@ def test_a_resume_makes_the_cursors_its_record_names_if_they_are_missing(
             await client.leave()
 
     asyncio.run(scenario())
+
+
+def test_a_subscribe_reads_the_heads_of_the_topics_it_reaches_first_only(
+    sqlite_url: str,
+) -> None:
+    """With many topics a SUBSCRIBE read every stream's head; now only those of
+    the topics the session reaches for the first time, and none after."""
+
+    async def scenario() -> None:
+        async with running_broker(sqlite_url) as broker:
+            for i in range(10):
+                broker.log.topics.create(f"t{i}", 4, binding=f"t{i}/#")
+            asked: list[list[str] | None] = []
+            real = broker.fanout.start_positions
+
+            def recording(topics: list[str] | None = None) -> Any:
+                asked.append(None if topics is None else list(topics))
+                return real(topics)
+
+            broker.fanout.start_positions = recording  # type: ignore[method-assign]
+            client = await AsyncRawClient.open(broker.port)
+            await client.connect("h", expiry=300)
+            await client.subscribe("a/#", 1)
+            await client.subscribe("b/#", 1)  # the same topic: nothing to read
+            await client.subscribe("t3/#", 1)
+            assert asked == [[BUILTIN_TOPIC], [], ["t3"]]
+            await asyncio.to_thread(_publish, broker.port, 0, 2)
+            assert await _receive(client, 2) == [b"0", b"1"]
+            await client.leave()
+
+    asyncio.run(scenario())

@@ -247,17 +247,25 @@ class Fanout:
         for routed in self._streams.values():
             self._advance(routed)
 
-    def start_positions(self) -> tuple[dict[int, int], bool]:
-        """Where a subscription that starts now starts: each known stream's head
-        (a message committed after this call lands at or beyond it), and
-        whether they are current. On an embedded database they are read now,
-        on the event loop (the small heads table, as `refresh` does); otherwise
-        they are as last seen: this broker's own commits are in them, others'
-        as of the last look, current while the fan-out watches (refreshed on
-        every wake-up), possibly old while it does not."""
+    def start_positions(self, topics: Sequence[str] | None = None) -> tuple[dict[int, int], bool]:
+        """Where a subscription that starts now starts: the head of each stream
+        of `topics` (None: of every topic; a message committed after this call
+        lands at or beyond it), and whether they are current. On an embedded
+        database they are read now, on the event loop (those topics' rows of
+        the small heads table, as `refresh` reads them all); otherwise they
+        are as last seen, for every stream known: this broker's own commits
+        are in them, others' as of the last look, current while the fan-out
+        watches (refreshed on every wake-up), possibly old while it does not."""
         if self.storage.appends_inline:
-            self._look(self.storage.list_streams())
-            return self.heads(), True
+            if topics is None:
+                self._look(self.storage.list_streams())
+                return self.heads(), True
+            heads = [h for topic in topics for h in self.storage.list_streams(topic)]
+            self._learn(heads)
+            streams = self._streams
+            for h in heads:
+                self._advance(streams[h.key])
+            return {h.key: streams[h.key].head for h in heads}, True
         return self.heads(), self._wanted.is_set()
 
     # --- sessions --------------------------------------------------------------------

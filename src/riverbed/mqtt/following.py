@@ -547,7 +547,10 @@ class Following:
                 # Retain Handling 0: always; 1: only for a new subscription; 2: never.
                 if sub.retain_handling == 0 or (sub.retain_handling == 1 and not existed):
                     wants_retained.append(sub)
-            positions, current = broker.fanout.start_positions()
+            # Only the topics the session reaches for the first time need start
+            # positions: on those it follows already, its cursors are where
+            # what comes next is read from.
+            positions, current = broker.fanout.start_positions(self._new_topics(added))
             # Streams the fan-out has not seen, or all of them when its view may be
             # old: from the first message stamped from now on (this node's ids
             # only grow, so every message it commits after this is).
@@ -563,6 +566,13 @@ class Following:
         self._taken = _Taken(
             packet, tuple(codes), added, shared, wants_retained, positions, at_us, hold
         )
+
+    def _new_topics(self, added: list[Subscription]) -> list[str]:
+        """The topics `added`'s filters reach that the session has no cursors on."""
+        stored = self.conn.stored
+        known = () if stored is None else stored.record.topics
+        reached = reachable_topics([s.topic_filter for s in added], self.bindings())
+        return [t for t in reached if t not in known]
 
     async def subscribe(self, packet: Subscribe) -> None:
         """The rest of a SUBSCRIBE `take` took: the subscriptions and the cursors
