@@ -179,6 +179,18 @@ class AsyncRawClient:
         self.send(Subscribe(1, (SubscribeTopic(topic_filter, qos),)))
         return await self.expect(Suback)
 
+    async def receive(self, count: int, into: list[bytes] | None = None) -> list[bytes]:
+        """The payloads of the next `count` PUBLISHes, each acknowledged (QoS 1)
+        as it comes; collected in `into` when given (what came before a timeout)."""
+        got = [] if into is None else into
+        while len(got) < count:
+            packet = await self.next()
+            assert isinstance(packet, Publish), f"expected PUBLISH, got {packet!r}"
+            got.append(packet.payload)
+            if packet.packet_id is not None:
+                self.send(Puback(packet.packet_id))
+        return got
+
     async def leave(self) -> None:
         """DISCONNECT 0x00, then wait until the broker closes the connection."""
         self.send(Disconnect())

@@ -9,7 +9,6 @@ from harness.inprocess import running_broker
 from harness.raw_mqtt import AsyncRawClient, RawClient
 from riverbed.log.topics import BUILTIN_TOPIC
 from riverbed.mqtt.broker import Broker
-from riverbed.mqtt.codec import Puback, Publish
 from riverbed.sessions.store import cursor_name
 
 
@@ -17,17 +16,6 @@ def _publish(port: int, first: int, count: int) -> None:
     with RawClient(port) as client:
         client.connect("publisher", clean=True)
         client.publish_many(("a/x", b"%d" % i) for i in range(first, first + count))
-
-
-async def _receive(client: AsyncRawClient, count: int) -> list[bytes]:
-    got: list[bytes] = []
-    while len(got) < count:
-        packet = await client.next()
-        assert isinstance(packet, Publish), f"expected PUBLISH, got {packet!r}"
-        got.append(packet.payload)
-        assert packet.packet_id is not None
-        client.send(Puback(packet.packet_id))
-    return got
 
 
 def _count_cursor_reads(broker: Broker) -> list[Any]:
@@ -49,14 +37,14 @@ def test_a_resume_reads_its_cursors_with_its_record(sqlite_url: str) -> None:
             await client.connect("r", expiry=300)
             await client.subscribe("a/#", 1)
             await asyncio.to_thread(_publish, broker.port, 0, 5)
-            assert await _receive(client, 5) == [b"%d" % i for i in range(5)]
+            assert await client.receive(5) == [b"%d" % i for i in range(5)]
             await client.leave()
             await asyncio.to_thread(_publish, broker.port, 5, 5)  # while it is away
 
             reads = _count_cursor_reads(broker)
             client = await AsyncRawClient.open(broker.port)
             assert (await client.connect("r", expiry=300)).session_present
-            assert await _receive(client, 5) == [b"%d" % i for i in range(5, 10)]
+            assert await client.receive(5) == [b"%d" % i for i in range(5, 10)]
             assert reads == []  # read with the record
             await client.leave()
 
@@ -86,7 +74,7 @@ def test_a_resume_makes_the_cursors_its_record_names_if_they_are_missing(
             assert (await client.connect("m", expiry=300)).session_present
             assert broker.store.missing_cursors(session_id, [BUILTIN_TOPIC]) == []
             await asyncio.to_thread(_publish, broker.port, 0, 3)
-            assert await _receive(client, 3) == [b"0", b"1", b"2"]
+            assert await client.receive(3) == [b"0", b"1", b"2"]
             await client.leave()
 
     asyncio.run(scenario())
@@ -117,7 +105,7 @@ def test_a_subscribe_reads_the_heads_of_the_topics_it_reaches_first_only(
             await client.subscribe("t3/#", 1)
             assert asked == [[BUILTIN_TOPIC], [], ["t3"]]
             await asyncio.to_thread(_publish, broker.port, 0, 2)
-            assert await _receive(client, 2) == [b"0", b"1"]
+            assert await client.receive(2) == [b"0", b"1"]
             await client.leave()
 
     asyncio.run(scenario())
