@@ -14,19 +14,29 @@ from riverbed.mqtt.fanout import READ_AHEAD, Fanout, Sink
 from riverbed.topics.trie import TopicTrie
 
 
-class CountingStorage:
-    """Passes everything to a real storage, counting `read` calls."""
+class RecordingStorage:
+    """Passes everything to a real storage, recording the calls of `methods`
+    (name and arguments, in order)."""
 
-    def __init__(self, storage: Any) -> None:
+    def __init__(self, storage: Any, *methods: str) -> None:
         self._storage = storage
-        self.reads = 0
+        self._methods = set(methods)
+        self.calls: list[tuple[str, tuple[Any, ...]]] = []
 
-    def read(self, key: int, offset: int, limit: int) -> list[StoredMessage]:
-        self.reads += 1
-        return self._storage.read(key, offset, limit)  # type: ignore[no-any-return]
+    def called(self, name: str) -> list[tuple[Any, ...]]:
+        """The arguments of each call of `name` so far."""
+        return [args for method, args in self.calls if method == name]
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._storage, name)
+        attribute = getattr(self._storage, name)
+        if name not in self._methods:
+            return attribute
+
+        def recorded(*args: Any) -> Any:
+            self.calls.append((name, args))
+            return attribute(*args)
+
+        return recorded
 
 
 def test_a_replaying_session_is_served_from_one_read_ahead(sqlite_url: str) -> None:
@@ -35,7 +45,7 @@ def test_a_replaying_session_is_served_from_one_read_ahead(sqlite_url: str) -> N
         log.topics.create("r", 1)
         log.produce("r", [Message(b"%d" % i, key="k", mqtt_topic="a") for i in range(2500)])
         (head,) = log.storage.list_streams("r")
-        storage = CountingStorage(log.storage)
+        storage = RecordingStorage(log.storage, "read")
 
         async def replay() -> list[tuple[int, int, int]]:
             trie: TopicTrie[Hashable] = TopicTrie()
@@ -67,7 +77,7 @@ def test_a_replaying_session_is_served_from_one_read_ahead(sqlite_url: str) -> N
         answers = asyncio.run(replay())
         assert sum(n for _, n, _ in answers) == 2500
         # One storage read per READ_AHEAD rows, not one per fetch of 62.
-        assert storage.reads <= (2500 + READ_AHEAD - 1) // READ_AHEAD
+        assert len(storage.called("read")) <= (2500 + READ_AHEAD - 1) // READ_AHEAD
     finally:
         log.close()
 
@@ -318,7 +328,7 @@ def test_fetches_that_a_running_read_covers_wait_for_it(sqlite_url: str) -> None
         log.produce("r", [Message(b"%d" % i, key="k", mqtt_topic="a") for i in range(300)])
         (head,) = log.storage.list_streams("r")
         slow = SlowReads(log.storage)
-        storage = CountingStorage(slow)
+        storage = RecordingStorage(slow, "read")
         first = head.next_offset - 300
 
         async def scenario() -> list[int]:
@@ -339,24 +349,9 @@ def test_fetches_that_a_running_read_covers_wait_for_it(sqlite_url: str) -> None
 
         uptos = asyncio.run(scenario())
         assert sorted(uptos) == [first + i + 50 for i in range(20)]
-        assert storage.reads == 1
+        assert len(storage.called("read")) == 1
     finally:
         log.close()
-
-
-class ListingStorage:
-    """Passes everything to a real storage, recording `list_streams` calls."""
-
-    def __init__(self, storage: Any) -> None:
-        self._storage = storage
-        self.listed: list[str | None] = []
-
-    def list_streams(self, topic: str | None = None) -> Any:
-        self.listed.append(topic)
-        return self._storage.list_streams(topic)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._storage, name)
 
 
 def test_start_positions_read_only_the_topics_asked_for(sqlite_url: str) -> None:
@@ -367,18 +362,19 @@ def test_start_positions_read_only_the_topics_asked_for(sqlite_url: str) -> None
         log.topics.create("r", 2)
         log.topics.create("s", 3)
         log.produce("r", [Message(b"x", key="k", mqtt_topic="a")] * 4)
-        storage = ListingStorage(log.storage)
+        storage = RecordingStorage(log.storage, "list_streams")
 
         async def ask() -> None:
             fanout = await _fanout_of_one_session(storage)
             try:
-                storage.listed.clear()
+                storage.calls.clear()
                 positions, current = fanout.start_positions(["r"])
-                assert storage.listed == ["r"] and current
+                assert storage.called("list_streams") == [("r",)] and current
                 heads = {h.key: h.next_offset for h in log.storage.list_streams("r")}
                 assert positions == heads and sum(heads.values()) == 4
                 assert fanout.start_positions([]) == ({}, True)
-                assert storage.listed == ["r"]  # nothing new to start on: nothing read
+                # Nothing new to start on: nothing read.
+                assert storage.called("list_streams") == [("r",)]
                 everything, _ = fanout.start_positions()
                 assert len(everything) == len(log.storage.list_streams())
             finally:

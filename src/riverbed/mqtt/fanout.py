@@ -242,9 +242,12 @@ class Fanout:
     def _read_done(self, _reading: object) -> None:
         self._reading = None
 
-    def _look(self, heads: Sequence[StreamHead]) -> None:
+    def _look(self, heads: Sequence[StreamHead], *, only_these: bool = False) -> None:
+        """Learn `heads` and route what they show: on every stream known, or on
+        `heads`' own streams only (`only_these`)."""
         self._learn(heads)
-        for routed in self._streams.values():
+        streams = self._streams
+        for routed in (streams[h.key] for h in heads) if only_these else streams.values():
             self._advance(routed)
 
     def start_positions(self, topics: Sequence[str] | None = None) -> tuple[dict[int, int], bool]:
@@ -261,11 +264,8 @@ class Fanout:
                 self._look(self.storage.list_streams())
                 return self.heads(), True
             heads = [h for topic in topics for h in self.storage.list_streams(topic)]
-            self._learn(heads)
-            streams = self._streams
-            for h in heads:
-                self._advance(streams[h.key])
-            return {h.key: streams[h.key].head for h in heads}, True
+            self._look(heads, only_these=True)
+            return {h.key: self._streams[h.key].head for h in heads}, True
         return self.heads(), self._wanted.is_set()
 
     # --- sessions --------------------------------------------------------------------

@@ -336,10 +336,13 @@ class SessionStore:
         stored = self.load(client_id)
         if stored is None:
             return None, {}
-        session_id = stored.record.session_id
-        return stored, {
-            t: self.storage.find_cursors(cursor_name(session_id, t)) for t in stored.record.topics
-        }
+        return stored, self._committed_cursors(stored.record.session_id, stored.record.topics)
+
+    def _committed_cursors(
+        self, session_id: str, topics: Iterable[str]
+    ) -> dict[str, dict[int, int] | None]:
+        """The session's committed cursors on each of `topics` (None: none there)."""
+        return {t: self.storage.find_cursors(cursor_name(session_id, t)) for t in topics}
 
     def all(self) -> list[Stored]:
         """Every session record. The periodic readers (the expiry sweep, the
@@ -522,7 +525,7 @@ class SessionStore:
         """In one call (one hand-over to a thread): which of `ensure` the session
         has no cursor on (`missing_cursors`), and its committed cursors on each
         of `topics` (`start_positions` makes positions of them)."""
-        read = {t: self.storage.find_cursors(cursor_name(session_id, t)) for t in topics}
+        read = self._committed_cursors(session_id, topics)
         ensure = list(ensure)
         absent = set(self.missing_cursors(session_id, [t for t in ensure if t not in read]))
         missing = [t for t in ensure if (read[t] is None if t in read else t in absent)]
