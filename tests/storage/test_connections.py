@@ -86,6 +86,7 @@ CALLS: dict[str, Callable[[Storage], object]] = {
     "min_cursors": lambda s: s.min_cursors("t"),
     "kv_get": lambda s: s.kv_get("ns", "k"),
     "kv_count": lambda s: s.kv_count("ns"),
+    "kv_any": lambda s: s.kv_any("ns", "k"),
     "kv_list": lambda s: s.kv_list("ns"),
     "kv_page": lambda s: s.kv_page("ns", None, 10),
     "kv_put": lambda s: s.kv_put("ns", "k", b"v"),

@@ -923,6 +923,19 @@ def test_kv_list_by_prefix_including_like_wildcards(storage: Storage) -> None:
     assert (entry.namespace, entry.key, entry.value, entry.version) == ("ns", "b", b"b", 1)
 
 
+def test_kv_any_looks_for_a_key_by_prefix(storage: Storage) -> None:
+    assert not storage.kv_any("ns") and not storage.kv_any("ns", "a")
+    for key in ["%", "a/1", "a_x", "ab", "é/1", "\U0010ffff"]:
+        storage.kv_put("ns", key, b"v")
+    storage.kv_put("other", "zz", b"v")
+    assert storage.kv_any("ns") and storage.kv_any("other")
+    for prefix in ["%", "a", "a/", "a/1", "a_", "ab", "é", "\U0010ffff"]:
+        assert storage.kv_any("ns", prefix), prefix
+    for prefix in ["_", "a%", "a/2", "abc", "b", "z", "zz", "é/2"]:
+        assert not storage.kv_any("ns", prefix), prefix
+    assert storage.kv_any("other", "z") and not storage.kv_any("empty")
+
+
 def test_kv_page_reads_a_namespace_a_page_at_a_time(storage: Storage) -> None:
     keys = ["%", "a", "a%", "a/1", "a_x", "ab", "b", "é/1", "Z"]
     for key in keys:

@@ -86,15 +86,9 @@ class RetainedStore:
     def any_under(self, topic_filter: str) -> bool:
         """Whether a topic name under the filter's literal prefix has a retained
         message: true whenever `matching` finds one (and sometimes when it does
-        not), at the cost of one or two indexed rows, where `matching` reads
+        not), at the cost of one index look-up, where `matching` reads
         everything under the prefix. Most SUBSCRIBEs find none."""
-        prefix = _prefix(topic_filter)
-        if not prefix:
-            return bool(self.storage.kv_page(NAMESPACE, None, 1))
-        if self.storage.kv_get(NAMESPACE, prefix) is not None:
-            return True
-        after = self.storage.kv_page(NAMESPACE, prefix, 1)
-        return bool(after) and after[0].key.startswith(prefix)
+        return self.storage.kv_any(NAMESPACE, _prefix(topic_filter))
 
     def page(
         self, topic_filter: str, after: str | None, limit: int

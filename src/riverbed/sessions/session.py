@@ -209,7 +209,7 @@ Event = Follow | Offered | Acked | Received | Completed | Persisted | Tick
 # --------------------------------------------------------------------- effects
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Deliver:
     """Send this message to the client (a PUBLISH)."""
 
@@ -220,6 +220,30 @@ class Deliver:
     dup: bool
     retain: bool
     subscription_identifiers: tuple[int, ...]
+
+    def __init__(
+        self,
+        stream: int,
+        message: StoredMessage,
+        qos: int,
+        packet_id: int | None,
+        dup: bool,
+        retain: bool,
+        subscription_identifiers: tuple[int, ...],
+    ) -> None:
+        # Written out through the slots' setters (as the codec's `Publish`): the
+        # dataclass's own sets each field through object.__setattr__, at twice
+        # the cost, and the session makes one per message it sends.
+        _DELIVER_SET[0](self, stream)
+        _DELIVER_SET[1](self, message)
+        _DELIVER_SET[2](self, qos)
+        _DELIVER_SET[3](self, packet_id)
+        _DELIVER_SET[4](self, dup)
+        _DELIVER_SET[5](self, retain)
+        _DELIVER_SET[6](self, subscription_identifiers)
+
+
+_DELIVER_SET = tuple(Deliver.__dict__[name].__set__ for name in Deliver.__slots__)
 
 
 @dataclass(frozen=True, slots=True)

@@ -360,6 +360,11 @@ class Storage(Protocol):
         """How many keys `namespace` holds (without reading their values)."""
         ...
 
+    def kv_any(self, namespace: str, prefix: str = "") -> bool:
+        """Whether some key of `namespace` starts with `prefix` (one index
+        look-up, no value read)."""
+        ...
+
     def kv_put(self, namespace: str, key: str, value: bytes) -> KVEntry:
         """Unconditional write; the version goes up by one."""
         ...

@@ -53,6 +53,15 @@ class KVQueries(SqlCore):
         return [KVEntry(namespace, k, bytes(v), int(ver)) for k, v, ver in rows]
 
     @operation
+    def kv_any(self, namespace: str, prefix: str = "") -> bool:
+        end = prefix_end(prefix)
+        sql = "SELECT 1 FROM kv WHERE namespace = ? AND key >= ?"
+        args: tuple[str, ...] = (namespace, prefix)
+        if end is not None:
+            sql, args = sql + " AND key < ?", (*args, end)
+        return self._q(sql + " LIMIT 1", args).fetchone() is not None
+
+    @operation
     def kv_count(self, namespace: str) -> int:
         row = self._q("SELECT count(*) FROM kv WHERE namespace = ?", (namespace,)).fetchone()
         return int(row[0])
