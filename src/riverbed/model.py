@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from riverbed.errors import InvalidInput
+from riverbed.records import quick_init
 
 PropertyValue = str | bytes | int
 Properties = tuple[tuple[str, PropertyValue], ...]
@@ -168,6 +169,7 @@ class MessageIdGenerator:
         return MessageId(self.next_raw()[0])
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class StreamId:
     """One partition of one storage topic: `(topic, generation, partition)`."""
@@ -194,7 +196,8 @@ def _ascii_digits(text: str) -> bool:
     return text.isascii() and text.isdigit()
 
 
-@dataclass(frozen=True, slots=True, init=False)
+@quick_init
+@dataclass(frozen=True, slots=True)
 class Message:
     """A message on its way into the log.
 
@@ -209,34 +212,11 @@ class Message:
     qos: int = 0
     retain: bool = False
 
-    def __init__(
-        self,
-        payload: bytes,
-        key: str | None = None,
-        mqtt_topic: str = "",
-        properties: Properties = (),
-        qos: int = 0,
-        retain: bool = False,
-    ) -> None:
-        # Written out through the slots' setters (as the codec's `Publish`): the
-        # dataclass's own sets each field through object.__setattr__, at twice
-        # the cost, and the broker makes one per PUBLISH it takes in.
-        _MESSAGE_SET[0](self, payload)
-        _MESSAGE_SET[1](self, key)
-        _MESSAGE_SET[2](self, mqtt_topic)
-        _MESSAGE_SET[3](self, properties)
-        _MESSAGE_SET[4](self, qos)
-        _MESSAGE_SET[5](self, retain)
-        self.__post_init__()
-
     def __post_init__(self) -> None:
         if not isinstance(self.payload, bytes):
             raise InvalidInput(f"payload must be bytes, got {type(self.payload).__name__}")
         if self.qos not in (0, 1, 2):
             raise InvalidInput(f"qos {self.qos!r} is not 0, 1 or 2")
-
-
-_MESSAGE_SET = tuple(Message.__dict__[name].__set__ for name in Message.__slots__)
 
 
 class StoredMessage(NamedTuple):

@@ -73,6 +73,7 @@ from typing import Any, NoReturn, assert_never
 
 from riverbed.clock import Tick
 from riverbed.model import StoredMessage
+from riverbed.records import quick_init
 from riverbed.sessions.qos2 import Phase, WindowEntry
 from riverbed.topics.filters import matches
 
@@ -148,6 +149,7 @@ class Subscription:
 # --------------------------------------------------------------------- events
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Follow:
     """Start following a stream from `cursor`; offsets below `dup_below` may
@@ -162,6 +164,7 @@ class Follow:
     stored: bool = True
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Offered:
     """The answer to a `Fetch`: the stream has been looked at up to `upto`
@@ -209,7 +212,8 @@ Event = Follow | Offered | Acked | Received | Completed | Persisted | Tick
 # --------------------------------------------------------------------- effects
 
 
-@dataclass(frozen=True, slots=True, init=False)
+@quick_init
+@dataclass(frozen=True, slots=True)
 class Deliver:
     """Send this message to the client (a PUBLISH)."""
 
@@ -221,31 +225,8 @@ class Deliver:
     retain: bool
     subscription_identifiers: tuple[int, ...]
 
-    def __init__(
-        self,
-        stream: int,
-        message: StoredMessage,
-        qos: int,
-        packet_id: int | None,
-        dup: bool,
-        retain: bool,
-        subscription_identifiers: tuple[int, ...],
-    ) -> None:
-        # Written out through the slots' setters (as the codec's `Publish`): the
-        # dataclass's own sets each field through object.__setattr__, at twice
-        # the cost, and the session makes one per message it sends.
-        _DELIVER_SET[0](self, stream)
-        _DELIVER_SET[1](self, message)
-        _DELIVER_SET[2](self, qos)
-        _DELIVER_SET[3](self, packet_id)
-        _DELIVER_SET[4](self, dup)
-        _DELIVER_SET[5](self, retain)
-        _DELIVER_SET[6](self, subscription_identifiers)
 
-
-_DELIVER_SET = tuple(Deliver.__dict__[name].__set__ for name in Deliver.__slots__)
-
-
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Fetch:
     """Offer this stream's messages from `offset` on, at most `limit` of them."""

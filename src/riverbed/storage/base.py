@@ -22,6 +22,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Protocol
 
 from riverbed.model import StoredMessage, StreamId
+from riverbed.records import quick_init
 
 if TYPE_CHECKING:
     import pyarrow
@@ -90,6 +91,7 @@ class StorageTopicRecord:
         return self.partitions // self.k
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class StreamHead:
     """A stream and its bounds: `[start_offset, next_offset)` is retained."""
