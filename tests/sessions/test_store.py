@@ -109,6 +109,25 @@ def test_cursors_of_says_which_topics_lack_cursors_and_where_the_others_are(
     assert cursors == {"t": {t.key: 2}, "u": {}}
 
 
+def test_many_resumes_read_at_once_read_as_one_each(storage: Storage) -> None:
+    """`load_resuming_many`: per client what `load_resuming` reads for it alone
+    (no record; a record without cursors on a topic it names; cursors on
+    two topics), and the same client asked twice is read once."""
+    (t,) = create_topic(storage, "t", partitions=1)
+    (v,) = create_topic(storage, "v", partitions=1)
+    store = SessionStore(storage)
+    store.ensure_cursors("s1", ["t", "v"], None, {t.key: 0, v.key: 0})
+    store.commit(store.write(record("c1", "s1", topics=("t", "v")), None), {"t": {t.key: 2}}, {})
+    store.write(record("c2", "s2", topics=("t",)), None)  # its cursors never made
+    store.write(record("c3", "s3"), None)
+    asked = ["c1", "nobody", "c2", "c3", "c1"]
+    found = store.load_resuming_many(asked)
+    assert found == {c: store.load_resuming(c) for c in asked}
+    assert found["c1"][1] == {"t": {t.key: 2}, "v": {v.key: 0}}
+    assert found["c2"][1] == {"t": None} and found["nobody"] == (None, {})
+    assert store.load_resuming_many([]) == {}
+
+
 def test_expire_discards_record_and_cursors(storage: Storage) -> None:
     create_topic(storage, "t")
     store = SessionStore(storage)

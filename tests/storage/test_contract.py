@@ -713,6 +713,30 @@ def test_find_cursors_tells_a_subscription_without_cursors_from_none(
     assert storage.find_cursors("placed") is None
 
 
+def test_find_cursors_many_answers_as_find_cursors_does(
+    storage: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Packed and row cursors alike, in one read per part of the names (two
+    names a part here, so that the parts are seen to join up)."""
+    monkeypatch.setattr("riverbed.storage.sql.core.IN_PART", 2)
+    a, b = create_topic(storage, "orders", 2)
+    for name, packed, cursors in [
+        ("rows", False, {a.key: 3, b.key: 4}),
+        ("packed", True, {a.key: 5}),
+        ("empty", True, {}),
+        ("bare", False, {}),
+    ]:
+        storage.create_subscription(
+            subscription(name, "orders", packed=packed),
+            lambda h, cursors=cursors: dict(cursors),
+        )
+    names = ["rows", "nope", "packed", "empty", "bare", "rows"]
+    found = storage.find_cursors_many(names)
+    assert found == {n: storage.find_cursors(n) for n in names if n != "nope"}
+    assert found["rows"] == {a.key: 3, b.key: 4} and found["packed"] == {a.key: 5}
+    assert storage.find_cursors_many([]) == {} and storage.find_cursors_many(["nope"]) == {}
+
+
 @PACKED
 def test_reset_cursors_replaces_and_may_rewind(storage: Storage, packed: bool) -> None:
     a, b = create_topic(storage, "orders", 2)
@@ -921,6 +945,20 @@ def test_kv_list_by_prefix_including_like_wildcards(storage: Storage) -> None:
     assert listed("abcd") == []
     entry = storage.kv_list("ns", "b")[0]
     assert (entry.namespace, entry.key, entry.value, entry.version) == ("ns", "b", b"b", 1)
+
+
+def test_kv_get_many_reads_several_keys_at_once(
+    storage: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("riverbed.storage.sql.core.IN_PART", 2)
+    for key in ["a", "b", "c", "%", "é"]:
+        storage.kv_put("ns", key, key.encode())
+    storage.kv_put("ns", "b", b"again")
+    storage.kv_put("other", "a", b"elsewhere")
+    found = storage.kv_get_many("ns", ["a", "b", "nope", "%", "é", "a", "_"])
+    assert found == {k: storage.kv_get("ns", k) for k in ["a", "b", "%", "é"]}
+    assert found["b"].value == b"again" and found["b"].version == 2
+    assert storage.kv_get_many("ns", []) == {} and storage.kv_get_many("empty", ["a"]) == {}
 
 
 def test_kv_any_looks_for_a_key_by_prefix(storage: Storage) -> None:

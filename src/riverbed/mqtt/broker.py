@@ -67,6 +67,7 @@ from riverbed.mqtt.sys import SysPublisher
 from riverbed.mqtt.tls import server_context
 from riverbed.mqtt.websocket import WebSocket
 from riverbed.mqtt.wills import Wills
+from riverbed.sessions.reader import ResumeReader
 from riverbed.sessions.store import SessionStore, Stored
 from riverbed.sessions.writer import SessionWriter
 from riverbed.sharedsub.runtime import SharedRuntime
@@ -134,6 +135,8 @@ class Broker:
         self.store.held_here = self._held_here
         self.writer = SessionWriter(self.store)
         """Session writes of all connections, group-committed (`sessions/writer.py`)."""
+        self.resumes = ResumeReader(self.store)
+        """Resuming sessions' records and cursors, many per read (`sessions/reader.py`)."""
         self.retained = RetainedStore(log.storage)
         self.trie: TopicTrie[Hashable] = TopicTrie()
         self.fanout = Fanout(

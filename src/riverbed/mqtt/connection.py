@@ -819,7 +819,7 @@ class Connection(asyncio.Protocol):
             stored = await broker.read(store.load, self.client_id)
         else:
             # Its cursors with it: they are this record's while its version holds.
-            stored, cursors = await broker.read(store.load_resuming, self.client_id)
+            stored, cursors = await broker.resumes.load_resuming(self.client_id)
         while stored is not None and store.connected_elsewhere(stored.record, broker.node):
             cursors = None  # read again once the other node has let go
             # Held by a connection to another node: that node lets go of it

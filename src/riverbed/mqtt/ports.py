@@ -26,6 +26,7 @@ from riverbed.mqtt.fanout import Fanout
 from riverbed.mqtt.pacer import CommitPacer
 from riverbed.mqtt.retained import RetainedStore
 from riverbed.mqtt.shapes import TopicShapes
+from riverbed.sessions.reader import ResumeReader
 from riverbed.sessions.store import SessionStore
 from riverbed.sessions.writer import SessionWriter
 from riverbed.sharedsub.runtime import SharedRuntime
@@ -50,6 +51,11 @@ class Services(Protocol):
     @property
     def writer(self) -> SessionWriter:
         """Session writes of all connections, group-committed."""
+        ...
+
+    @property
+    def resumes(self) -> ResumeReader:
+        """Resuming sessions' records and cursors, many per read."""
         ...
 
     @property

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Container, Iterable, Iterator, Mapping
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
@@ -228,6 +228,11 @@ class Stored:
         return self if self.made is None else Stored(self.record, self.version)
 
 
+Resuming = tuple[Stored | None, dict[str, dict[int, int] | None]]
+"""A session's record (None: there is none) and its committed cursors on each
+topic the record names (None: none there): `SessionStore.load_resuming`."""
+
+
 @dataclass(frozen=True, slots=True)
 class MadeCursors:
     """A session's new cursors on one topic, and the topic's generations and
@@ -317,16 +322,15 @@ class SessionStore:
         again: a fleet resuming at once decoded every record it had just
         written at its disconnect."""
         entry = self.storage.kv_get(NAMESPACE, client_id)
-        if entry is None:
-            return None
-        hit = self._decoded.get(client_id)
+        return None if entry is None else self._stored_of(entry)
+
+    def _stored_of(self, entry: KVEntry) -> Stored:
+        hit = self._decoded.get(entry.key)
         if hit is not None and hit[0] == entry.version and hit[1] == hash(entry.value):
             return Stored(hit[2], entry.version)
         return Stored(SessionRecord.from_json(entry.value), entry.version)
 
-    def load_resuming(
-        self, client_id: str
-    ) -> tuple[Stored | None, dict[str, dict[int, int] | None]]:
+    def load_resuming(self, client_id: str) -> Resuming:
         """`load`, and the session's committed cursors on each topic its record
         names (None: none there), in one call: a resume needs both, and on a
         database in another process each call is a hand-over to a thread and
@@ -337,6 +341,27 @@ class SessionStore:
         if stored is None:
             return None, {}
         return stored, self._committed_cursors(stored.record.session_id, stored.record.topics)
+
+    def load_resuming_many(self, client_ids: Sequence[str]) -> dict[str, Resuming]:
+        """`load_resuming` of many sessions in two reads in all (their records,
+        then all their cursors): a storm of resumes on a database in another
+        process makes a round trip per read, and a read per session kept the
+        worker threads busy with the same small statements."""
+        entries = self.storage.kv_get_many(NAMESPACE, client_ids)
+        found = {client_id: self._stored_of(entry) for client_id, entry in entries.items()}
+        names = {
+            (client_id, topic): cursor_name(stored.record.session_id, topic)
+            for client_id, stored in found.items()
+            for topic in stored.record.topics
+        }
+        cursors = self.storage.find_cursors_many(list(names.values())) if names else {}
+        out: dict[str, Resuming] = dict.fromkeys(client_ids, (None, {}))
+        for client_id, stored in found.items():
+            out[client_id] = (
+                stored,
+                {t: cursors.get(names[client_id, t]) for t in stored.record.topics},
+            )
+        return out
 
     def _committed_cursors(
         self, session_id: str, topics: Iterable[str]

@@ -333,6 +333,11 @@ class Storage(Protocol):
         exists and where it is, in one read."""
         ...
 
+    def find_cursors_many(self, names: Sequence[str]) -> dict[str, dict[int, int]]:
+        """`find_cursors` of several subscriptions in one read: those that exist,
+        by name (a name with no subscription is absent)."""
+        ...
+
     def commit_cursors(self, name: str, offsets: Mapping[int, int]) -> None:
         """Set committed offsets; an offset never moves backwards here (use
         `reset_cursors` to rewind)."""
@@ -349,6 +354,10 @@ class Storage(Protocol):
 
     # --- key-value with preconditions ---------------------------------------
     def kv_get(self, namespace: str, key: str) -> KVEntry | None: ...
+
+    def kv_get_many(self, namespace: str, keys: Sequence[str]) -> dict[str, KVEntry]:
+        """`kv_get` of several keys in one read: the entries found, by key."""
+        ...
 
     def kv_list(self, namespace: str, prefix: str = "") -> list[KVEntry]: ...
 

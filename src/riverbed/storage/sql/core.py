@@ -42,6 +42,17 @@ def _found_topic(row: Sequence[Any] | None, name: str) -> TopicRecord:
     return _topic(row)
 
 
+IN_PART = 500
+"""Values in one `IN (...)` list at most (`in_parts`)."""
+
+
+def in_parts(values: Sequence[str]) -> list[list[str]]:
+    """`values` without repeats, in parts of at most IN_PART: a read of many
+    keys is a statement per part, each with a list of placeholders."""
+    unique = list(dict.fromkeys(values))
+    return [unique[i : i + IN_PART] for i in range(0, len(unique), IN_PART)]
+
+
 def _head(row: Sequence[Any]) -> StreamHead:
     return StreamHead(row[0], StreamId(row[1], row[2], row[3]), row[4], row[5], bool(row[6]))
 

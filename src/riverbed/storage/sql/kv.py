@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from riverbed.errors import InvalidInput, PreconditionFailed
 from riverbed.storage.base import KVEntry
 from riverbed.storage.connections import Cursor, operation
-from riverbed.storage.sql.core import SqlCore
+from riverbed.storage.sql.core import SqlCore, in_parts
 
 
 class KVQueries(SqlCore):
@@ -18,6 +20,19 @@ class KVQueries(SqlCore):
             "SELECT value, version FROM kv WHERE namespace = ? AND key = ?", (namespace, key)
         ).fetchone()
         return None if row is None else KVEntry(namespace, key, bytes(row[0]), int(row[1]))
+
+    @operation
+    def kv_get_many(self, namespace: str, keys: Sequence[str]) -> dict[str, KVEntry]:
+        out: dict[str, KVEntry] = {}
+        for part in in_parts(keys):
+            rows = self._q(
+                "SELECT key, value, version FROM kv WHERE namespace = ? AND key IN"
+                f" ({', '.join('?' * len(part))})",
+                (namespace, *part),
+            )
+            for key, value, version in rows:
+                out[key] = KVEntry(namespace, key, bytes(value), int(version))
+        return out
 
     @operation
     def kv_list(self, namespace: str, prefix: str = "") -> list[KVEntry]:

@@ -14,7 +14,7 @@ from typing import Any
 from riverbed.errors import AlreadyExists, StorageError, SubscriptionNotFound
 from riverbed.storage.base import StartKind, StreamHead, SubscriptionRecord
 from riverbed.storage.connections import Cursor, operation
-from riverbed.storage.sql.core import _HEAD_COLUMNS, SqlCore, _head
+from riverbed.storage.sql.core import _HEAD_COLUMNS, SqlCore, _head, in_parts
 
 _SUB_COLUMNS = "name, topic, topic_filter, start_kind, start_us, created_us"
 _READ_COLUMNS = f"{_SUB_COLUMNS}, offsets IS NOT NULL"
@@ -138,6 +138,26 @@ class SubscriptionQueries(SqlCore):
     @operation
     def find_cursors(self, name: str) -> dict[int, int] | None:
         return self._find_cursors(name)
+
+    @operation
+    def find_cursors_many(self, names: Sequence[str]) -> dict[str, dict[int, int]]:
+        out: dict[str, dict[int, int]] = {}
+        for part in in_parts(names):
+            marks = ", ".join("?" * len(part))
+            rows = self._q(
+                f"SELECT 0, name, offsets, 0, 0 FROM subscriptions WHERE name IN ({marks})"
+                " UNION ALL SELECT 1, subscription, NULL, stream, committed FROM cursors"
+                f" WHERE subscription IN ({marks}) ORDER BY 1",
+                (*part, *part),
+            ).fetchall()
+            for kind, name, packed, stream, committed in rows:
+                if kind == 0:
+                    found = out[name] = {}
+                    if packed is not None:
+                        found.update(unpack_offsets(packed))
+                elif name in out:  # its subscription's row came first (ORDER BY 1)
+                    out[name][int(stream)] = int(committed)
+        return out
 
     def _find_cursors(self, name: str) -> dict[int, int] | None:
         # The subscription's own row first (kind 0: it exists; its offsets if
