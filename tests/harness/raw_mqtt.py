@@ -169,10 +169,13 @@ class AsyncRawClient:
         assert isinstance(packet, kind), f"expected {kind.__name__}, got {packet!r}"
         return packet
 
-    async def connect(self, client_id: str, *, expiry: int, keep_alive: int = 600) -> Connack:
-        """CONNECT with Clean Start 0 and a session expiry; the CONNACK, whatever its code."""
+    async def connect(
+        self, client_id: str, *, expiry: int, keep_alive: int = 600, clean: bool = False
+    ) -> Connack:
+        """CONNECT with Clean Start 0 (`clean`: 1) and a session expiry; the
+        CONNACK, whatever its code."""
         props = ConnectProperties(session_expiry_interval=expiry)
-        self.send(Connect(client_id, False, keep_alive, properties=props))
+        self.send(Connect(client_id, clean, keep_alive, properties=props))
         return await self.expect(Connack)
 
     async def subscribe(self, topic_filter: str, qos: int = 1) -> Suback:

@@ -181,12 +181,16 @@ def test_in_flight_counts_messages_a_subscriber_has_not_acknowledged(
         with arrived:
             got.append(message)
 
+    subacked = threading.Event()
     holder.on_message = on_message
+    holder.on_subscribe = lambda *_: subacked.set()
     holder.connect("127.0.0.1", broker.port)
     holder.loop_start()
     try:
         eventually(holder.is_connected, what="the holder connected")
         holder.subscribe("held/#", qos=1)
+        # What is published before the SUBSCRIBE is read is not the holder's.
+        eventually(subacked.is_set, what="the holder's SUBACK")
         publisher = Client(broker.port, "pub")
         publisher.connect()
         for i in range(5):

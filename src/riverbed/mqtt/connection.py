@@ -814,6 +814,18 @@ class Connection(asyncio.Protocol):
         """Resume or create the session record; return (Session Present, Follow events)."""
         broker = self.broker
         store = broker.store
+        if not store.known(self.client_id) and not self._defers_record():
+            # No record of this client id has been seen here: most likely a
+            # new session. Made without reading first; if a record exists after
+            # all (made since elsewhere), the create is refused, writing
+            # nothing, and the session opens as below.
+            try:
+                self.stored = await outcome_of(
+                    broker.writer.write(self._new_record(level, now_us(), 0), None)
+                )
+                return False, []
+            except PreconditionFailed:
+                pass
         cursors: Mapping[str, dict[int, int] | None] | None = None
         if clean_start:
             stored = await broker.read(store.load, self.client_id)
@@ -860,19 +872,8 @@ class Connection(asyncio.Protocol):
                 cursors=cursors,
             )
             return True, follow
-        record = SessionRecord(
-            self.client_id,
-            uuid.uuid4().hex,
-            level,
-            self.expiry,
-            True,
-            at,
-            None,
-            will=self._will_json(),
-            node=broker.node,
-            epoch=0 if stored is None else stored.record.epoch + 1,
-        )
-        if stored is None and self.expiry == 0 and self.will is None and broker.defers_ephemeral:
+        record = self._new_record(level, at, 0 if stored is None else stored.record.epoch + 1)
+        if stored is None and self._defers_record():
             # It ends with the connection and nothing of it must survive a
             # crash: written when it first needs the store (its first write
             # creates it), if ever. A CONNACK with no commit to wait for.
@@ -885,6 +886,26 @@ class Connection(asyncio.Protocol):
             old = stored.record
             await asyncio.to_thread(store.drop_cursors, old.session_id, old.topics)
         return False, []
+
+    def _new_record(self, level: int, at: int, epoch: int) -> SessionRecord:
+        """A new session's record (a new session id), connected here now."""
+        return SessionRecord(
+            self.client_id,
+            uuid.uuid4().hex,
+            level,
+            self.expiry,
+            True,
+            at,
+            None,
+            will=self._will_json(),
+            node=self.broker.node,
+            epoch=epoch,
+        )
+
+    def _defers_record(self) -> bool:
+        """Whether a new session of this connection is written only when it
+        first needs the store (`Broker.defers_ephemeral`)."""
+        return self.expiry == 0 and self.will is None and self.broker.defers_ephemeral
 
     def _will_json(self) -> str | None:
         return None if self.will is None else will_to_json(self.will, self.username)

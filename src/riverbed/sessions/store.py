@@ -417,6 +417,16 @@ class SessionStore:
             yield from page
             after = page[-1].key
 
+    def known(self, client_id: str) -> bool:
+        """Whether this store has seen a record of `client_id`: read by the last
+        `all`, written or loaded since, or held by a connection here. (A
+        record made since by another process is not known until the next
+        `all`: a write that creates one finds it, by its compare-and-set.)"""
+        held_here = self.held_here
+        return client_id in self._decoded or (
+            held_here is not None and held_here(client_id) is not None
+        )
+
     def remember(self, record: SessionRecord, raw: bytes, version: int) -> None:
         """`record` was written as `raw` at `version`: `all` hands out this very
         object while the stored record stays so (not decoded again after a
