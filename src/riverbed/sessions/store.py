@@ -355,7 +355,7 @@ class SessionStore:
             for topic in stored.record.topics
         }
         cursors = self.storage.find_cursors_many(list(names.values())) if names else {}
-        out: dict[str, Resuming] = dict.fromkeys(client_ids, (None, {}))
+        out: dict[str, Resuming] = {client_id: (None, {}) for client_id in client_ids}
         for client_id, stored in found.items():
             out[client_id] = (
                 stored,
@@ -419,9 +419,10 @@ class SessionStore:
 
     def known(self, client_id: str) -> bool:
         """Whether this store has seen a record of `client_id`: read by the last
-        `all`, written or loaded since, or held by a connection here. (A
-        record made since by another process is not known until the next
-        `all`: a write that creates one finds it, by its compare-and-set.)"""
+        `all`, written here since as disconnected (`remember`), or held by a
+        connection here. (A record made since by another process is not known
+        until the next `all`: a write that creates one finds it, by its
+        compare-and-set.)"""
         held_here = self.held_here
         return client_id in self._decoded or (
             held_here is not None and held_here(client_id) is not None
