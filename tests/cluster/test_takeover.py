@@ -94,7 +94,7 @@ def test_a_session_taken_back_and_forth_is_never_delivered_to_twice(
         run.finish()
     finally:
         run.close()
-    assert run.overlaps() == []
+    assert run.interleaved() == []
     assert run.not_taken_over() == []
     assert run.missing() == []
     if qos == 2:

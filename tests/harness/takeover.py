@@ -6,16 +6,20 @@ stream of QoS 1 or QoS 2 messages flows to it, with who got what, and when.
     for i in range(100):
         run.take_over(ports[i % 2])
     run.finish()                # the stream stops, the last connection drains it
-    assert run.overlaps() == [] and run.duplicates() == [] and run.missing() == []
+    assert run.interleaved() == [] and run.duplicates() == [] and run.missing() == []
 
 Each connection of the roaming client is a paho client of its own (`Holder`),
 connected with clean start 0 while the previous one is still connected. Every
 delivery is recorded with the connection that got it and when (the test's
-monotonic clock); a delivery to a connection after its successor's CONNACK is
-an overlap. A real client keeps its session state across connections: here the
-QoS 2 messages the previous connection received (PUBREC sent, PUBREL not yet
-come) are handed to the next one once the previous one was closed, so a PUBREL
-the broker sends again after the takeover releases them there, once.
+monotonic clock). A message to a connection newer than one its successor got
+(and it did not) is interleaved: the two delivered at once. A delivery to a
+connection after its successor's CONNACK is an overlap (`overlaps`, by the
+clock: on a busy machine the old client's thread may still be handing out what
+reached its socket before its DISCONNECT). A real client keeps its session
+state across connections: here the QoS 2 messages the previous connection
+received (PUBREC sent, PUBREL not yet come) are handed to the next one once
+the previous one was closed, so a PUBREL the broker sends again after the
+takeover releases them there, once.
 """
 
 from __future__ import annotations
@@ -168,6 +172,32 @@ class Takeovers:
                     f"message {delivery.seq} to connection {delivery.connection}"
                     f" {late:.1f} ms after connection {successor.index}'s CONNACK"
                 )
+        return out
+
+    def interleaved(self) -> list[str]:
+        """Messages a connection got after its successor had begun on the stream:
+        one newer than a message the successor got that it did not (what two
+        connections delivering at once would show). Unlike `overlaps` this
+        reads no clock: the two clients' threads may hand out what reached
+        their sockets in either order on a busy machine, but a message's
+        sequence number says where in the stream it was."""
+        out = []
+        with self._lock:
+            deliveries = list(self.deliveries)
+        by_connection: dict[int, set[int]] = {}
+        for delivery in deliveries:
+            by_connection.setdefault(delivery.connection, set()).add(delivery.seq)
+        for index, got in by_connection.items():
+            after = by_connection.get(index + 1, set()) - got
+            if not after:
+                continue
+            first = min(after)
+            out.extend(
+                f"message {seq} to connection {index} after message {first} to connection"
+                f" {index + 1}"
+                for seq in sorted(got)
+                if seq > first
+            )
         return out
 
     def duplicates(self) -> list[int]:
