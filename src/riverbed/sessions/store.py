@@ -337,10 +337,7 @@ class SessionStore:
         a round trip. A checkpoint writes a session's cursors and its record in
         one transaction, so while the record stays at this version (a
         compare-and-set on it succeeds) these are its cursors."""
-        stored = self.load(client_id)
-        if stored is None:
-            return None, {}
-        return stored, self._committed_cursors(stored.record.session_id, stored.record.topics)
+        return self.load_resuming_many([client_id])[client_id]
 
     def load_resuming_many(self, client_ids: Sequence[str]) -> dict[str, Resuming]:
         """`load_resuming` of many sessions in two reads in all (their records,
