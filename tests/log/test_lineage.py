@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from riverbed.log.lineage import predecessors, readable_streams
+from riverbed.log.lineage import _by_lineage, predecessors, readable_streams
 from riverbed.log.log import Log
 from riverbed.model import Message, StreamId
 from riverbed.storage import open_storage
@@ -61,6 +61,37 @@ def test_single_generation_is_all_readable() -> None:
     readable, consumed = readable_set([gen(0, 4, 1)], heads, {})
     assert readable == {(0, p) for p in range(4)}
     assert consumed == set()
+
+
+@given(
+    st.integers(0, 3),
+    st.integers(1, 6),
+    st.lists(
+        st.tuples(st.integers(0, 7), st.integers(0, 5), st.integers(0, 5), st.booleans()),
+        unique_by=lambda t: t[0],
+        max_size=8,
+    ),
+    st.randoms(use_true_random=False),
+)
+def test_one_generation_answers_as_the_lineage_walk_does(
+    generation: int,
+    partitions: int,
+    streams: list[tuple[int, int, int, bool]],
+    random: object,
+) -> None:
+    """A topic with one generation (the shortcut): the same readable streams, in
+    the same order, and the same consumed ones as the walk by lineage, whatever
+    the order of the heads, their start, end and seal, the reader's cursors, and
+    heads of partitions or generations the record does not have."""
+    heads = [
+        StreamHead(key(generation, p), StreamId("t", generation, p), start, start + more, sealed)
+        for p, start, more, sealed in streams
+    ]
+    heads.append(head(generation + 1, 0, 3, False))  # not of this generation
+    random.shuffle(heads)  # type: ignore[attr-defined]
+    committed = {h.key: (h.next_offset + h.stream.partition) % 7 for h in heads}
+    only = [gen(generation, partitions, 1)]
+    assert readable_streams(only, heads, committed) == _by_lineage(only, heads, committed)
 
 
 def test_next_generation_waits_for_its_lineage_sealed_and_consumed() -> None:

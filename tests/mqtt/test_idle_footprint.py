@@ -49,6 +49,7 @@ from riverbed.mqtt.websocket import WebSocket
 from riverbed.sessions.session import (
     Acked,
     Completed,
+    FetchMany,
     Follow,
     Offered,
     Persisted,
@@ -192,6 +193,8 @@ def test_a_caught_up_subscribers_streams_hold_no_containers_of_their_own() -> No
     grant lists of its own (an empty deque alone is 760 bytes)."""
     session = Session("sub", [Subscription("t/#", 2)])
     session.handle_all([Follow(key, 0) for key in range(16)], 0.0)
+    # Every stream answered once (a stream has state of its own from then on).
+    session.handle_all([Offered(key, (), 0) for key in range(16)], 0.0)
     messages = [StoredMessage(i, b"", 0, "t/x", "k", b"m", None, 1 + i % 2, 0) for i in range(4)]
     session.handle(Offered(3, messages, 4), 0.0)
     session.handle(Persisted(1), 0.0)
@@ -208,6 +211,20 @@ def test_a_caught_up_subscribers_streams_hold_no_containers_of_their_own() -> No
             continue
         assert own_containers(stream, first) == [], f"stream {key}"
     assert shared_not_empty(first) == []
+
+
+def test_a_resumed_subscriber_holds_a_cursor_per_stream_until_one_is_answered() -> None:
+    """Streams followed from stored cursors are dormant: one fetch effect for
+    all of them, no stream state, until the first answer of one of them."""
+    session = Session("sub", [Subscription("t/#", 2)])
+    effects = session.handle_all([Follow(key, 10 + key) for key in range(16)], 0.0)
+    assert effects == [FetchMany({key: 10 + key for key in range(16)}, 1000 // 16)]
+    assert getattr(session, "_streams") is getattr(idle_session("idle"), "_streams")  # noqa: B009
+    assert session.streams == frozenset(range(16))
+    assert session.cursors() == {key: 10 + key for key in range(16)}
+    session.handle(Offered(3, (), 20), 0.0)
+    streams: dict[int, Any] = getattr(session, "_streams")  # noqa: B009 (the private one)
+    assert list(streams) == [3] and session.cursors()[3] == 20
 
 
 def test_the_shared_empty_mapping_refuses_writes() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from harness.session_effects import fetches
 from riverbed.clock import Tick
 from riverbed.model import StoredMessage
 from riverbed.sessions.session import (
@@ -35,9 +36,9 @@ def session(**options: object) -> Session:
 def test_follow_fetches_from_the_cursor() -> None:
     s = session(queue_limit=100)
     effects = s.handle(Follow(7, 40), now=0.0)
-    assert of(Fetch, effects) == [Fetch(7, 40, 100)]
+    assert fetches(effects) == [Fetch(7, 40, 100)]
     # One fetch per stream at a time.
-    assert of(Fetch, s.handle(Tick(), now=0.0)) == []
+    assert fetches(s.handle(Tick(), now=0.0)) == []
 
 
 def test_delivers_in_order_within_the_window() -> None:
@@ -113,7 +114,7 @@ def test_passed_moves_a_waiting_fetch_and_the_cursor_behind_it() -> None:
     s.passed({1: 9, 2: 7, 4: 5})  # 4: a stream it does not follow
     assert s.cursors() == {1: 0, 2: 7, 3: 0}  # 1: offset 0 still in flight
     assert s.next_deadline() == 2.0
-    assert of(Fetch, s.handle(Tick(), now=1.5)) == []  # the fetches still wait
+    assert fetches(s.handle(Tick(), now=1.5)) == []  # the fetches still wait
     (checkpoint,) = of(Checkpoint, s.handle(Tick(), now=2.0))
     assert checkpoint.cursors == {2: 7}
 
@@ -183,12 +184,12 @@ def test_dollar_topics_and_no_local() -> None:
 
 def test_queue_is_bounded_per_stream_share() -> None:
     s = session(window=1, queue_limit=10)
-    assert of(Fetch, s.handle(Follow(1, 0), now=0.0)) == [Fetch(1, 0, 10)]
+    assert fetches(s.handle(Follow(1, 0), now=0.0)) == [Fetch(1, 0, 10)]
     # A stream's share shrinks as streams are added (a fetch asked for before keeps
     # its limit: memory stays within a small multiple of the limit).
-    assert of(Fetch, s.handle(Follow(2, 0), now=0.0)) == [Fetch(2, 0, 5)]
+    assert fetches(s.handle(Follow(2, 0), now=0.0)) == [Fetch(2, 0, 5)]
     effects = s.handle(Offered(1, [msg(i) for i in range(5)], 5), now=0.0)
-    assert of(Fetch, effects) == []  # 4 queued, more than half the share
+    assert fetches(effects) == []  # 4 queued, more than half the share
     assert s.queued == 4
 
 
@@ -213,14 +214,16 @@ def test_unknown_ack_is_ignored_and_ids_wrap() -> None:
 
 def test_a_checkpoint_has_the_cursors_that_moved_or_are_not_stored() -> None:
     """Stream 1 moved, 2 did not (its cursor is stored as it is), 3 has no
-    cursor stored yet: the checkpoint at disconnect writes 1 and 3 only."""
+    cursor stored yet: the checkpoint at disconnect writes 1 and 3 only. Streams
+    2 and 3 never had an answer (dormant): nothing was sent on them, so `sent`
+    has stream 1 only."""
     s = session(checkpoint_every=1000, checkpoint_interval=60)
     s.handle(Follow(1, 3), now=0.0)
     s.handle(Follow(2, 4), now=0.0)
     s.handle(Follow(3, 0, stored=False), now=0.0)
     sent = of(Deliver, s.handle(Offered(1, [msg(3), msg(4)], 5), now=0.0))
     s.handle_all([Acked(d.packet_id) for d in sent], now=0.0)
-    assert s.checkpoint(now=5.0) == Checkpoint({1: 5, 3: 0}, {1: 5, 2: 4, 3: 0})
+    assert s.checkpoint(now=5.0) == Checkpoint({1: 5, 3: 0}, {1: 5})
     assert s.checkpoint(now=6.0).cursors == {}
 
 
@@ -251,7 +254,7 @@ def test_unfollow_completes_what_was_sent_and_drops_the_rest() -> None:
     effects = s.handle(Acked(1), now=0.0)
     effects += s.handle(Acked(2), now=0.0)
     assert of(Deliver, effects) == [] and s.inflight == 0
-    assert all(f.stream != 1 for f in of(Fetch, effects))
+    assert all(f.stream != 1 for f in fetches(effects))
     assert 1 not in s.streams  # forgotten once its last message was acknowledged
     assert s.cursors() == {2: 0}
     assert s.checkpoint(now=1.0).cursors == {}  # neither moved: stream 1 is not there

@@ -7,6 +7,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from harness.session_effects import fetches
 from riverbed.clock import Tick
 from riverbed.model import StoredMessage, StreamId
 from riverbed.sessions.qos2 import Phase, WindowEntry
@@ -43,7 +44,7 @@ def test_a_grant_fetches_and_delivers_only_what_its_filter_matches() -> None:
     key = s.grant_key()
     assert key < RETAINED
     effects = s.grant(key, 5, SHARED, now=0.0)
-    assert of(Fetch, effects) == [Fetch(key, 5, 10)]
+    assert fetches(effects) == [Fetch(key, 5, 10)]
     effects = s.handle(Offered(key, [msg(5), msg(6, "z/y"), msg(7, qos=0)], 9), now=0.0)
     sent = of(Deliver, effects)
     assert [(d.message.offset, d.qos, d.subscription_identifiers) for d in sent] == [
@@ -93,7 +94,7 @@ def test_a_stopped_grant_sends_no_more_but_reports_its_acknowledgements() -> Non
     assert s.stop_grant(key, now=0.0) == []  # nothing changed that the Handler must hear
     assert s.queued == 0  # 2 and 3 dropped: the next holder sends them
     effects = s.handle_all([Acked(first.packet_id), Acked(second.packet_id)], now=0.0)
-    assert of(Deliver, effects) == [] and of(Fetch, effects) == []
+    assert of(Deliver, effects) == [] and fetches(effects) == []
     assert of(GrantMoved, effects) == [GrantMoved(key, 2, (), (0, 1))]
     # A late answer to a fetch is ignored.
     assert of(Deliver, s.handle(Offered(key, [msg(4)], 5), now=0.0)) == []

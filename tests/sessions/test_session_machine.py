@@ -7,21 +7,33 @@ subscriptions, `Session.passed`). Invariants: the window is never exceeded; a
 followed stream is never left stalled (it has a fetch out, or a queue at least
 half its share, or is done); a window held back for a batched refill has a
 deadline that sends it anyway; each stream's messages are delivered once, in
-offset order; the cursor never passes an unacknowledged message; and at the end
-everything matching is delivered.
+offset order; the cursor never passes an unacknowledged message; what the
+checkpoints carried (those lost in a failed write handed back with `unsaved`)
+adds up to the session's cursors after each checkpoint; and at the end
+everything matching is delivered. Streams start from a stored cursor or not,
+with or without a DUP range: dormant streams (`FetchMany`) and streams with
+their state from the start both take part.
 """
 
 from __future__ import annotations
 
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
+from harness.session_effects import fetches
 from riverbed.clock import Tick
 from riverbed.model import StoredMessage
 from riverbed.sessions.session import (
     REFILL_DELAY,
     Acked,
+    Checkpoint,
     Deliver,
     Effect,
     Fetch,
@@ -59,15 +71,30 @@ class SessionMachine(RuleBasedStateMachine):
         self.fetches: dict[int, Fetch] = {}
         self.inflight: dict[int, tuple[int, int]] = {}
         self.delivered: dict[int, list[int]] = {k: [] for k in range(STREAMS)}
+        self.stored: dict[int, int] = {}
+        """What the checkpoints wrote, merged (the store's cursors)."""
+
+    @initialize(
+        stored=st.lists(st.booleans(), min_size=STREAMS, max_size=STREAMS),
+        dup=st.lists(st.integers(0, 3), min_size=STREAMS, max_size=STREAMS),
+    )
+    def follow(self, stored: list[bool], dup: list[int]) -> None:
+        """Every stream followed from offset 0 in one turn, its cursor stored or
+        not, earlier sends below `dup` (above the cursor: not dormant)."""
         for key in range(STREAMS):
-            self._apply(self.session.handle(Follow(key, 0), self.now))
+            if stored[key]:
+                self.stored[key] = 0
+        events = [Follow(key, 0, dup[key], stored[key]) for key in range(STREAMS)]
+        self._apply(self.session.handle_all(events, self.now))
 
     def _apply(self, effects: list[Effect]) -> None:
+        for fetch in fetches(effects):
+            assert fetch.stream not in self.fetches, "two fetches out on one stream"
+            assert fetch.limit > 0
+            self.fetches[fetch.stream] = fetch
         for effect in effects:
-            if isinstance(effect, Fetch):
-                assert effect.stream not in self.fetches, "two fetches out on one stream"
-                assert effect.limit > 0
-                self.fetches[effect.stream] = effect
+            if isinstance(effect, Checkpoint):
+                self.stored.update(effect.cursors)
             elif isinstance(effect, Deliver):
                 assert effect.packet_id is not None
                 self.inflight[effect.packet_id] = (effect.stream, effect.message.offset)
@@ -119,6 +146,16 @@ class SessionMachine(RuleBasedStateMachine):
     def tick(self, seconds: float) -> None:
         self.now += seconds
         self._apply(self.session.handle(Tick(), self.now))
+
+    @rule(written=st.booleans())
+    def checkpoint(self, written: bool) -> None:
+        """A checkpoint now (as at disconnect), written or its write failed."""
+        checkpoint = self.session.checkpoint(self.now)
+        if written:
+            self.stored.update(checkpoint.cursors)
+            assert self.stored == self.session.cursors()
+        else:
+            self.session.unsaved(checkpoint.cursors)
 
     @invariant()
     def window_is_respected(self) -> None:

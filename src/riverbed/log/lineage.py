@@ -15,6 +15,7 @@ generation could overtake an earlier one.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from itertools import pairwise
 
 from riverbed.storage.base import StorageTopicRecord, StreamHead
 
@@ -39,6 +40,42 @@ def readable_streams(
     `committed` maps stream keys to the reader's next offset; a missing stream
     counts as read up to nothing, an offset below a stream's start as its start.
     """
+    if len(storage_topics) == 1:
+        return _one_generation(storage_topics[0], heads, committed)
+    return _by_lineage(storage_topics, heads, committed)
+
+
+def _one_generation(
+    only: StorageTopicRecord, heads: Sequence[StreamHead], committed: Mapping[int, int]
+) -> tuple[list[StreamHead], set[int]]:
+    """`readable_streams` of a topic that never scaled (most topics, and every
+    session resuming on one): each of its streams is readable, with no lineage
+    to wait for. The same answer as `_by_lineage`, without its bookkeeping."""
+    generation, partitions = only.generation, only.partitions
+    readable = [
+        h for h in heads if h.stream.generation == generation and h.stream.partition < partitions
+    ]
+    if any(a.stream.partition > b.stream.partition for a, b in pairwise(readable)):
+        readable.sort(key=_partition)
+    consumed = {
+        h.key
+        for h in readable
+        if h.sealed and max(committed.get(h.key, 0), h.start_offset) >= h.next_offset
+    }
+    return readable, consumed
+
+
+def _partition(head: StreamHead) -> int:
+    return head.stream.partition
+
+
+def _by_lineage(
+    storage_topics: Sequence[StorageTopicRecord],
+    heads: Sequence[StreamHead],
+    committed: Mapping[int, int],
+) -> tuple[list[StreamHead], set[int]]:
+    """`readable_streams` generation by generation, each partition after its
+    lineage's predecessors."""
     by_generation: dict[int, dict[int, StreamHead]] = {}
     for head in heads:
         by_generation.setdefault(head.stream.generation, {})[head.stream.partition] = head

@@ -113,6 +113,7 @@ from riverbed.sessions.session import (
     Effect,
     Event,
     Fetch,
+    FetchMany,
     GrantMoved,
     Offered,
     Persist,
@@ -939,6 +940,8 @@ class Connection(asyncio.Protocol):
                         self.broker.fanout.fetch(stream, offset, limit, self, self.offer)
                     elif self.sharing is not None:
                         self.sharing.fetch(stream, offset, limit)
+                case FetchMany(positions, limit):
+                    self.broker.fanout.fetch_many(positions, limit, self, self.offer)
                 case GrantMoved():
                     if self.sharing is not None:
                         self.sharing.moved(effect)

@@ -317,6 +317,23 @@ class Fanout:
             return
         self._spawn(self._read_for(key, offset, limit, sink))
 
+    def fetch_many(
+        self, positions: Mapping[int, int], limit: int, handle: Hashable, sink: Sink
+    ) -> None:
+        """`fetch` of each of these streams from its offset (stream -> offset),
+        at most `limit` each (`sessions.session.FetchMany`: a resumed session's
+        streams, most of them caught up)."""
+        streams = self._streams
+        for key, offset in positions.items():
+            routed = streams.get(key)
+            if routed is not None and offset == routed.upto and routed.head <= offset:
+                # Caught up: it waits (the usual case, without `fetch`'s call).
+                routed.waiters[handle] = _Waiter(offset, limit, sink)
+            else:
+                self.fetch(key, offset, limit, handle, sink)
+        if positions and not self._wanted.is_set():
+            self._wanted.set()
+
     def _from_read_ahead(self, key: int, offset: int, limit: int, sink: Sink) -> bool:
         """Answer a replaying session's fetch from the stream's last storage read,
         if that covers `offset`: a session fetches its share of its queue at a

@@ -24,6 +24,16 @@ fetch per stream is outstanding at a time, so a stream's messages arrive in
 offset order and per-key order holds. Memory is bounded: a stream asks for at
 most its share of `queue_limit`.
 
+Dormant streams: a stream followed from a stored cursor with nothing to send
+again (no DUP range past the cursor, no QoS 2 window) is only a cursor until
+its first answer comes: no per-stream state, and the fetches of all the
+streams followed in one turn go out as one `FetchMany`. A resumed session
+follows every partition its filters reach (16 for `mqtt`), and most of them
+have nothing for it for a long while: a fleet resuming at once, or idle
+subscribers, pay a dict entry per stream, not a stream's state and a fetch
+effect. Everything that reads cursors (`cursors`, `passed`, checkpoints,
+`unfollow`) counts them; `sent` leaves them out (nothing was sent on them).
+
 Read access: `readable(topic_name)`, when given, says whether the client may
 receive a message of that topic (the ACL's read rule, `mqtt.acl.TopicCheck`).
 A message it may not read is passed over like one that matches no subscription,
@@ -59,8 +69,8 @@ what was not sent (the stream is revoked; acknowledgements still come),
 `forget_grant` drops it.
 
 Events: `Follow`, `Offered`, `Acked`, `Received`, `Completed`, `Persisted`,
-`Tick`. Effects: `Deliver`, `Release`, `Fetch`, `Checkpoint`, `Persist`,
-`GrantMoved`.
+`Tick`. Effects: `Deliver`, `Release`, `Fetch`, `FetchMany`, `Checkpoint`,
+`Persist`, `GrantMoved`.
 Subscriptions change through `subscribe` / `unsubscribe`, which answer directly.
 """
 
@@ -237,6 +247,15 @@ class Fetch:
 
 
 @dataclass(frozen=True, slots=True)
+class FetchMany:
+    """A `Fetch` of each of these streams from its offset (stream -> offset),
+    at most `limit` messages each: the dormant streams followed in one turn."""
+
+    positions: Mapping[int, int]
+    limit: int
+
+
+@dataclass(frozen=True, slots=True)
 class Checkpoint:
     """Persist these cursors (only those changed since the last checkpoint) and
     `sent`, per stream the offset below which messages may have been sent."""
@@ -272,7 +291,7 @@ class GrantMoved:
     acked: tuple[int, ...]
 
 
-Effect = Deliver | Release | Fetch | Checkpoint | Persist | GrantMoved
+Effect = Deliver | Release | Fetch | FetchMany | Checkpoint | Persist | GrantMoved
 
 
 # --------------------------------------------------------------------- state
@@ -347,6 +366,8 @@ class Session:
         "_check",
         "_check_all",
         "_dirty",
+        "_dormant",
+        "_dormant_unsaved",
         "_grants",
         "_held",
         "_inflight",
@@ -364,6 +385,7 @@ class Session:
         "_reserved",
         "_streams",
         "_subscriptions",
+        "_to_fetch",
         "_window",
         "checkpoint_every",
         "checkpoint_interval",
@@ -407,6 +429,13 @@ class Session:
             s.topic_filter: s for s in subscriptions
         } or _NONE
         self._streams: dict[int, _Stream] = _NONE
+        self._dormant: dict[int, int] = _NONE
+        """Dormant streams (see the module's docstring): stream -> cursor, its
+        fetch from there out or in `_to_fetch`. Not in `_streams`."""
+        self._dormant_unsaved: set[int] = _NO_IDS
+        """Dormant streams whose cursor is not committed (`UNSTORED`, moved)."""
+        self._to_fetch: dict[int, int] | None = None
+        """Dormant streams followed in this turn: their `FetchMany`."""
         self._ready: deque[int] | None = None
         """Streams with pending messages, in turn order (made on the first)."""
         self._inflight: dict[int, tuple[int, int]] = _NONE
@@ -485,6 +514,14 @@ class Session:
         completed [MQTT-3.10.4-3], and their cursors leave the checkpoints."""
         for key in streams:
             state = self._streams.get(key)
+            if state is None and key in self._dormant:
+                # Its fetch may still be out: an answer finds no stream (ignored).
+                del self._dormant[key]
+                self._dormant_unsaved.discard(key)
+                if self._to_fetch:
+                    self._to_fetch.pop(key, None)
+                self._check_all = True
+                continue
             if state is None or key == RETAINED:
                 continue
             state.dropped = True
@@ -501,10 +538,16 @@ class Session:
         and with it the cursor of a stream with nothing in flight or queued.
         A caught-up session's idle subscription so does not pin retention.
         The next checkpoint (due or at disconnect) carries them."""
+        dormant = self._dormant
         for key, upto in positions.items():
             state = self._streams.get(key)
-            if state is not None and state.fetching and upto > state.fetched:
-                state.fetched = upto
+            if state is not None:
+                if state.fetching and upto > state.fetched:
+                    state.fetched = upto
+                    self._moved = True
+            elif upto > dormant.get(key, upto):
+                dormant[key] = upto
+                self._unsave(key)
                 self._moved = True
 
     # --- grants -------------------------------------------------------------------
@@ -569,6 +612,9 @@ class Session:
     # --- inspection --------------------------------------------------------------
     @property
     def streams(self) -> frozenset[int]:
+        """The streams followed (grants and dormant ones included)."""
+        if self._dormant:
+            return frozenset((*self._streams, *self._dormant))
         return frozenset(self._streams)
 
     @property
@@ -588,12 +634,17 @@ class Session:
     def cursors(self) -> dict[int, int]:
         """Every followed stream's cursor: the first offset not yet done (not
         grants': their progress is the group's)."""
-        return {
+        cursors = {
             key: s.cursor() for key, s in self._streams.items() if not s.dropped and s.grant is None
         }
+        if self._dormant:
+            cursors.update(self._dormant)
+        return cursors
 
     def sent(self) -> dict[int, int]:
-        """Per stream, the offset below which messages may have been sent."""
+        """Per stream, the offset below which messages may have been sent (not
+        dormant streams': nothing was, and their stored cursors are past any
+        earlier connection's `dup_below`)."""
         return {key: max(s.sent, s.dup_below) for key, s in self._streams.items() if key >= 0}
 
     def window_entries(self) -> tuple[WindowEntry, ...]:
@@ -675,7 +726,21 @@ class Session:
             case Offered(stream, messages, upto):
                 self._offered(stream, messages, upto)
             case Follow(stream, cursor, dup_below, stored):
-                if stream not in self._streams:
+                if stream in self._streams or stream in self._dormant:
+                    pass
+                elif dup_below <= cursor and not self._window:
+                    # Nothing to send again from the cursor on: dormant.
+                    if self._dormant is _NONE:
+                        self._dormant = {}
+                    self._dormant[stream] = cursor
+                    if not stored:
+                        self._unsave(stream)
+                    to_fetch = self._to_fetch
+                    if to_fetch is None:
+                        to_fetch = self._to_fetch = {}
+                    to_fetch[stream] = cursor
+                    self._check_all = True
+                else:
                     if self._streams is _NONE:
                         self._streams = {}
                     committed = cursor if stored else UNSTORED
@@ -748,8 +813,32 @@ class Session:
             state = self._streams.get(key)
             if state is not None:
                 state.committed = UNSTORED
+            elif key in self._dormant:
+                self._unsave(key)
 
     # --- internals -------------------------------------------------------------
+    def _unsave(self, key: int) -> None:
+        """The dormant stream's cursor is not committed: the next checkpoint
+        writes it."""
+        if self._dormant_unsaved is _NO_IDS:
+            self._dormant_unsaved = set()
+        self._dormant_unsaved.add(key)
+
+    def _wake(self, key: int) -> _Stream | None:
+        """The first answer to a dormant stream's fetch: it becomes a stream with
+        its state, fetching from its cursor (None: not dormant)."""
+        cursor = self._dormant.pop(key, None)
+        if cursor is None:
+            return None
+        committed = cursor
+        if key in self._dormant_unsaved:
+            self._dormant_unsaved.discard(key)
+            committed = UNSTORED
+        if self._streams is _NONE:
+            self._streams = {}
+        state = self._streams[key] = _Stream(key, cursor, committed, 0, cursor, fetching=True)
+        return state
+
     def _make_ready(self, key: int) -> None:
         """The stream has pending messages now: its turn comes."""
         ready = self._ready
@@ -828,7 +917,9 @@ class Session:
     def _offered(self, key: int, messages: Sequence[StoredMessage], upto: int) -> None:
         state = self._streams.get(key)
         if state is None:
-            return
+            state = self._wake(key)
+            if state is None:
+                return
         state.fetching = False
         self._look_at(key)
         if state.dropped:
@@ -961,11 +1052,16 @@ class Session:
 
     def _fetch(self, effects: list[Effect]) -> None:
         check = self._check
-        if not self._streams:
+        followed = len(self._streams) + len(self._dormant)
+        if not followed:
             if check:
                 check.clear()
             return
-        share = max(1, self.queue_limit // len(self._streams))
+        share = max(1, self.queue_limit // followed)
+        to_fetch = self._to_fetch
+        if to_fetch:
+            effects.append(FetchMany(to_fetch, share))
+            self._to_fetch = None
         # Only streams whose pending queue shrank or whose fetch was answered can
         # have become ready to fetch, unless the set of streams (the share) changed.
         if self._check_all:
@@ -1005,6 +1101,10 @@ class Session:
         for key, offset in changed.items():
             self._streams[key].committed = offset
         changed.pop(RETAINED, None)
+        if self._dormant_unsaved:
+            dormant = self._dormant
+            changed.update((key, dormant[key]) for key in self._dormant_unsaved)
+            self._dormant_unsaved = _NO_IDS
         return Checkpoint(changed, self.sent())
 
     def _report_grants(self, effects: list[Effect]) -> None:
