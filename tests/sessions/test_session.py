@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from harness.session_effects import fetches
 from riverbed.clock import Tick
@@ -15,6 +17,7 @@ from riverbed.sessions.session import (
     Effect,
     Fetch,
     Follow,
+    FollowAll,
     Offered,
     Session,
     Subscription,
@@ -260,3 +263,24 @@ def test_unfollow_completes_what_was_sent_and_drops_the_rest() -> None:
     assert s.checkpoint(now=1.0).cursors == {}  # neither moved: stream 1 is not there
     # A late answer to a fetch of the dropped stream changes nothing.
     assert of(Deliver, s.handle(Offered(1, [msg(3)], 4), now=1.0)) == []
+
+
+@given(
+    st.dictionaries(st.integers(0, 20), st.integers(0, 9), max_size=6),
+    st.dictionaries(st.integers(0, 20), st.integers(0, 12), max_size=6),
+    st.frozensets(st.integers(0, 20), max_size=6),
+    st.integers(0, 20),
+)
+def test_follow_all_is_a_follow_of_each(
+    cursors: dict[int, int], dup_below: dict[int, int], unstored: frozenset[int], answered: int
+) -> None:
+    """One `FollowAll` leaves the session as the `Follow`s of its streams in one
+    turn do: the same effects, cursors, answers and checkpoints, whether a
+    stream is dormant (a stored cursor, nothing to send again) or not."""
+    events = [Follow(k, c, dup_below.get(k, 0), k not in unstored) for k, c in cursors.items()]
+    one, each = session(), session()
+    assert one.handle(FollowAll(cursors, dup_below, unstored), 0.0) == each.handle_all(events, 0.0)
+    assert one.cursors() == each.cursors() and one.streams == each.streams
+    offered = Offered(answered, [msg(o) for o in range(10, 13)], 13)
+    assert one.handle(offered, 0.0) == each.handle(offered, 0.0)
+    assert one.checkpoint(1.0) == each.checkpoint(1.0)

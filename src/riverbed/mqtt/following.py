@@ -53,7 +53,7 @@ from riverbed.mqtt.codec import (
 )
 from riverbed.mqtt.shapes import Shape
 from riverbed.mqtt.sharing import Sharing, SharingOwner, is_shared
-from riverbed.sessions.session import Event, Follow, Session, Subscription
+from riverbed.sessions.session import Event, FollowAll, Session, Subscription
 from riverbed.sessions.store import MadeCursors, SessionRecord, Stored, start_positions
 from riverbed.sessions.writer import NewCursors, outcome_of
 from riverbed.sharedsub.claims import GroupStore
@@ -128,9 +128,12 @@ class Readable:
     cursors: dict[int, int]
     unstored: frozenset[int] = frozenset()
 
-    def follow(self, key: int, dup_below: int = 0) -> Follow:
-        """The event that has the session follow stream `key`."""
-        return Follow(key, self.cursors[key], dup_below, key not in self.unstored)
+    def follow(self, dup_below: Mapping[int, int], skip: frozenset[int] = frozenset()) -> FollowAll:
+        """The event that has the session follow these streams, but `skip`."""
+        cursors = self.cursors
+        if skip:
+            cursors = {key: cursor for key, cursor in cursors.items() if key not in skip}
+        return FollowAll(cursors, dup_below, self.unstored)
 
 
 NOTHING_TO_READ = Readable({})
@@ -274,16 +277,17 @@ class Following:
         # appended reaches the fan-out at its next look, as for every session.
         heads = await conn.broker.fanout.refresh() if crashed else {}
         start_heads = conn.broker.fanout.start_heads
-        events: list[Event] = []
         # The cursors of the topics it had are made if missing (a crash between
         # making them and writing the record that names them).
         readable = await self.readable(all_topics, ensure=stored.record.topics, known=cursors)
-        for key in readable.cursors:
-            dup_below = dup.get(key, 0)
-            if crashed:
-                dup_below = max(dup_below, start_heads.get(key, heads.get(key, 0)))
-            events.append(readable.follow(key, dup_below))
-        return events
+        if not readable.cursors:
+            return []
+        if crashed:
+            dup = {
+                key: max(dup.get(key, 0), start_heads.get(key, heads.get(key, 0)))
+                for key in readable.cursors
+            }
+        return [readable.follow(dup)]
 
     async def readable(
         self,
@@ -472,9 +476,8 @@ class Following:
         if session is None or conn.closing:
             return
         known = session.streams
-        events = [readable.follow(key) for key in readable.cursors if key not in known]
-        if events:
-            conn.handle_all(events)
+        if any(key not in known for key in readable.cursors):
+            conn.handle(readable.follow({}, known))
 
     # --- SUBSCRIBE / UNSUBSCRIBE ---------------------------------------------------
     def take(self, packet: Subscribe) -> None:

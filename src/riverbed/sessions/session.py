@@ -68,9 +68,9 @@ the group's Leader keeps the progress. `stop_grant` stops fetching and drops
 what was not sent (the stream is revoked; acknowledgements still come),
 `forget_grant` drops it.
 
-Events: `Follow`, `Offered`, `Acked`, `Received`, `Completed`, `Persisted`,
-`Tick`. Effects: `Deliver`, `Release`, `Fetch`, `FetchMany`, `Checkpoint`,
-`Persist`, `GrantMoved`.
+Events: `Follow` (`FollowAll`: many at once), `Offered`, `Acked`, `Received`,
+`Completed`, `Persisted`, `Tick`. Effects: `Deliver`, `Release`, `Fetch`,
+`FetchMany`, `Checkpoint`, `Persist`, `GrantMoved`.
 Subscriptions change through `subscribe` / `unsubscribe`, which answer directly.
 """
 
@@ -78,6 +78,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from typing import Any, NoReturn, assert_never
 
@@ -174,6 +175,17 @@ class Follow:
     stored: bool = True
 
 
+@dataclass(frozen=True, slots=True)
+class FollowAll:
+    """A `Follow` of each of these streams (stream -> cursor), as one event: a
+    stream's `dup_below` is in `dup_below` (0 if not), `unstored` are those
+    with no cursor stored."""
+
+    cursors: Mapping[int, int]
+    dup_below: Mapping[int, int] = field(default_factory=dict)
+    unstored: AbstractSet[int] = frozenset()
+
+
 @quick_init
 @dataclass(frozen=True, slots=True)
 class Offered:
@@ -216,7 +228,7 @@ class Persisted:
     seq: int
 
 
-Event = Follow | Offered | Acked | Received | Completed | Persisted | Tick
+Event = Follow | FollowAll | Offered | Acked | Received | Completed | Persisted | Tick
 
 
 # --------------------------------------------------------------------- effects
@@ -726,28 +738,12 @@ class Session:
             case Offered(stream, messages, upto):
                 self._offered(stream, messages, upto)
             case Follow(stream, cursor, dup_below, stored):
-                if stream in self._streams or stream in self._dormant:
-                    pass
-                elif dup_below <= cursor and not self._window:
-                    # Nothing to send again from the cursor on: dormant.
-                    if self._dormant is _NONE:
-                        self._dormant = {}
-                    self._dormant[stream] = cursor
-                    if not stored:
-                        self._unsave(stream)
-                    to_fetch = self._to_fetch
-                    if to_fetch is None:
-                        to_fetch = self._to_fetch = {}
-                    to_fetch[stream] = cursor
-                    self._check_all = True
-                else:
-                    if self._streams is _NONE:
-                        self._streams = {}
-                    committed = cursor if stored else UNSTORED
-                    self._streams[stream] = _Stream(stream, cursor, committed, dup_below, cursor)
-                    self._check_all = True
-                    if self._window:
-                        self._restore_released(stream)
+                self._follow(stream, cursor, dup_below, stored)
+            case FollowAll(cursors, dup_below, unstored):
+                follow = self._follow
+                dup = dup_below.get
+                for stream, cursor in cursors.items():
+                    follow(stream, cursor, dup(stream, 0), stream not in unstored)
             case Received(packet_id, accepted):
                 self._received(packet_id, accepted)
             case Completed(packet_id):
@@ -817,6 +813,29 @@ class Session:
                 self._unsave(key)
 
     # --- internals -------------------------------------------------------------
+    def _follow(self, stream: int, cursor: int, dup_below: int, stored: bool) -> None:
+        if stream in self._streams or stream in self._dormant:
+            return
+        self._check_all = True
+        if dup_below <= cursor and not self._window:
+            # Nothing to send again from the cursor on: dormant.
+            if self._dormant is _NONE:
+                self._dormant = {}
+            self._dormant[stream] = cursor
+            if not stored:
+                self._unsave(stream)
+            to_fetch = self._to_fetch
+            if to_fetch is None:
+                to_fetch = self._to_fetch = {}
+            to_fetch[stream] = cursor
+            return
+        if self._streams is _NONE:
+            self._streams = {}
+        committed = cursor if stored else UNSTORED
+        self._streams[stream] = _Stream(stream, cursor, committed, dup_below, cursor)
+        if self._window:
+            self._restore_released(stream)
+
     def _unsave(self, key: int) -> None:
         """The dormant stream's cursor is not committed: the next checkpoint
         writes it."""
