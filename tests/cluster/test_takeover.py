@@ -14,6 +14,7 @@ itself).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -24,9 +25,11 @@ import psycopg
 import pytest
 
 from harness.broker import BrokerProcess, Client
+from harness.raw_mqtt import AsyncRawClient
 from harness.takeover import Takeovers
 from harness.waiting import eventually
 from riverbed.cluster.bus import node_channel
+from riverbed.mqtt.codec import Disconnect, Pingreq, Pingresp
 from riverbed.sessions.store import SessionStore, node_lease
 from riverbed.storage import open_storage
 from riverbed.storage.leases import Leases
@@ -170,6 +173,71 @@ def lease_of(url: str, node_name: str) -> int:
         storage.close()
     assert lease is not None
     return lease.expires_us
+
+
+RACES = 20
+"""New client ids whose first CONNECTs reach both nodes at once."""
+
+
+async def _holds(client: AsyncRawClient) -> bool:
+    """Whether `client`'s connection still holds its session: a PINGREQ is
+    answered, where a connection taken over has its DISCONNECT 0x8E (sent
+    before its successor's CONNACK) and then the end of the connection."""
+    client.send(Pingreq())
+    try:
+        packet = await client.next()
+    except ConnectionError:
+        return False
+    if isinstance(packet, Disconnect):
+        assert packet.reason_code == 0x8E, packet
+        return False
+    assert isinstance(packet, Pingresp), packet
+    return True
+
+
+def test_first_connects_of_a_new_client_on_two_nodes_at_once_leave_one_holder(
+    two_nodes: tuple[BrokerProcess, BrokerProcess], postgres_url: str
+) -> None:
+    """Neither node has seen the client id, so each makes its session record
+    without reading first (a create that another record refuses). The node
+    whose create is refused reads the winner's record and takes the session
+    over as any takeover does, or refuses the CONNECT (0x89, server busy):
+    either way one connection holds the session afterwards, and the record
+    says it is connected."""
+    a, b = two_nodes
+
+    opened: list[AsyncRawClient] = []
+
+    async def race(client_id: str) -> tuple[list[int], int]:
+        clients = await asyncio.gather(*(AsyncRawClient.open(n.port, 30) for n in (a, b)))
+        opened.extend(clients)
+        acks = await asyncio.gather(*(c.connect(client_id, expiry=600) for c in clients))
+        accepted = [c for c, ack in zip(clients, acks, strict=True) if ack.reason_code == 0]
+        holders = [await _holds(c) for c in accepted]
+        return [ack.reason_code for ack in acks], holders.count(True)
+
+    def connected_records() -> list[bool]:
+        storage = open_storage(postgres_url)
+        try:
+            store = SessionStore(storage)
+            records = [store.load(f"race-{i}") for i in range(RACES)]
+            return [r is not None and r.record.connected for r in records]
+        finally:
+            storage.close()
+
+    async def scenario() -> None:
+        try:
+            outcomes = await asyncio.gather(*(race(f"race-{i}") for i in range(RACES)))
+            for i, (codes, holding) in enumerate(outcomes):
+                assert all(code in (0, 0x89) for code in codes), (i, codes)
+                assert 0 in codes and holding == 1, (i, codes, holding)
+            # Held still (the connections are open): the records say so.
+            assert await asyncio.to_thread(connected_records) == [True] * RACES
+        finally:
+            for client in opened:
+                client.close()
+
+    asyncio.run(scenario())
 
 
 def connected(port: int, client_id: str, *, clean: bool, timeout: float = 30) -> Client:
