@@ -57,6 +57,7 @@ from typing import Any, Generic, TypeVar
 
 import uvloop
 
+from riverbed.mqtt.broker import LISTEN_BACKLOG
 from riverbed.mqtt.codec import (
     MQTT_5,
     NO_PUBLISH_PROPERTIES,
@@ -717,7 +718,9 @@ async def serve(port: int, durable: Path | None) -> None:
     else:
         broker = DurableBroker(loop, Store(durable / "floor.db"))
         protocol = functools.partial(DurableConnection, broker)
-    server = await loop.create_server(protocol, "127.0.0.1", port)
+    # Riverbed's listen backlog: with asyncio's default (100) a storm of
+    # reconnecting clients overflows the queue and waits for SYN retries.
+    server = await loop.create_server(protocol, "127.0.0.1", port, backlog=LISTEN_BACKLOG)
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
