@@ -6,12 +6,15 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from riverbed.errors import LocalProtocolError
 from riverbed.mqtt.codec import (
     MQTT_5,
     NO_PUBLISH_PROPERTIES,
     Connack,
+    ConnackProperties,
     ConnectProperties,
     ConnectReason,
     Decoder,
@@ -142,6 +145,55 @@ def test_connect_authenticates_then_opens_the_session_then_sends_connack() -> No
     assert props.assigned_client_identifier is None
     assert props.session_expiry_interval is None  # granted as asked
     assert core.state is State.CONNECTED and core.username == "u"
+
+
+@given(
+    present=st.booleans(),
+    requested=st.integers(0, 2**32 - 1),
+    most=st.integers(0, 10**6),
+    receive_maximum=st.integers(1, 65535),
+    alias_maximum=st.integers(0, 65535),
+    keep_alive=st.none() | st.integers(0, 65535),
+    own_id=st.booleans(),
+)
+def test_connack_says_what_the_limits_and_the_session_grant(
+    present: bool,
+    requested: int,
+    most: int,
+    receive_maximum: int,
+    alias_maximum: int,
+    keep_alive: int | None,
+    own_id: bool,
+) -> None:
+    """Whatever the limits, the session expiry asked for and whether the client
+    brought its client id, the CONNACK's bytes are those of the CONNACK built
+    from them (those of clients with their own id are encoded once, and shared)."""
+    limits = ProtocolLimits(
+        receive_maximum=receive_maximum,
+        topic_alias_maximum=alias_maximum,
+        server_keep_alive=keep_alive,
+        max_session_expiry=most,
+    )
+    core = new_core(limits)
+    props = ConnectProperties(session_expiry_interval=requested)
+    core.receive(encode(Connect("c1" if own_id else "", properties=props), MQTT_5), 0.0)
+    core.handle(Authenticated(ConnectReason.SUCCESS, None), 0.0)
+    effects = core.handle(SessionOpened(present), 0.0)
+    granted = min(requested, most)
+    expected = Connack(
+        present,
+        properties=ConnackProperties(
+            session_expiry_interval=granted if granted != requested else None,
+            receive_maximum=receive_maximum,
+            retain_available=limits.retain_available,
+            maximum_packet_size=limits.maximum_packet_size,
+            assigned_client_identifier=None if own_id else "auto-1",
+            topic_alias_maximum=alias_maximum,
+            shared_subscription_available=limits.shared_subscription_available,
+            server_keep_alive=keep_alive,
+        ),
+    )
+    assert [e.data for e in effects if isinstance(e, Send)] == [encode(expected, MQTT_5)]
 
 
 def test_connect_fed_byte_by_byte_and_with_trailing_data_gives_the_same_effects() -> None:

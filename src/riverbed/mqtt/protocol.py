@@ -58,6 +58,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import Enum
+from functools import lru_cache
 from typing import assert_never, cast
 
 from riverbed.errors import LocalProtocolError, ProtocolError
@@ -174,6 +175,32 @@ own). An idle connection holds no containers of its own."""
 
 def _anyone_may_publish(username: str | None, client_id: str, topic: str) -> bool:
     return True
+
+
+def _connack_properties(
+    expiry: int | None, assigned: str | None, limits: ProtocolLimits
+) -> ConnackProperties:
+    """What an MQTT 5 CONNACK accepting a connection says: the Session Expiry
+    Interval if the broker changed the client's, the client id it assigned,
+    and what the broker grants."""
+    return ConnackProperties(
+        session_expiry_interval=expiry,
+        receive_maximum=limits.receive_maximum,
+        retain_available=limits.retain_available,
+        maximum_packet_size=limits.maximum_packet_size,
+        assigned_client_identifier=assigned,
+        topic_alias_maximum=limits.topic_alias_maximum,
+        shared_subscription_available=limits.shared_subscription_available,
+        server_keep_alive=limits.server_keep_alive,
+    )
+
+
+@lru_cache(maxsize=64)
+def _accepted(present: bool, expiry: int | None, limits: ProtocolLimits) -> bytes:
+    """The encoded MQTT 5 CONNACK accepting a client that brought its own client
+    id: the same bytes for every such client under these limits, so a fleet
+    reconnecting at once has it built, checked and encoded once."""
+    return encode(Connack(present, properties=_connack_properties(expiry, None, limits)), MQTT_5)
 
 
 class ConnectionCore:
@@ -653,20 +680,13 @@ class ConnectionCore:
 
     def _accept_connect(self, present: bool, now: float) -> None:
         self._goto("session opened")
-        limits = self._limits
         if self.level == MQTT_5:
-            requested = self._requested_expiry
-            properties = ConnackProperties(
-                session_expiry_interval=self.expiry if self.expiry != requested else None,
-                receive_maximum=limits.receive_maximum,
-                retain_available=limits.retain_available,
-                maximum_packet_size=limits.maximum_packet_size,
-                assigned_client_identifier=self.assigned,
-                topic_alias_maximum=limits.topic_alias_maximum,
-                shared_subscription_available=limits.shared_subscription_available,
-                server_keep_alive=limits.server_keep_alive,
-            )
-            self._send(Connack(present, properties=properties))
+            expiry = self.expiry if self.expiry != self._requested_expiry else None
+            if self.assigned is None:
+                self._write(_accepted(present, expiry, self._limits))
+            else:
+                properties = _connack_properties(expiry, self.assigned, self._limits)
+                self._send(Connack(present, properties=properties))
         else:
             self._send(Connack(present))
         self.connack_sent = True
