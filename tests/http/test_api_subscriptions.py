@@ -22,6 +22,7 @@ from harness.cli import rb
 from harness.waiting import eventually
 from riverbed.cli import cli
 from riverbed.storage import open_storage
+from riverbed.storage.base import StartKind, SubscriptionRecord
 from riverbed.subscriptions.definition import Definitions, DeliveryDefinition
 
 
@@ -361,6 +362,32 @@ def test_a_bad_reset_is_422_and_starts_no_job(
     assert refused.status_code == 422, refused.text
     assert words in refused.json()["error"], refused.json()
     assert api.get("/api/v1/subscriptions/audit").json()["lag"] == 3
+    assert api.get("/api/v1/jobs").json() == []
+
+
+def test_a_cursor_the_broker_owns_is_not_reset_or_deleted_by_name(
+    storage_url: str, api: httpx.Client
+) -> None:
+    """An MQTT session's cursor is listed among the subscriptions; resetting
+    or deleting it by name is 422 naming the rule, with no job and nothing
+    moved (its session keeps its positions itself)."""
+    make_topic(api, 1)
+    produce(api, 3)
+    name = "$session.s1.orders"
+    storage = open_storage(storage_url)
+    try:
+        storage.create_subscription(
+            SubscriptionRecord(name, "orders", None, StartKind.EARLIEST, None, 0), lambda h: {}
+        )
+    finally:
+        storage.close()
+    for refused in (
+        api.post(f"/api/v1/subscriptions/{name}/reset", json={"to": "latest"}),
+        api.delete(f"/api/v1/subscriptions/{name}"),
+    ):
+        assert refused.status_code == 422, refused.text
+        assert "is the broker's own" in refused.json()["error"], refused.json()
+    assert api.get(f"/api/v1/subscriptions/{name}").json()["lag"] == 3
     assert api.get("/api/v1/jobs").json() == []
 
 

@@ -19,7 +19,7 @@ from riverbed.log.log import Log
 from riverbed.log.retention import Retainer, RetentionResult, apply_retention, run_retention
 from riverbed.model import Message, StreamId
 from riverbed.storage import Storage, open_storage
-from riverbed.storage.base import RetentionPolicy
+from riverbed.storage.base import RetentionPolicy, StartKind, SubscriptionRecord
 from riverbed.subscriptions.named import Subscriptions
 
 HOUR = 3_600_000_000
@@ -195,6 +195,33 @@ def test_a_subscription_holding_messages_past_retention_is_reported_once(
     assert retainer.pins == [] and retainer.pinned_hours == 0
     assert retainer.deleted == 5
     assert "subscription idle no longer holds topic t" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("name", "advice"),
+    [
+        ("$session.s1.t", "delete the session (DELETE /api/v1/sessions/"),
+        ("$share.g1.t", "delete the group (riverbed group delete)"),
+    ],
+)
+def test_a_cursor_the_broker_owns_is_reported_with_what_lets_it_go(
+    log: Log, caplog: pytest.LogCaptureFixture, name: str, advice: str
+) -> None:
+    """Such a cursor is not deleted by name (`refuse_broker_owned`): the
+    warning says what does let it go, not "consume or delete it"."""
+    log.topics.create("t", 1, retention_us=HOUR)
+    log.storage.create_subscription(
+        SubscriptionRecord(name, "t", None, StartKind.EARLIEST, None, 0), lambda heads: {}
+    )
+    last = fill(log, 3)
+    retainer = Retainer(
+        log.storage, 60, pin_warning_hours=24, clock=FakeClock(us=last + 30 * HOUR).us
+    )
+    with caplog.at_level(logging.WARNING, logger="riverbed.log.retention"):
+        retainer.run_once()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and f"subscription {name} holds messages" in warnings[0]
+    assert advice in warnings[0] and "consume or delete it" not in warnings[0]
 
 
 def test_the_retainer_thread_deletes_by_itself_and_stops(log: Log) -> None:

@@ -14,13 +14,14 @@ from collections.abc import Iterator
 import pytest
 
 from harness.broker import BrokerProcess, Client
+from harness.cli import rb
 from harness.inprocess import running_broker
 from harness.raw_mqtt import AsyncRawClient
 from harness.waiting import eventually, eventually_async
 from riverbed.log.topics import BUILTIN_TOPIC, Topics
 from riverbed.mqtt.codec import Puback, Publish, Subscribe
 from riverbed.mqtt.following import Following
-from riverbed.sessions.store import CURSOR_PREFIX
+from riverbed.sessions.store import CURSOR_PREFIX, cursor_name
 from riverbed.storage import open_storage
 
 
@@ -141,3 +142,51 @@ def test_a_look_for_new_topics_leaves_a_subscribe_in_hand_to_it(
             return [first.payload]
 
     assert asyncio.run(go()) == [b"after"]
+
+
+def test_a_sessions_cursor_is_not_reset_deleted_or_consumed_by_name(
+    broker: BrokerProcess, storage_url: str
+) -> None:
+    """A session's cursor is a named subscription (`$session.<id>.<topic>`), so
+    the named-subscription commands could find it: a reset moved it without
+    the session's record knowing (a session online keeps its own positions,
+    one resuming could start past messages it never got), a delete or a
+    consumer's commits took messages from under it. Each is refused, naming
+    the rule, and the session gets everything once it is back."""
+    sub = Client(broker.port, "kept")
+    sub.connect(clean=True, expiry=300)
+    sub.subscribe("orders/#", qos=1)
+    sub.disconnect()
+    pub = Client(broker.port, "pub")
+    pub.connect()
+    for n in range(3):
+        pub.publish(f"orders/{n}", f"o{n}".encode(), qos=1).wait_for_publish(10)
+    pub.disconnect()
+    record = broker.session("kept")
+    assert record is not None
+    name = cursor_name(record.session_id, "orders")
+    before = _cursors(storage_url, name)
+
+    for args in (
+        ("subscription", "reset", name, "--to", "latest"),
+        ("subscription", "delete", name),
+        ("consume", name),
+    ):
+        refused = rb(storage_url, *args)
+        assert refused.exit_code != 0, (args, refused.stdout)
+        assert f"subscription {name!r} is the broker's own" in refused.stderr, refused.stderr
+        assert _cursors(storage_url, name) == before, args
+
+    back = Client(broker.port, "kept")
+    assert back.connect(clean=False, expiry=300) is True
+    assert sorted(m.payload for m in back.wait_for(3)) == [b"o0", b"o1", b"o2"]
+    back.disconnect()
+
+
+def _cursors(url: str, name: str) -> dict[int, int]:
+    storage = open_storage(url)
+    try:
+        assert any(s.name == name for s in storage.list_subscriptions()), name
+        return storage.get_cursors(name)
+    finally:
+        storage.close()

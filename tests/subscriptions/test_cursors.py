@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -23,8 +24,11 @@ from riverbed.errors import (
 from riverbed.log.log import Log
 from riverbed.model import Message, StreamId
 from riverbed.storage import Storage
-from riverbed.storage.base import StartKind
+from riverbed.storage.base import StartKind, SubscriptionRecord
 from riverbed.subscriptions.named import Consumer, Subscriptions
+from riverbed.subscriptions.provisioning import delete_subscription
+from riverbed.subscriptions.reset import reset_subscription
+from riverbed.subscriptions.workers import Worker
 
 S0 = StreamId("t", 0, 0)
 
@@ -289,6 +293,37 @@ def test_reset_refuses_times_before_the_epoch_and_unknown_subscriptions(
         subs.reset("s", StartKind.TIME)
     with pytest.raises(SubscriptionNotFound):
         subs.reset("nope", StartKind.EARLIEST)
+
+
+@pytest.mark.parametrize("name", ["$session.c1.t", "$share.g1.t"])
+def test_a_cursor_the_broker_owns_is_not_moved_by_name(
+    storage: Storage, log: Log, subs: Subscriptions, name: str
+) -> None:
+    """The cursors of MQTT sessions and shared subscription groups live among
+    the named subscriptions; their owners keep their positions in memory and
+    in their records, so none of the ways to move a subscription by name may
+    touch them (the session's record would not know; messages would be
+    skipped under it). Each refusal names the subscription and changes nothing."""
+    produce(log, b"a", b"b", b"c")
+    storage.create_subscription(
+        SubscriptionRecord(name, "t", None, StartKind.EARLIEST, None, 0), lambda heads: {}
+    )
+    storage.reset_cursors(name, {storage.list_streams("t")[0].key: 1})
+    before = storage.get_cursors(name)
+    rule = re.escape(f"subscription {name!r} is the broker's own")
+    attempts: list[Callable[[], object]] = [
+        lambda: subs.reset(name, StartKind.LATEST),
+        lambda: reset_subscription(storage, name, StartKind.EARLIEST),
+        lambda: subs.delete(name),
+        lambda: delete_subscription(storage, name),
+        lambda: subs.consumer(name),
+        lambda: Worker(storage, name, lambda batch: None),
+    ]
+    for attempt in attempts:
+        with pytest.raises(InvalidInput, match=rule):
+            attempt()
+        assert storage.get_cursors(name) == before
+    assert subs.get(name).name == name
 
 
 # --------------------------------------------------------------------- lag

@@ -420,13 +420,31 @@ class Retainer:
             if (topic, name) not in self._warned:
                 log.warning(
                     "subscription %s holds messages of topic %s %.1f hours old that retention"
-                    " would delete (warning at %g hours): consume or delete it, or set the"
-                    " topic's --max-age, --max-messages or --max-bytes (riverbed topic alter)",
+                    " would delete (warning at %g hours): %s, or set the topic's --max-age,"
+                    " --max-messages or --max-bytes (riverbed topic alter)",
                     name,
                     topic,
                     hours,
                     self.pin_warning_hours,
+                    _unpinning(name),
                 )
         for topic, name in sorted(self._warned - over.keys()):
             log.info("subscription %s no longer holds topic %s past retention", name, topic)
         self._warned = set(over)
+
+
+def _unpinning(name: str) -> str:
+    """What lets go of what subscription `name` holds. The broker's own
+    cursors are not deleted by name (`subscriptions.committed.refuse_broker_owned`):
+    their owner goes instead."""
+    if name.startswith("$session."):
+        return (
+            "it is an MQTT session's cursor: let its client read, or delete the session"
+            " (DELETE /api/v1/sessions/{client id})"
+        )
+    if name.startswith("$share."):
+        return (
+            "it is a shared subscription group's cursor: let the group's members read,"
+            " or delete the group (riverbed group delete)"
+        )
+    return "consume or delete it"

@@ -335,8 +335,10 @@ class SessionStore:
         names (None: none there), in one call: a resume needs both, and on a
         database in another process each call is a hand-over to a thread and
         a round trip. A checkpoint writes a session's cursors and its record in
-        one transaction, so while the record stays at this version (a
-        compare-and-set on it succeeds) these are its cursors."""
+        one transaction, and nothing else moves them (resets, deletes and
+        consumers by name refuse them: `refuse_broker_owned`), so while the
+        record stays at this version (a compare-and-set on it succeeds) these
+        are its cursors."""
         return self.load_resuming_many([client_id])[client_id]
 
     def load_resuming_many(self, client_ids: Sequence[str]) -> dict[str, Resuming]:

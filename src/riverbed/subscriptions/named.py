@@ -31,7 +31,7 @@ from riverbed.storage.base import (
     StreamHead,
     SubscriptionRecord,
 )
-from riverbed.subscriptions.committed import committed_positions
+from riverbed.subscriptions.committed import committed_positions, refuse_broker_owned
 from riverbed.topics.filters import filters_overlap, matches, validate_filter
 
 if TYPE_CHECKING:
@@ -184,6 +184,7 @@ class Subscriptions:
         return self.storage.list_subscriptions(topic)
 
     def delete(self, name: str) -> None:
+        refuse_broker_owned(name, "deleted")
         self.storage.delete_subscription(name)
 
     def positions(self, record: SubscriptionRecord, heads: Sequence[StreamHead]) -> dict[int, int]:
@@ -214,6 +215,7 @@ class Subscriptions:
     def plan_reset(self, name: str, to: Start | Mapping[StreamId, int]) -> dict[int, int]:
         """The cursors (by stream key) `reset` would write, checked, without
         writing them."""
+        refuse_broker_owned(name, "reset")
         record = self.get(name)
         heads = self.storage.list_streams(record.topic)
         if isinstance(to, Mapping):
@@ -260,6 +262,7 @@ class Consumer:
     """
 
     def __init__(self, subscriptions: Subscriptions, record: SubscriptionRecord) -> None:
+        refuse_broker_owned(record.name, "consumed")
         self.subscriptions = subscriptions
         self.storage = subscriptions.storage
         self.record = record

@@ -25,6 +25,7 @@ from riverbed.model import StreamId
 from riverbed.storage.base import StartKind, Storage
 from riverbed.storage.transactions import kv_put_in, transaction
 from riverbed.subscriptions.batch import QueueLayout, queue_rows
+from riverbed.subscriptions.committed import refuse_broker_owned
 from riverbed.subscriptions.definition import Definitions, DeliveryDefinition, hold_definition
 from riverbed.subscriptions.groups import Action, Queue
 from riverbed.subscriptions.named import Start, Subscriptions
@@ -71,7 +72,9 @@ def check_reset(
     """Refuse a reset `reset_subscription` would refuse, changing nothing:
     `SubscriptionNotFound`, `InvalidInput` (a bad target, a queue or shard
     count for a subscription that does not deliver, shards that cannot
-    split what the target brings back). Returns whether it delivers."""
+    split what the target brings back, a cursor the broker owns). Returns
+    whether it delivers."""
+    refuse_broker_owned(name, "reset")
     delivering = Definitions(storage).get(name) is not None
     if not delivering:
         Subscriptions(storage).get(name)  # SubscriptionNotFound

@@ -110,7 +110,7 @@ from riverbed.storage.transactions import (
     sql_storage,
     transaction,
 )
-from riverbed.subscriptions.committed import committed_positions
+from riverbed.subscriptions.committed import committed_positions, refuse_broker_owned
 from riverbed.subscriptions.handling import (
     Batch,
     ErrorPolicy,
@@ -216,8 +216,9 @@ class Worker:
     """One competing consumer of a named subscription; see the module docstring.
 
     Raises `SubscriptionNotFound` for an unknown subscription and `InvalidInput`
-    for a bad option. `run()` blocks until `stop()`; `run_once()` is one pass of
-    the loop without waiting (returns how many messages it moved past).
+    for a bad option or a cursor the broker owns (`refuse_broker_owned`).
+    `run()` blocks until `stop()`; `run_once()` is one pass of the loop without
+    waiting (returns how many messages it moved past).
     """
 
     def __init__(
@@ -235,6 +236,7 @@ class Worker:
         on_counted: Callable[[WorkerStats], object] | None = None,
     ) -> None:
         sql_storage(storage)
+        refuse_broker_owned(subscription, "consumed")
         if not callable(handler):
             raise InvalidInput(f"handler {handler!r} is not callable")
         self.batch_size = _check_positive_int("batch size", batch_size)
