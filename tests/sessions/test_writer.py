@@ -7,6 +7,7 @@ import asyncio
 import sqlite3
 import threading
 from concurrent.futures import Future
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -336,3 +337,127 @@ def test_a_write_the_thread_commits_is_awaited() -> None:
         return await outcome_of(pending)
 
     assert asyncio.run(wait()) is stored
+
+
+# --------------------------------------------------------------------- kept for the resume
+
+
+def _saved_at_disconnect(storage: Storage) -> tuple[SessionStore, Stored, dict[int, int]]:
+    """Session `c` on topic `t` (2 streams), saved at its disconnect by a
+    writer: the store, what was saved, and the cursors as stored."""
+    heads = create_topic(storage, "t", partitions=2)
+    storage.append({heads[0].key: numbered_rows(5)})
+    store = SessionStore(storage)
+    stored = store.write(record("c", topics=("t",)), None)
+    store.ensure_cursors("s-c", ["t"], None, {heads[0].key: 1, heads[1].key: 0})
+    writer = SessionWriter(store)
+    left = record("c", topics=("t",), connected=False, disconnected_us=9)
+    saved = writer.commit(Stored(left, stored.version), {"t": {heads[0].key: 4}}, {}).result(
+        TIMEOUT
+    )
+    writer.close()
+    return store, saved, storage.get_cursors(cursor_name("s-c", "t"))
+
+
+def test_a_save_at_disconnect_is_kept_for_the_resume_as_stored(storage: Storage) -> None:
+    """The record, its bytes and its cursors, as the save's transaction left
+    them (cursors it did not move included); taken once."""
+    store, saved, cursors = _saved_at_disconnect(storage)
+    kept = store.take_resumable("c")
+    assert kept is not None
+    entry = storage.kv_get("sessions", "c")
+    assert entry is not None and kept.raw == entry.value
+    assert kept.stored.record == saved.record and kept.stored.version == entry.version
+    assert kept.cursors() == {"t": cursors} and len(cursors) == 2
+    assert store.take_resumable("c") is None
+
+
+def test_nothing_is_kept_but_a_save_at_disconnect_with_its_cursors(storage: Storage) -> None:
+    heads = create_topic(storage, "t")
+    store = SessionStore(storage)
+    writer = SessionWriter(store)
+    online = writer.write(record("on", topics=("t",)), None).result(TIMEOUT)
+    store.ensure_cursors("s-on", ["t"], None)
+    writer.commit(online, {"t": {heads[0].key: 0}}, {}).result(TIMEOUT)  # still connected
+    gone = writer.write(record("gone", topics=("t",)), None).result(TIMEOUT)
+    left = record("gone", topics=("t",), connected=False, disconnected_us=9)
+    writer.commit(Stored(left, gone.version), {}, {}).result(TIMEOUT)  # no cursor on t
+    writer.close()
+    assert store.take_resumable("on") is None and store.take_resumable("gone") is None
+
+
+@pytest.mark.parametrize("change", ["write", "discard"])
+def test_any_other_write_of_the_record_forgets_what_was_kept(storage: Storage, change: str) -> None:
+    store, saved, _ = _saved_at_disconnect(storage)
+    if change == "write":
+        store.write(replace(saved.record, seen_us=77), saved.version)
+    else:
+        store.discard(saved)
+    assert store.take_resumable("c") is None
+
+
+def test_a_resume_with_the_kept_bytes_writes_only_over_those_bytes(storage: Storage) -> None:
+    """The compare-and-set of a resume that did not read is on the bytes it
+    kept: a record deleted and made again since, at the very same version,
+    is not written over (on the version alone it would be)."""
+    store, saved, _ = _saved_at_disconnect(storage)
+    kept = store.take_resumable("c")
+    assert kept is not None and saved.version is not None
+    writer = SessionWriter(store)
+    resumed = replace(saved.record, connected=True, epoch=1)
+    # Deleted, and another session of the client made and saved elsewhere
+    # until its record is at the version kept here.
+    storage.kv_delete_if_version("sessions", "c", saved.version)
+    other = store.write(record("c", "s-other"), None)
+    while other.version is not None and other.version < saved.version:
+        other = store.write(other.record, other.version)
+    assert other.version == saved.version
+    refused = writer.write(resumed, saved.version, expected=kept.raw)
+    assert isinstance(refused.exception(TIMEOUT), PreconditionFailed)
+    loaded = store.load("c")
+    assert loaded is not None and loaded.record.session_id == "s-other"
+    # Unchanged bytes: written.
+    kept_again = _bytes_of(storage)
+    written = writer.write(
+        replace(other.record, seen_us=5), other.version, expected=kept_again
+    ).result(TIMEOUT)
+    writer.close()
+    assert written.version == saved.version + 1
+
+
+def _bytes_of(storage: Storage) -> bytes:
+    entry = storage.kv_get("sessions", "c")
+    assert entry is not None
+    return entry.value
+
+
+def test_a_save_written_over_in_the_same_transaction_is_not_kept(storage: Storage) -> None:
+    heads = create_topic(storage, "t")
+    store = SessionStore(storage)
+    stored = store.write(record("c", topics=("t",)), None)
+    store.ensure_cursors("s-c", ["t"], None)
+    writer = SessionWriter(store, autostart=False)
+    left = record("c", topics=("t",), connected=False, disconnected_us=9)
+    save = writer.commit(Stored(left, stored.version), {"t": {heads[0].key: 0}}, {})
+    assert stored.version is not None
+    after = writer.write(record("c", topics=("t",), seen_us=8), stored.version + 1)
+    writer.start()
+    answers([save, after])
+    writer.close()
+    assert writer.transactions == 1
+    assert store.take_resumable("c") is None
+
+
+def test_what_is_kept_is_bounded_oldest_first(storage: Storage) -> None:
+    heads = create_topic(storage, "t")
+    store = SessionStore(storage)
+    store.resumable_max = 2
+    writer = SessionWriter(store)
+    for name in ("a", "b", "c"):
+        stored = writer.write(record(name, topics=("t",)), None).result(TIMEOUT)
+        store.ensure_cursors(f"s-{name}", ["t"], None)
+        left = record(name, topics=("t",), connected=False, disconnected_us=9)
+        writer.commit(Stored(left, stored.version), {"t": {heads[0].key: 0}}, {}).result(TIMEOUT)
+    writer.close()
+    assert store.take_resumable("a") is None
+    assert store.take_resumable("b") is not None and store.take_resumable("c") is not None

@@ -811,8 +811,13 @@ class Connection(asyncio.Protocol):
         name = reason.name.lower()
         refused[name] = refused.get(name, 0) + 1
 
-    async def _open_session(self, clean_start: bool, level: int) -> tuple[bool, list[Event]]:
-        """Resume or create the session record; return (Session Present, Follow events)."""
+    async def _open_session(
+        self, clean_start: bool, level: int, *, kept: bool = True
+    ) -> tuple[bool, list[Event]]:
+        """Resume or create the session record; return (Session Present, Follow
+        events). `kept`: a session saved at its disconnect here may resume from
+        what its save left (`SessionStore.take_resumable`), not read; if its
+        record was written since, the compare-and-set says so and it reads."""
         broker = self.broker
         store = broker.store
         if not store.known(self.client_id) and not self._defers_record():
@@ -828,8 +833,13 @@ class Connection(asyncio.Protocol):
             except PreconditionFailed:
                 pass
         cursors: Mapping[str, dict[int, int] | None] | None = None
+        expected: bytes | None = None
+        """The bytes its record must still be (what was kept of it)."""
+        resumable = None if clean_start or not kept else store.take_resumable(self.client_id)
         if clean_start:
             stored = await broker.read(store.load, self.client_id)
+        elif resumable is not None:
+            stored, cursors, expected = resumable.stored, resumable.cursors(), resumable.raw
         else:
             # Its cursors with it: they are this record's while its version holds.
             stored, cursors = await broker.resumes.load_resuming(self.client_id)
@@ -862,7 +872,14 @@ class Connection(asyncio.Protocol):
                 node=broker.node,
                 epoch=old.epoch + 1,
             )
-            self.stored = await outcome_of(broker.writer.write(record, stored.version))
+            try:
+                self.stored = await outcome_of(
+                    broker.writer.write(record, stored.version, expected=expected)
+                )
+            except PreconditionFailed:
+                if expected is None:
+                    raise
+                return await self._open_session(clean_start, level, kept=False)
             since = old.disconnected_us if old.disconnected_us is not None else old.seen_us
             private = tuple(s for s in record.subscriptions if not is_shared(s.topic_filter))
             follow = await self.following.follow(
@@ -880,9 +897,16 @@ class Connection(asyncio.Protocol):
             # creates it), if ever. A CONNACK with no commit to wait for.
             self.stored = Stored(record, None)
             return False, []
-        self.stored = await outcome_of(
-            broker.writer.write(record, None if stored is None else stored.version)
-        )
+        try:
+            self.stored = await outcome_of(
+                broker.writer.write(
+                    record, None if stored is None else stored.version, expected=expected
+                )
+            )
+        except PreconditionFailed:
+            if expected is None:
+                raise
+            return await self._open_session(clean_start, level, kept=False)
         if stored is not None:
             old = stored.record
             await asyncio.to_thread(store.drop_cursors, old.session_id, old.topics)

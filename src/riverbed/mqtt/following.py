@@ -351,8 +351,16 @@ class Following:
         missing: list[str] = []
         unread = [t for t in found if t not in made]
         if known:
-            # Read with the record (`follow`'s `cursors`): None is a topic
-            # whose cursors are missing.
+            # Read with the record, or kept since the session's save here
+            # (`follow`'s `cursors`): None is a topic whose cursors are
+            # missing. Cursors on streams the topic does not have are of a
+            # topic deleted and made again since (stream keys are never used
+            # twice): read, and made if missing.
+            known = {
+                t: c
+                for t, c in known.items()
+                if c is None or t not in found or c.keys() <= {h.key for h in found[t][1]}
+            }
             missing = [t for t in ensure if t in known and known[t] is None]
             stored.update({t: known[t] or {} for t in unread if t in known})
             unread = [t for t in unread if t not in known]

@@ -24,13 +24,27 @@ written for all the topic's streams; `SubscriptionRecord.packed`).
 `Subscriptions.create` refuses names starting with `$`, so the prefix is
 reserved for sessions; retention sees these cursors like any other
 subscription's. A clean start mints a new session id, so nothing
-the old session left behind can be mistaken for the new one's.
+the old session left behind can be mistaken for the new one's. Only the
+session moves its cursors: resets, deletes and consumers by name refuse a
+`$`-named subscription (`subscriptions.committed.refuse_broker_owned`).
+
+Resuming without reading: a session saved at its disconnect by this process
+is kept, record, bytes and cursors, as the transaction that saved it left
+them (`keep_resumable`, at most `RESUMABLE_MAX`). Its client's next resume
+takes them (`take_resumable`) instead of reading, and writes its record with
+a compare-and-set on those very bytes: it succeeds only if nobody has written
+the record since, and so (cursors move only with their record) nobody has
+moved the cursors either. Any other write or delete of the record forgets
+the entry; a compare-and-set that fails sends the resume back to reading.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
+import threading
+from array import array
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -54,6 +68,10 @@ NAMESPACE = "sessions"
 PAGE = 500
 """Records `SessionStore.all` reads per query."""
 CURSOR_PREFIX = "$session."
+RESUMABLE_MAX = 50_000
+"""Sessions saved at disconnect whose record and cursors are kept for their
+resume (`SessionStore.keep_resumable`; about 1 KiB each with 16 streams), the
+oldest let go first."""
 NEVER_EXPIRES = 0xFFFF_FFFF
 """Session Expiry Interval meaning "never" (MQTT 5.0 §3.1.2.11.2)."""
 
@@ -234,6 +252,23 @@ topic the record names (None: none there): `SessionStore.load_resuming`."""
 
 
 @dataclass(frozen=True, slots=True)
+class Resumable:
+    """A session as the transaction that saved it at its disconnect left it
+    (`SessionStore.keep_resumable`): its record, the record's bytes (what the
+    resume's compare-and-set expects), and its cursors per topic, each packed
+    as stream key, offset, stream key, ... (a dict of ints is four times the
+    size)."""
+
+    stored: Stored
+    raw: bytes
+    packed: tuple[tuple[str, array[int]], ...]
+
+    def cursors(self) -> dict[str, dict[int, int] | None]:
+        """Its committed cursors per topic, as `SessionStore.load_resuming` reads them."""
+        return {topic: dict(zip(a[::2], a[1::2], strict=True)) for topic, a in self.packed}
+
+
+@dataclass(frozen=True, slots=True)
 class MadeCursors:
     """A session's new cursors on one topic, and the topic's generations and
     stream heads they were placed by, all read in the transaction that made
@@ -254,6 +289,10 @@ class SessionStore:
         self._decoded: dict[str, tuple[int, int, SessionRecord]] = {}
         """What `all` decoded last time, by client id: the version and the hash
         of the stored bytes, and the record they are."""
+        self.resumable_max = RESUMABLE_MAX
+        self._resumable: dict[str, Resumable] = {}
+        self._resumable_lock = threading.Lock()
+        """Kept by the session writer's thread, taken on the event loop's."""
         self.held_here: Callable[[str], Stored | None] | None = None
         """The broker's own view of a session connected to it (its connection's
         last written record), if any: `all` hands that out while the stored
@@ -434,6 +473,45 @@ class SessionStore:
         an entry that never matches."""
         if not record.connected:  # an online one is the broker's to tell (`held_here`)
             self._decoded[record.client_id] = (version, hash(raw), record)
+        if self._resumable:
+            self.forget_resumable(record.client_id)
+
+    def keep_resumable(
+        self, stored: Stored, raw: bytes, cursors: Mapping[str, Mapping[int, int]]
+    ) -> None:
+        """`stored` (saved as `raw`, disconnected) and its committed `cursors`
+        by cursor name, as the transaction that saved it left them, now that it
+        has committed: for its client's next resume (`take_resumable`). Not
+        kept if a topic it names has no cursor or an empty one (a resume reads
+        those, and makes a missing one)."""
+        record = stored.record
+        if stored.version is None or record.connected or self.resumable_max < 1:
+            return
+        packed: list[tuple[str, array[int]]] = []
+        for topic in record.topics:
+            offsets = cursors.get(cursor_name(record.session_id, topic))
+            if not offsets:
+                return
+            packed.append((topic, array("q", itertools.chain.from_iterable(offsets.items()))))
+        kept = Resumable(stored, raw, tuple(packed))
+        with self._resumable_lock:
+            entries = self._resumable
+            entries.pop(record.client_id, None)
+            while len(entries) >= self.resumable_max:
+                del entries[next(iter(entries))]
+            entries[record.client_id] = kept
+
+    def take_resumable(self, client_id: str) -> Resumable | None:
+        """What `keep_resumable` kept of `client_id`'s session, if anything,
+        no longer kept (one resume uses it)."""
+        if not self._resumable:
+            return None
+        with self._resumable_lock:
+            return self._resumable.pop(client_id, None)
+
+    def forget_resumable(self, client_id: str) -> None:
+        with self._resumable_lock:
+            self._resumable.pop(client_id, None)
 
     def discard(self, stored: Stored) -> None:
         """Delete the session: its record (if still at this version;
@@ -443,6 +521,7 @@ class SessionStore:
         stored."""
         if stored.version is None:
             return
+        self.forget_resumable(stored.record.client_id)
         self.storage.kv_delete_if_version(NAMESPACE, stored.record.client_id, stored.version)
         self.drop_cursors(stored.record.session_id, stored.record.topics)
         self.drop_markers(stored.record.session_id)

@@ -15,7 +15,12 @@ Every write keeps its own rules, as `SessionStore` applies them one at a time:
 - a record write is a compare-and-set on the version its connection read
   (`PreconditionFailed` for that write alone, the others commit);
 - a checkpoint writes the record, then moves the cursors forward (never back),
-  skipping topics whose cursor has gone;
+  skipping topics whose cursor has gone; one that saves a session at its
+  disconnect then reads all the session's cursors back, in the same
+  transaction, and once it has committed the store keeps record and cursors
+  for the session's resume (`SessionStore.keep_resumable`);
+- a resume that took those writes its record only if the stored bytes are
+  still the ones kept (`expected`);
 - the cursors of topics a SUBSCRIBE newly reaches are made in the same
   transaction as the record naming them, after its compare-and-set succeeded;
 - a write that records a shared group's QoS 2 messages as released holds the
@@ -70,6 +75,7 @@ from riverbed.storage.transactions import (
     commit_cursors_in,
     commits_now,
     create_subscription_in,
+    find_cursors_many_in,
     kv_hold_in,
     kv_write_in,
     storage_error,
@@ -103,6 +109,7 @@ class _Write:
     cursors: NewCursors | None
     also: Sequence[tuple[str, str, bytes]] = ()
     holds: Sequence[tuple[str, str, int]] = ()
+    expected: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +164,7 @@ class SessionWriter:
         *,
         also: Sequence[tuple[str, str, bytes]] = (),
         holds: Sequence[tuple[str, str, int]] = (),
+        expected: bytes | None = None,
     ) -> Future[Stored]:
         """Create (`version` None) or compare-and-set the record; with `cursors`,
         make those in the same transaction (once the record is written), and
@@ -164,8 +172,11 @@ class SessionWriter:
         already is left as it is). The future fails with `PreconditionFailed`
         if another writer got there first, or with `LentElsewhere` if a KV key
         `holds` names (namespace, key, version) is at another version (a
-        shared group's stream lent since); nothing of this write is stored then."""
-        return self._submit(_Write(record, version, cursors, also, holds))
+        shared group's stream lent since); nothing of this write is stored then.
+        `expected`: the bytes the record must still be at `version`
+        (`PreconditionFailed` otherwise; a version alone comes back when a
+        record is deleted and made again)."""
+        return self._submit(_Write(record, version, cursors, also, holds, expected))
 
     def commit(
         self,
@@ -296,29 +307,47 @@ class SessionWriter:
         the write lock, `StorageBusy`): per op, what it wrote or why it was
         refused (a refusal writes nothing of that op)."""
         outcomes: list[Stored | RiverbedError] = []
+        saved: list[tuple[Stored, bytes]] = []
+        cursors: dict[str, dict[int, int]] = {}
         storage = self.store.storage
         try:
             with (transaction_now if now else transaction)(storage) as tx:
                 for op in ops:
                     try:
-                        outcomes.append(self._apply(tx, op))
+                        outcomes.append(self._apply(tx, op, saved))
                     except PreconditionFailed as exc:
                         outcomes.append(exc)
+                if saved:
+                    # Only a client's last save of the batch stands.
+                    last = {o.record.client_id: o for o in outcomes if isinstance(o, Stored)}
+                    saved = [(st, raw) for st, raw in saved if last[st.record.client_id] is st]
+                    cursors = find_cursors_many_in(
+                        tx,
+                        [
+                            cursor_name(stored.record.session_id, topic)
+                            for stored, _ in saved
+                            for topic in stored.record.topics
+                        ],
+                    )
         except RiverbedError:
             raise
         except Exception as exc:  # the database's driver, from a statement
             raise storage_error(storage, exc) from exc
+        for stored, raw in saved:  # committed: as the transaction left them
+            self.store.keep_resumable(stored, raw, cursors)
         return outcomes
 
-    def _apply(self, tx: Transaction, op: _Op) -> Stored:
+    def _apply(self, tx: Transaction, op: _Op, saved: list[tuple[Stored, bytes]]) -> Stored:
+        """`op` in `tx`; a session saved at its disconnect goes to `saved` with
+        its bytes (its cursors are read back once all of `tx`'s ops are in)."""
         match op:
-            case _Write(record, version, cursors, also, holds):
+            case _Write(record, version, cursors, also, holds, expected):
                 for namespace, key, held in holds:  # before anything is written
                     if not kv_hold_in(tx, namespace, key, held):
                         raise LentElsewhere(
                             f"key {namespace}/{key} is not at version {held} any more"
                         )
-                written = _put(tx, record, version, self.store)
+                written, _ = _put(tx, record, version, self.store, expected)
                 if cursors is not None:
                     made = self._make_cursors(tx, record.session_id, cursors)
                     written = Stored(written.record, written.version, made)
@@ -327,12 +356,14 @@ class SessionWriter:
                 return written
             case _Checkpoint(stored, cursors, sent, at_us):
                 record = replace(stored.record, seen_us=at_us or now_us(), sent=dict(sent))
-                written = _put(tx, record, stored.version, self.store)
+                written, raw = _put(tx, record, stored.version, self.store)
                 for topic, offsets in cursors.items():
                     # A topic the session stopped reaching may have lost its
                     # cursor since this checkpoint was taken: nothing to keep
                     # (`commit_cursors_in` writes nothing then).
                     commit_cursors_in(tx, cursor_name(record.session_id, topic), offsets)
+                if not record.connected and self.store.resumable_max > 0:
+                    saved.append((written, raw))
                 return written
 
     def _make_cursors(
@@ -379,12 +410,20 @@ async def outcome_of(future: Future[Stored]) -> Stored:
 
 
 def _put(
-    tx: Transaction, record: SessionRecord, version: int | None, store: SessionStore
-) -> Stored:
+    tx: Transaction,
+    record: SessionRecord,
+    version: int | None,
+    store: SessionStore,
+    expected: bytes | None = None,
+) -> tuple[Stored, bytes]:
+    """The record written (a compare-and-set on `version`, and on the bytes
+    `expected` if given), and its bytes."""
     raw = record.to_json()
-    written = kv_write_in(tx, NAMESPACE, record.client_id, raw, version)
+    written = kv_write_in(tx, NAMESPACE, record.client_id, raw, version, expected)
     if written is None:
         what = "exists already" if version is None else f"is not at version {version}"
+        if expected is not None:
+            what += " with the bytes saved here"
         raise PreconditionFailed(f"key {NAMESPACE}/{record.client_id} {what}")
     store.remember(record, raw, written)
-    return Stored(record, written)
+    return Stored(record, written), raw

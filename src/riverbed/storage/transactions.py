@@ -269,16 +269,29 @@ def kv_put_in(
 
 
 def kv_write_in(
-    tx: Transaction, namespace: str, key: str, value: bytes, expected_version: int | None
+    tx: Transaction,
+    namespace: str,
+    key: str,
+    value: bytes,
+    expected_version: int | None,
+    expected_value: bytes | None = None,
 ) -> int | None:
     """Write a KV value inside `tx` if its version is still `expected_version`
-    (None: the key must not exist yet); the version written, or None if
-    another writer changed the key first (nothing written)."""
+    (None: the key must not exist yet), and, with `expected_value`, its value
+    still those very bytes; the version written, or None if another writer
+    changed the key first (nothing written). A version alone can come back: a
+    key deleted and made again counts from 1 anew."""
     if expected_version is None:
         row = tx.execute(
             "INSERT INTO kv (namespace, key, value, version) VALUES (?, ?, ?, 1)"
             " ON CONFLICT (namespace, key) DO NOTHING RETURNING version",
             (namespace, key, value),
+        ).fetchone()
+    elif expected_value is not None:
+        row = tx.execute(
+            "UPDATE kv SET value = ?, version = version + 1"
+            " WHERE namespace = ? AND key = ? AND version = ? AND value = ? RETURNING version",
+            (value, namespace, key, expected_version, expected_value),
         ).fetchone()
     else:
         row = tx.execute(
@@ -287,6 +300,13 @@ def kv_write_in(
             (value, namespace, key, expected_version),
         ).fetchone()
     return None if row is None else int(row[0])
+
+
+def find_cursors_many_in(tx: Transaction, names: Sequence[str]) -> dict[str, dict[int, int]]:
+    """`Storage.find_cursors_many` inside `tx`: the committed offsets of each
+    of the subscriptions `names` that exists, as this transaction sees them."""
+    tx._check_open()
+    return tx._storage._find_cursors_many_on(tx._cursor, names)
 
 
 def kv_delete_if_version_in(tx: Transaction, namespace: str, key: str, version: int) -> bool:

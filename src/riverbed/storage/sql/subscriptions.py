@@ -141,15 +141,23 @@ class SubscriptionQueries(SqlCore):
 
     @operation
     def find_cursors_many(self, names: Sequence[str]) -> dict[str, dict[int, int]]:
+        return self._find_cursors_many_on(None, names)
+
+    def _find_cursors_many_on(
+        self, cur: Cursor | None, names: Sequence[str]
+    ) -> dict[str, dict[int, int]]:
+        """`find_cursors_many`, inside the transaction of `cur` (None: a read of
+        its own)."""
         out: dict[str, dict[int, int]] = {}
         for part in in_parts(names):
             marks = ", ".join("?" * len(part))
-            rows = self._q(
+            sql = (
                 f"SELECT 0, name, offsets, 0, 0 FROM subscriptions WHERE name IN ({marks})"
                 " UNION ALL SELECT 1, subscription, NULL, stream, committed FROM cursors"
-                f" WHERE subscription IN ({marks}) ORDER BY 1",
-                (*part, *part),
-            ).fetchall()
+                f" WHERE subscription IN ({marks}) ORDER BY 1"
+            )
+            params = (*part, *part)
+            rows = (self._q(sql, params) if cur is None else self._x(cur, sql, params)).fetchall()
             for kind, name, packed, stream, committed in rows:
                 if kind == 0:
                     found = out[name] = {}
