@@ -872,14 +872,10 @@ class Connection(asyncio.Protocol):
                 node=broker.node,
                 epoch=old.epoch + 1,
             )
-            try:
-                self.stored = await outcome_of(
-                    broker.writer.write(record, stored.version, expected=expected)
-                )
-            except PreconditionFailed:
-                if expected is None:
-                    raise
+            written = await self._write_opening(record, stored.version, expected)
+            if written is None:
                 return await self._open_session(clean_start, level, kept=False)
+            self.stored = written
             since = old.disconnected_us if old.disconnected_us is not None else old.seen_us
             private = tuple(s for s in record.subscriptions if not is_shared(s.topic_filter))
             follow = await self.following.follow(
@@ -897,20 +893,30 @@ class Connection(asyncio.Protocol):
             # creates it), if ever. A CONNACK with no commit to wait for.
             self.stored = Stored(record, None)
             return False, []
-        try:
-            self.stored = await outcome_of(
-                broker.writer.write(
-                    record, None if stored is None else stored.version, expected=expected
-                )
-            )
-        except PreconditionFailed:
-            if expected is None:
-                raise
+        written = await self._write_opening(
+            record, None if stored is None else stored.version, expected
+        )
+        if written is None:
             return await self._open_session(clean_start, level, kept=False)
+        self.stored = written
         if stored is not None:
             old = stored.record
             await asyncio.to_thread(store.drop_cursors, old.session_id, old.topics)
         return False, []
+
+    async def _write_opening(
+        self, record: SessionRecord, version: int | None, expected: bytes | None
+    ) -> Stored | None:
+        """The CONNECT's record write (a compare-and-set on `version`, and on
+        the bytes kept of the session if `expected`). None: the record was
+        written since it was kept here, and must be read; a refusal of a
+        record that was read raises `PreconditionFailed`."""
+        try:
+            return await outcome_of(self.broker.writer.write(record, version, expected=expected))
+        except PreconditionFailed:
+            if expected is None:
+                raise
+            return None
 
     def _new_record(self, level: int, at: int, epoch: int) -> SessionRecord:
         """A new session's record (a new session id), connected here now."""
