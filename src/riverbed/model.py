@@ -13,8 +13,9 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from riverbed.errors import InvalidInput
 from riverbed.records import quick_init
@@ -243,6 +244,12 @@ class StoredMessage(NamedTuple):
     @property
     def properties(self) -> Properties:
         return decode_properties(self.properties_blob)
+
+
+stored_message: Callable[[Iterable[Any]], StoredMessage] = StoredMessage._make
+"""A `StoredMessage` from its fields in order: the offset, then those of the
+row it is stored as (`riverbed.storage.base.Row`), one tuple and no call
+per field."""
 
 
 def encode_properties(properties: Properties) -> bytes | None:

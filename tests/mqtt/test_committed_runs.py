@@ -85,3 +85,20 @@ def test_a_batch_of_one_key_is_one_run_found_without_a_lookup_per_message(log: L
 
 def test_nothing_committed_makes_no_run(log: Log) -> None:
     assert list(committed_runs([], log.produce("t", _messages(["k"], "z")), 1)) == []
+
+
+def test_runs_are_what_a_reader_reads_back_there(log: Log) -> None:
+    """Built from the rows the appender stored: each message with its id, time,
+    key and encoded properties as a read at its position returns them."""
+    mine = [
+        Message(b"p0", key="a", mqtt_topic="x/0", properties=(("\x00client", "c1"),), qos=1),
+        Message(b"p1", key="b", mqtt_topic="x/1", properties=(("u", "v"),), retain=True),
+        Message(b"p2", key="a", mqtt_topic="x/2", qos=2),
+    ]
+    positions = log.produce("t", [*_messages(["c"], "x"), *mine])
+    runs = list(committed_runs(mine, positions, 1))
+    assert sum(len(rows) for _, _, rows in runs) == len(mine)
+    for stream, first, rows in runs:
+        key = log.storage.list_streams("t")
+        (stored_key,) = [h.key for h in key if h.stream == stream]
+        assert rows == log.storage.read(stored_key, first, len(rows))

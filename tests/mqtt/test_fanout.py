@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from typing import Any
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harness.storage import numbered_rows
 from harness.waiting import eventually_async
 from riverbed.log.log import Log
 from riverbed.model import Message, StoredMessage
 from riverbed.mqtt.fanout import READ_AHEAD, Fanout, Sink
+from riverbed.storage import open_storage
 from riverbed.topics.trie import TopicTrie
 
 
@@ -383,3 +389,137 @@ def test_start_positions_read_only_the_topics_asked_for(sqlite_url: str) -> None
         asyncio.run(ask())
     finally:
         log.close()
+
+
+def test_start_positions_are_read_again_only_after_another_connections_commit(
+    sqlite_url: str,
+) -> None:
+    """On SQLite a SUBSCRIBE's start positions come from the heads table, read
+    on the event loop; once read, the next SUBSCRIBE reads them again only if
+    another connection (another process, another thread) committed since:
+    otherwise the fan-out's heads are those read, moved by this broker's own
+    commits, which it routed. Sessions made one after another read nothing."""
+    log = Log.open(sqlite_url)
+    other = open_storage(sqlite_url)  # another connection, on this same thread
+    try:
+        log.topics.create("r", 2)
+        storage = RecordingStorage(log.storage, "list_streams")
+        heads = log.storage.list_streams("r")
+
+        async def ask() -> None:
+            fanout = await _fanout_of_one_session(storage)
+            try:
+                storage.calls.clear()
+                first, _ = fanout.start_positions(["r"])
+                assert first == {h.key: h.next_offset for h in heads}
+                again, _ = fanout.start_positions(["r"])
+                assert again == first and len(storage.called("list_streams")) == 1
+
+                # This broker's own commit, on this thread's connection, routed.
+                key = heads[0].key
+                at = log.storage.try_append({key: numbered_rows(3)})
+                assert at is not None
+                rows = log.storage.read(key, at[key], 10)
+                fanout.committed(heads[0].stream, at[key], rows)
+                moved, _ = fanout.start_positions(["r"])
+                assert moved == {**first, key: at[key] + 3}
+                assert len(storage.called("list_streams")) == 1
+
+                # Another connection's commit: read again, and seen.
+                key2 = heads[1].key
+                theirs = other.append({key2: numbered_rows(2)})
+                seen, _ = fanout.start_positions(["r"])
+                assert seen == {**moved, key2: theirs[key2] + 2}
+                assert len(storage.called("list_streams")) == 2
+            finally:
+                await fanout.stop()
+
+        asyncio.run(ask())
+    finally:
+        other.close()
+        log.close()
+
+
+_HANDLES = ("s1", "s2", ("conn", -2))
+_FANOUT_STEPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("wait"), st.sampled_from(_HANDLES), st.integers(0, 3)),
+        st.tuples(st.just("cancel"), st.sampled_from(_HANDLES), st.integers(0, 3)),
+        st.tuples(st.just("wait_many"), st.sampled_from(_HANDLES[:2]), st.lists(st.integers(0, 3))),
+        st.tuples(st.just("commit"), st.sampled_from(["a", "b"]), st.integers(0, 3)),
+        st.tuples(
+            st.just("forget"),
+            st.sampled_from(_HANDLES),
+            st.lists(st.integers(0, 3), max_size=4),
+        ),
+    ),
+    max_size=25,
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(steps=_FANOUT_STEPS)
+def test_forget_drops_every_waiting_fetch_whatever_streams_it_is_told(
+    fanout_log: Log, steps: list[tuple[Any, ...]]
+) -> None:
+    """`forget` looks first where it is told a session waits (its streams) and
+    at every stream only if some fetch is not there (fetches made one by one
+    or many at once, `fetch_many`): a told list that misses
+    some, or names streams it does not wait on, forgets the same fetches and
+    says the same as a look at every stream; and the fan-out's count of each
+    handle's waiting fetches stays that of its fetches, through answers,
+    cancels and forgets."""
+    heads = fanout_log.storage.list_streams("f")
+    keys = [h.key for h in heads]
+
+    async def scenario() -> None:
+        trie: TopicTrie[Hashable] = TopicTrie()
+        trie.add("a", "s1")
+        trie.add("#", "s2")
+        fanout = Fanout(fanout_log.storage, trie)
+        await fanout.start()
+        _, _, sink = _recorder()
+        try:
+            for kind, who, where in steps:
+                if kind == "wait":
+                    routed = fanout._streams[keys[where]]
+                    pattern = "#" if isinstance(who, tuple) else None
+                    fanout.fetch(keys[where], routed.upto, 10, who, sink, topic_filter=pattern)
+                elif kind == "wait_many":  # a resumed session's caught-up streams
+                    at = {keys[i]: fanout._streams[keys[i]].upto for i in where}
+                    fanout.fetch_many(at, 10, who, sink)
+                elif kind == "cancel":
+                    fanout.cancel(keys[where], who)
+                elif kind == "commit":
+                    routed = fanout._streams[keys[where]]
+                    row = StoredMessage(routed.upto, b"", 0, who, None, b"m", None, 1, 0)
+                    fanout.committed(heads[where].stream, routed.upto, [row])
+                else:
+                    told = [keys[i] for i in where]
+                    waited = {k for k, r in fanout._streams.items() if who in r.waiters}
+                    expected = {
+                        k: r.upto
+                        for k, r in fanout._streams.items()
+                        if who in r.waiters
+                        and r.waiters[who].topic_filter is None
+                        and r.waiters[who].offset < r.upto
+                    }
+                    assert waited <= set(keys)
+                    assert fanout.forget(who, told) == expected
+                    assert not any(who in r.waiters for r in fanout._streams.values())
+                for handle in _HANDLES:
+                    count = sum(handle in r.waiters for r in fanout._streams.values())
+                    assert fanout._waiting.get(handle, 0) == count, (handle, steps)
+        finally:
+            await fanout.stop()
+
+    asyncio.run(scenario())
+
+
+@pytest.fixture(scope="module")
+def fanout_log(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Log]:
+    """One log for every example: a topic of four streams, nothing written."""
+    path = tmp_path_factory.mktemp("fanout") / "r.db"
+    with Log.open(f"sqlite:///{path}") as log:
+        log.topics.create("f", 4)
+        yield log

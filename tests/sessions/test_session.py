@@ -284,3 +284,53 @@ def test_follow_all_is_a_follow_of_each(
     offered = Offered(answered, [msg(o) for o in range(10, 13)], 13)
     assert one.handle(offered, 0.0) == each.handle(offered, 0.0)
     assert one.checkpoint(1.0) == each.checkpoint(1.0)
+
+
+_FILTERS = st.sampled_from(["a/#", "a/+", "a/b", "+/b", "#", "x", "$sys/+", "a/b/c"])
+_SUBSCRIPTIONS = st.builds(
+    Subscription,
+    _FILTERS,
+    st.integers(0, 2),
+    st.booleans(),
+    st.booleans(),
+    st.just(0),
+    st.one_of(st.none(), st.integers(1, 9)),
+)
+
+
+@given(
+    steps=st.lists(
+        st.one_of(
+            st.tuples(st.just("subscribe"), _SUBSCRIPTIONS),
+            st.tuples(st.just("unsubscribe"), _FILTERS),
+            st.tuples(
+                st.just("match"),
+                st.tuples(
+                    st.sampled_from(["a/b", "a/c", "x", "$sys/me", "a/b/c", "z/b"]),
+                    st.integers(0, 2),
+                    st.booleans(),
+                    st.sampled_from(["me", "other"]),
+                ),
+            ),
+        ),
+        max_size=30,
+    )
+)
+def test_a_topics_grant_is_remembered_until_the_subscriptions_change(
+    steps: list[tuple[str, object]],
+) -> None:
+    """`_match` remembers per topic name what the subscriptions grant; whatever
+    the subscribes and unsubscribes in between, it answers as matching each
+    message against every subscription does (No Local per publisher too)."""
+    publishers: dict[int, str] = {}
+    s = Session("me", publisher=lambda m: publishers[m.offset])
+    for offset, (kind, arg) in enumerate(steps):
+        if kind == "subscribe":
+            s.subscribe(arg)  # type: ignore[arg-type]
+        elif kind == "unsubscribe":
+            s.unsubscribe(arg)  # type: ignore[arg-type]
+        else:
+            topic, qos, retain, publisher = arg  # type: ignore[misc]
+            publishers[offset] = publisher
+            message = StoredMessage(offset, b"", 0, topic, None, b"", None, qos, int(retain))
+            assert s._match(message) == s._match_each(message)

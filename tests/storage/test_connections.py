@@ -66,6 +66,7 @@ CALLS: dict[str, Callable[[Storage], object]] = {
     "list_streams": lambda s: s.list_streams(),
     "append": lambda s: s.append({1: numbered_rows(1)}),
     "try_append": lambda s: s.try_append({1: numbered_rows(1)}),
+    "commits_elsewhere": lambda s: s.commits_elsewhere(),
     "read": lambda s: s.read(1, 0, 10),
     "append_once": lambda s: s.append_once("m", {1: numbered_rows(1)}),
     "delete_markers": lambda s: s.delete_markers(0),
@@ -158,6 +159,10 @@ def test_driver_errors_become_storage_errors_naming_the_operation_and_database(
     for name, call in CALLS.items():
         if name == "try_append" and not opened.appends_inline:
             assert call(opened) is None  # never touches the database here
+            continue
+        if name == "commits_elsewhere":
+            # Reads no table (SQLite's data_version; nothing on PostgreSQL).
+            assert (call(opened) is None) is not opened.appends_inline
             continue
         with pytest.raises(StorageError) as raised:
             call(opened)

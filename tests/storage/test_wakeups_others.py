@@ -189,3 +189,25 @@ def test_an_append_to_many_streams_notifies_once(postgres_url: str, partitions: 
     finally:
         other.close()
         storage.close()
+
+
+def test_a_commit_on_the_waiting_loops_thread_wakes_it_without_the_self_pipe() -> None:
+    """SQLite's inline appends commit on the event loop's own thread: their
+    wake-up is an ordinary callback of that loop (a thread-safe one writes to
+    the loop's self-pipe and costs it a read); a waiter on another thread's
+    loop still gets the thread-safe one."""
+
+    async def scenario() -> int:
+        wakeups = Wakeups()
+        loop = asyncio.get_running_loop()
+
+        def refuse(*_: object) -> None:
+            raise AssertionError("woken through the self-pipe from its own thread")
+
+        loop.call_soon_threadsafe = refuse  # type: ignore[method-assign]
+        waiting = asyncio.create_task(wakeups.wait_async(0, WAIT))
+        await asyncio.sleep(0)
+        wakeups.notify()  # on this loop's thread
+        return await asyncio.wait_for(waiting, WAIT)
+
+    assert asyncio.run(scenario()) == 1

@@ -116,7 +116,7 @@ class Positions(Sequence[Position]):
     committed, so we do not build a tuple per message up front.
     """
 
-    __slots__ = ("_firsts", "_indexes", "_layout", "_targets")
+    __slots__ = ("_firsts", "_indexes", "_layout", "_targets", "rows")
 
     def __init__(
         self,
@@ -124,11 +124,15 @@ class Positions(Sequence[Position]):
         firsts: Mapping[int, int],
         targets: list[int],
         indexes: list[int],
+        rows: Sequence[Row] = (),
     ) -> None:
         self._layout = layout
         self._firsts = firsts
         self._targets = targets
         self._indexes = indexes
+        self.rows = rows
+        """The rows as stored, in call order (row i is message i's): what a
+        reader would read back at those positions, but the offset."""
 
     def __len__(self) -> int:
         return len(self._indexes)
@@ -203,6 +207,10 @@ def _route_into(
 
 
 _MAX_ROUTE_ATTEMPTS = 10
+
+_ANSWERED_INLINE: Future[Positions] = Future()
+"""The future of every `_Pending` that `try_append_now` commits: never set or
+read (that commit's positions are its return value)."""
 
 
 @dataclass(slots=True)
@@ -304,9 +312,11 @@ class Appender:
                 return None
             self._committing = True
         try:
-            pending = self._prepare(topic, messages)
-            if not pending.rows:
-                return pending.future.result()
+            if not messages:
+                return Positions(_Layout(1, 1, [], []), {}, [], [])
+            # Answered by the return value: no future for it (a Future and its
+            # Condition per commit).
+            pending = self._prepare(topic, messages, _ANSWERED_INLINE)
             for _attempt in range(_MAX_ROUTE_ATTEMPTS):
                 layout = self._layout(topic)
                 batches: dict[int, list[Row]] = {}
@@ -327,7 +337,7 @@ class Appender:
                     self.metrics.committed(
                         {topic: len(pending.rows)}, time.perf_counter() - started
                     )
-                return Positions(layout, firsts, targets, indexes)
+                return Positions(layout, firsts, targets, indexes, pending.rows)
             raise StorageError(
                 f"could not route to an open stream after {_MAX_ROUTE_ATTEMPTS} attempts"
             )
@@ -445,8 +455,11 @@ class Appender:
                 return stream
         return None
 
-    def _prepare(self, topic: str, messages: Sequence[Message]) -> _Pending:
-        future: Future[Positions] = Future()
+    def _prepare(
+        self, topic: str, messages: Sequence[Message], future: Future[Positions] | None = None
+    ) -> _Pending:
+        if future is None:
+            future = Future()
         if not messages:
             future.set_result(Positions(_Layout(1, 1, [], []), {}, [], []))
             return _Pending(topic, [], [], future)
@@ -640,7 +653,7 @@ class Appender:
             if self.metrics is not None:
                 self._count(live, time.perf_counter() - started)
             for item, layout, targets, indexes in live:
-                item.future.set_result(Positions(layout, firsts, targets, indexes))
+                item.future.set_result(Positions(layout, firsts, targets, indexes, item.rows))
             return True
         raise StorageError(
             f"could not route to an open stream after {_MAX_ROUTE_ATTEMPTS} attempts"

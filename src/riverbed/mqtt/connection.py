@@ -961,10 +961,18 @@ class Connection(asyncio.Protocol):
         self.execute(session.handle_all(events, self.loop.time()))
 
     def execute(self, effects: list[Effect]) -> None:
+        fenced: bool | None = None  # asked at the first delivery, once for all
         for effect in effects:
             match effect:
                 case Deliver():
-                    self._deliver(effect)
+                    if fenced is None:
+                        fenced = self.broker.fenced()
+                    if fenced:
+                        # Another node may hold the session now (self-fencing,
+                        # `ClusterNode.fence`): nothing more goes out.
+                        self.close(DisconnectReason.SERVER_BUSY)
+                    else:
+                        self._deliver(effect)
                 case Fetch(stream, offset, limit):
                     if stream >= 0:
                         self.broker.fanout.fetch(stream, offset, limit, self, self.offer)
@@ -1007,7 +1015,10 @@ class Connection(asyncio.Protocol):
         window = self.session.window_entries()
         if self.sharing is not None and not released:
             window = self.sharing.as_recorded(window)
-        return replace(self.stored.record, qos2=window)
+        record = self.stored.record
+        if window == record.qos2:
+            return record  # the common case: no QoS 2 window, before and now
+        return replace(record, qos2=window)
 
     async def _persist(self, seq: int) -> None:
         """Write the QoS 2 window; then the PUBLISHes and PUBRELs it names may go."""
@@ -1106,10 +1117,6 @@ class Connection(asyncio.Protocol):
         self.loop.call_soon(self.handle, Offered(stream, messages, upto))  # type: ignore[arg-type]
 
     def _deliver(self, effect: Deliver) -> None:
-        if self.broker.fenced():
-            # Another node may hold the session now (self-fencing, `ClusterNode.fence`).
-            self.close(DisconnectReason.SERVER_BUSY)
-            return
         if self._full and effect.qos == 0:
             # The client is not keeping up: its write buffer is over the mark.
             # A QoS 0 message may be lost (MQTT 5.0 §4.3.1: at most once); queued,
@@ -1282,7 +1289,7 @@ class Connection(asyncio.Protocol):
             if session is not None:
                 # Where its waiting fetches got to: its last checkpoint moves
                 # the cursors of streams whose messages passed it by there.
-                session.passed(broker.fanout.forget(self))
+                session.passed(broker.fanout.forget(self, session.streams))
                 for sub in session.subscriptions:
                     broker.trie.remove(sub.topic_filter, self)
                 if self._checkpointing is not None:

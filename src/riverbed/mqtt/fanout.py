@@ -46,7 +46,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from riverbed.errors import RiverbedError
@@ -141,6 +141,9 @@ class Fanout:
         """Wake-ups by other processes' commits answered from the heads they told
         of, without a look at the heads table."""
         self._streams: dict[int, _Routed] = {}
+        self._waiting: dict[Hashable, int] = {}
+        """Handle -> on how many streams it has a waiting fetch: `forget` stops
+        looking once it found them all (a broker with many streams)."""
         self._keys: dict[StreamId, int] = {}
         self._ahead: dict[int, tuple[int, list[StoredMessage]]] = {}
         """Stream key -> (offset read from, rows) of its last read for a session."""
@@ -149,6 +152,10 @@ class Fanout:
         fetches it will cover wait for it instead of reading the same rows
         (sessions resuming at once after a crash, at the same cursors)."""
         self._topics: dict[int, str] = {}
+        self._read_at: dict[str, tuple[int, list[int]]] = {}
+        """Topic -> (`Storage.commits_elsewhere` when `start_positions` read its
+        heads on the event loop, its streams then): while that number stays,
+        nothing but this broker's own commits (routed here) moved them."""
         self._watcher: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._reading: asyncio.Future[list[StreamHead]] | None = None
@@ -263,10 +270,40 @@ class Fanout:
             if topics is None:
                 self._look(self.storage.list_streams())
                 return self.heads(), True
-            heads = [h for topic in topics for h in self.storage.list_streams(topic)]
-            self._look(heads, only_these=True)
-            return {h.key: self._streams[h.key].head for h in heads}, True
+            return self._read_heads(topics), True
         return self.heads(), self._wanted.is_set()
+
+    def _read_heads(self, topics: Sequence[str]) -> dict[int, int]:
+        """`start_positions` on an embedded database: the topics' heads as read
+        from the heads table, or as the fan-out holds them when no other
+        connection committed since they were last read here (a SUBSCRIBE after
+        another then reads nothing: the heads it would read are those it read
+        before, moved by this broker's own commits, which `committed` routed).
+        A stream made since on this thread's own connection (a topic scaled up
+        here) is not among them; the SUBSCRIBE's cursors start such a stream
+        from the time it was read (`Following.take`)."""
+        version = self.storage.commits_elsewhere()
+        read_at = self._read_at
+        streams = self._streams
+        out: dict[int, int] = {}
+        unread: list[str] = []
+        for topic in topics:
+            known = read_at.get(topic)
+            if known is not None and known[0] == version:
+                for key in known[1]:
+                    out[key] = streams[key].head
+            else:
+                unread.append(topic)
+        if not unread:
+            return out
+        heads = [h for topic in unread for h in self.storage.list_streams(topic)]
+        self._look(heads, only_these=True)
+        for h in heads:
+            out[h.key] = streams[h.key].head
+        if version is not None:
+            for topic in unread:
+                read_at[topic] = (version, [h.key for h in heads if h.stream.topic == topic])
+        return out
 
     # --- sessions --------------------------------------------------------------------
     def key_of(self, stream: StreamId) -> int | None:
@@ -292,7 +329,7 @@ class Fanout:
             self._spawn(self._read_for(key, offset, limit, sink))
             return
         if offset >= routed.upto:
-            routed.waiters[handle] = _Waiter(offset, limit, sink, topic_filter)
+            self._wait(routed, handle, _Waiter(offset, limit, sink, topic_filter))
             if topic_filter is not None:
                 if routed.filtered is None:
                     routed.filtered = {}
@@ -324,13 +361,20 @@ class Fanout:
         at most `limit` each (`sessions.session.FetchMany`: a resumed session's
         streams, most of them caught up)."""
         streams = self._streams
+        added = 0
         for key, offset in positions.items():
             routed = streams.get(key)
             if routed is not None and offset == routed.upto and routed.head <= offset:
                 # Caught up: it waits (the usual case, without `fetch`'s call).
-                routed.waiters[handle] = _Waiter(offset, limit, sink)
+                waiters = routed.waiters
+                if handle not in waiters:
+                    added += 1
+                waiters[handle] = _Waiter(offset, limit, sink)
             else:
                 self.fetch(key, offset, limit, handle, sink)
+        if added:
+            waiting = self._waiting
+            waiting[handle] = waiting.get(handle, 0) + added
         if positions and not self._wanted.is_set():
             self._wanted.set()
 
@@ -349,25 +393,60 @@ class Fanout:
         sink(key, taken, taken[-1].offset + 1)
         return True
 
-    def forget(self, handle: Hashable) -> dict[int, int]:
+    def _wait(self, routed: _Routed, handle: Hashable, waiter: _Waiter) -> None:
+        """`handle`'s fetch waits on `routed` (instead of one it had there)."""
+        waiters = routed.waiters
+        if handle not in waiters:
+            waiting = self._waiting
+            waiting[handle] = waiting.get(handle, 0) + 1
+        waiters[handle] = waiter
+
+    def _waited(self, handle: Hashable) -> None:
+        """One of `handle`'s waiting fetches is gone (answered, cancelled)."""
+        waiting = self._waiting
+        left = waiting.get(handle, 0) - 1
+        if left > 0:
+            waiting[handle] = left
+        else:
+            waiting.pop(handle, None)
+
+    def forget(self, handle: Hashable, streams: Iterable[int] = ()) -> dict[int, int]:
         """Drop a session's waiting fetches (it went offline). Returns where
         those that messages passed by had got to, as `passed` does: the
-        session's last checkpoint moves its cursors there."""
+        session's last checkpoint moves its cursors there. `streams`: where
+        they are likely to be (the session's streams); only if some are not
+        there are all of the fan-out's streams looked at."""
+        left = self._waiting.pop(handle, 0)
         out: dict[int, int] = {}
-        for key, routed in self._streams.items():
-            waiter = routed.waiters.pop(handle, None)
-            if waiter is None:
-                continue
-            if waiter.topic_filter is not None:
-                self._unfilter(routed, handle)
-            elif waiter.offset < routed.upto:
-                out[key] = routed.upto
+        if not left:
+            return out
+        every = self._streams
+        for key in streams:
+            routed = every.get(key)
+            if routed is not None and self._drop(key, routed, handle, out):
+                left -= 1
+                if not left:
+                    return out
+        for key, routed in every.items():
+            self._drop(key, routed, handle, out)
         return out
+
+    def _drop(self, key: int, routed: _Routed, handle: Hashable, out: dict[int, int]) -> bool:
+        """`forget` on one stream; whether `handle` waited there."""
+        waiter = routed.waiters.pop(handle, None)
+        if waiter is None:
+            return False
+        if waiter.topic_filter is not None:
+            self._unfilter(routed, handle)
+        elif waiter.offset < routed.upto:
+            out[key] = routed.upto
+        return True
 
     def cancel(self, key: int, handle: Hashable) -> None:
         """Drop a waiting fetch of one stream (a lease given back)."""
         routed = self._streams.get(key)
         if routed is not None and routed.waiters.pop(handle, None) is not None:
+            self._waited(handle)
             self._unfilter(routed, handle)
 
     @staticmethod
@@ -460,6 +539,7 @@ class Fanout:
                 if not mine:
                     continue
             del waiters[handle]
+            self._waited(handle)
             self._answer(key, waiter, mine, upto)
         filtered = routed.filtered
         if filtered is None:
@@ -471,6 +551,7 @@ class Fanout:
             if waiter.offset >= upto:
                 continue
             del waiters[handle]
+            self._waited(handle)
             del filtered[handle]
             pattern = waiter.topic_filter
             assert pattern is not None

@@ -36,6 +36,7 @@ from riverbed.model import (
     StreamId,
     decode_properties,
     encode_properties,
+    stored_message,
 )
 from riverbed.mqtt.codec import NO_PUBLISH_PROPERTIES, Publish, PublishProperties
 from riverbed.storage.base import Row
@@ -215,6 +216,9 @@ def committed_runs(
     alone costs a wake-up of each waiting session per message."""
     if not messages:
         return
+    if isinstance(positions, Positions) and positions.rows:
+        yield from _stored_runs(positions, start, len(messages))
+        return
     at_us = time.time_ns() // 1000  # riverbed.clock.now_us, inline: once per commit
     one = positions.run(start, len(messages)) if isinstance(positions, Positions) else None
     if one is not None:  # one stream, in order: no lookup per message
@@ -233,6 +237,37 @@ def committed_runs(
         runs[stream] = (offset, [committed_row(message, offset, at_us)])
     for stream, (first, rows) in runs.items():
         yield stream, first, rows
+
+
+def _stored_runs(
+    positions: Positions, start: int, count: int
+) -> Iterator[tuple[StreamId, int, list[StoredMessage]]]:
+    """`committed_runs` from the rows as the appender stored them: each
+    message as a reader would read it back (its id and time too), a tuple
+    made from its row, nothing encoded again."""
+    make = stored_message
+    rows = positions.rows
+    one = positions.run(start, count)
+    if one is not None:
+        stream, first = one
+        if start == 0 and count == len(rows):
+            yield stream, first, [make((first + i, *row)) for i, row in enumerate(rows)]
+        else:
+            part = rows[start : start + count]
+            yield stream, first, [make((first + i, *row)) for i, row in enumerate(part)]
+        return
+    runs: dict[StreamId, tuple[int, list[StoredMessage]]] = {}
+    for i in range(start, start + count):
+        stream, offset = positions[i]
+        run = runs.get(stream)
+        if run is not None:
+            if offset == run[0] + len(run[1]):
+                run[1].append(make((offset, *rows[i])))
+                continue
+            yield stream, *run
+        runs[stream] = (offset, [make((offset, *rows[i]))])
+    for stream, (first, stored) in runs.items():
+        yield stream, first, stored
 
 
 def append_exactly_once(bus: Log, log_topic: str, message: Message, marker: str) -> Position | None:

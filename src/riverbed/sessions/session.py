@@ -116,6 +116,12 @@ class _NoEntries(dict[Any, Any]):
 
 _NONE = _NoEntries()
 
+MATCHED_MAX = 1024
+"""Topic names a session remembers its grant for (`Session._match`); past
+that it starts again (a subscriber of `#` on a broker with many topics)."""
+_NO_MATCH = -1
+_EACH = -2
+
 
 class _NoQueue(deque[Any]):
     """The empty queue every stream shares until it has messages waiting (an
@@ -384,6 +390,7 @@ class Session:
         "_held",
         "_inflight",
         "_last_checkpoint",
+        "_matched",
         "_moved",
         "_next_grant_key",
         "_next_packet_id",
@@ -440,6 +447,9 @@ class Session:
         self._subscriptions: dict[str, Subscription] = {
             s.topic_filter: s for s in subscriptions
         } or _NONE
+        self._matched: dict[str, tuple[int, bool, tuple[int, ...]]] = _NONE
+        """Topic name -> what the subscriptions grant a message of that topic
+        (`_grant`), remembered until they change."""
         self._streams: dict[int, _Stream] = _NONE
         self._dormant: dict[int, int] = _NONE
         """Dormant streams (see the module's docstring): stream -> cursor, its
@@ -513,11 +523,13 @@ class Session:
         if self._subscriptions is _NONE:
             self._subscriptions = {}
         self._subscriptions[subscription.topic_filter] = subscription
+        self._matched = _NONE
         return existed
 
     def unsubscribe(self, topic_filter: str) -> bool:
         """Drop the subscription with this filter; False if there was none.
         Messages already taken in are still delivered [MQTT-3.10.4-3]."""
+        self._matched = _NONE
         return self._subscriptions.pop(topic_filter, None) is not None
 
     def unfollow(self, streams: Iterable[int]) -> None:
@@ -968,6 +980,48 @@ class Session:
             self._make_ready(key)
 
     def _match(self, message: StoredMessage) -> _Queued | None:
+        topic = message.mqtt_topic
+        matched = self._matched
+        grant = matched.get(topic)
+        if grant is None:
+            grant = self._grant(topic)
+            if matched is _NONE:
+                matched = self._matched = {}
+            elif len(matched) >= MATCHED_MAX:
+                matched.clear()
+            matched[topic] = grant
+        qos, retain, identifiers = grant
+        if qos < 0:
+            return None if qos == _NO_MATCH else self._match_each(message)
+        return _Queued(
+            message.offset,
+            message,
+            min(qos, message.qos),
+            retain and bool(message.retain),
+            identifiers,
+        )
+
+    def _grant(self, topic: str) -> tuple[int, bool, tuple[int, ...]]:
+        """What the subscriptions matching `topic` grant its messages: the
+        highest QoS, whether one keeps the retain flag (Retain As Published),
+        their identifiers; QoS `_NO_MATCH` if none matches, `_EACH` if one has
+        No Local (the answer depends on each message's publisher)."""
+        qos = _NO_MATCH
+        retain = False
+        identifiers: list[int] = []
+        for sub in self._subscriptions.values():
+            if not matches(sub.topic_filter, topic):
+                continue
+            if sub.no_local:
+                return _EACH, False, ()
+            qos = max(qos, sub.qos)
+            retain = retain or sub.retain_as_published
+            if sub.identifier is not None:
+                identifiers.append(sub.identifier)
+        return qos, retain, tuple(identifiers)
+
+    def _match_each(self, message: StoredMessage) -> _Queued | None:
+        """`_match` of a message one of whose subscriptions has No Local."""
         topic = message.mqtt_topic
         qos = -1
         retain = False

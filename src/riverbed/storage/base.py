@@ -226,6 +226,14 @@ class Storage(Protocol):
         """Whether `try_append` can commit at all (without a server round trip)."""
         ...
 
+    def commits_elsewhere(self) -> int | None:
+        """A number that stays the same until a connection other than this
+        thread's commits (SQLite: `PRAGMA data_version` on this thread's
+        connection): what this thread read and committed since it last asked
+        is all there is while it has not changed. None where the backend
+        cannot say (PostgreSQL)."""
+        ...
+
     def try_append(self, batches: Mapping[int, Sequence[Row]]) -> dict[int, int] | None:
         """`append` on the calling thread if it can commit without waiting for
         another writer; None, with nothing written, if it would have to wait (or
@@ -487,8 +495,20 @@ class Wakeups:
                     for key, head in heads.items():
                         if head > told.get(key, -1):
                             told[key] = head
+        if not waiters:
+            return
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
         for loop, future in waiters:
-            loop.call_soon_threadsafe(_resolve, future)
+            if loop is here:
+                # A commit on the waiting loop's own thread (SQLite's inline
+                # appends): no wake-up through its self-pipe, a write and a
+                # read of it per commit.
+                loop.call_soon(_resolve, future)
+            else:
+                loop.call_soon_threadsafe(_resolve, future)
 
     def take(self) -> tuple[int, int, dict[int, int] | None]:
         """(`version`, `others`, the heads others' commits told of since the

@@ -219,6 +219,13 @@ class SqliteStorage(SqlStorage):
         finally:
             conn.inline = was
 
+    @operation
+    def commits_elsewhere(self) -> int | None:
+        # Changes with every commit of another connection, this process's
+        # others (other threads) included; never with this connection's own.
+        row = self._q("PRAGMA data_version").fetchone()
+        return int(row[0])
+
     def busy(self, exc: BaseException | None) -> bool:
         return isinstance(exc, sqlite3.OperationalError) and _busy(exc)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 
+from riverbed.storage.connections import operation
 from riverbed.storage.sql.core import SqlCore as SqlCore
 from riverbed.storage.sql.kv import KVQueries
 from riverbed.storage.sql.messages import FIRST_OFFSET_AT as FIRST_OFFSET_AT
@@ -38,3 +39,7 @@ class SqlStorage(TopicQueries, MessageQueries, SubscriptionQueries, KVQueries):
     def busy(self, exc: BaseException | None) -> bool:
         """Whether a driver's error says another connection holds the write lock."""
         return False
+
+    @operation
+    def commits_elsewhere(self) -> int | None:
+        return None  # a server's other connections: not told here
