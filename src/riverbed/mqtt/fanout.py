@@ -695,7 +695,7 @@ class Fanout:
             woken = version != seen
             owed = owed or version - seen > others - heard
             seen, heard = version, others
-            if not any(r.waiters for r in self._streams.values()):
+            if not self._waiting:  # no fetch waits on any stream (counted, not looked for)
                 self._wanted.clear()
                 continue
             since = time.monotonic() - looked
