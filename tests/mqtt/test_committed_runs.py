@@ -55,7 +55,7 @@ def test_runs_put_every_message_where_the_log_did_in_order(
 
     placed: dict[tuple[StreamId, int], bytes] = {}
     order: dict[StreamId, list[int]] = {}
-    for stream, first, rows in committed_runs(positions, start, len(mine)):
+    for stream, first, rows in committed_runs(mine, positions, start):
         assert rows
         assert [r.offset for r in rows] == list(range(first, first + len(rows)))
         for row in rows:
@@ -74,7 +74,7 @@ def test_a_batch_of_one_key_is_one_run_found_without_a_lookup_per_message(log: L
     assert run is not None and [positions[i] for i in range(5)] == [
         (run[0], run[1] + i) for i in range(5)
     ]
-    ((stream, first, rows),) = committed_runs(positions, 0, len(mine))
+    ((stream, first, rows),) = committed_runs(mine, positions)
     assert (stream, first) == run
     assert [r.payload for r in rows] == [m.payload for m in mine]
     # Spread over streams: no single run, each message found by its position.
@@ -84,7 +84,7 @@ def test_a_batch_of_one_key_is_one_run_found_without_a_lookup_per_message(log: L
 
 
 def test_nothing_committed_makes_no_run(log: Log) -> None:
-    assert list(committed_runs(log.produce("t", _messages(["k"], "z")), 1)) == []
+    assert list(committed_runs([], log.produce("t", _messages(["k"], "z")), 1)) == []
 
 
 def test_runs_are_what_a_reader_reads_back_there(log: Log) -> None:
@@ -96,7 +96,7 @@ def test_runs_are_what_a_reader_reads_back_there(log: Log) -> None:
         Message(b"p2", key="a", mqtt_topic="x/2", qos=2),
     ]
     positions = log.produce("t", [*_messages(["c"], "x"), *mine])
-    runs = list(committed_runs(positions, 1, len(mine)))
+    runs = list(committed_runs(mine, positions, 1))
     assert sum(len(rows) for _, _, rows in runs) == len(mine)
     for stream, first, rows in runs:
         key = log.storage.list_streams("t")

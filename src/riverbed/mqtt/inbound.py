@@ -247,7 +247,7 @@ class Inbound:
             broker = self._broker
             broker.counts.committed += len(batch.messages)
             fanout = broker.fanout
-            for stream, first, rows in committed_runs(positions, batch.start, len(batch.messages)):
+            for stream, first, rows in committed_runs(batch.messages, positions, batch.start):
                 fanout.committed(stream, first, rows)
         self._send_acks()
         if self._batches:

@@ -23,7 +23,8 @@ from __future__ import annotations
 import functools
 import json
 import math
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
 
 from riverbed.log.appender import Position, Positions
 from riverbed.log.log import Log
@@ -204,28 +205,56 @@ def committed_row(message: Message, offset: int, at_us: int) -> StoredMessage:
 
 
 def committed_runs(
-    positions: Positions, start: int = 0, count: int | None = None
+    messages: Sequence[Message], positions: Sequence[Position], start: int = 0
 ) -> Iterator[tuple[StreamId, int, list[StoredMessage]]]:
-    """The committed messages `start` to `start + count` of `positions` (to the
-    end: None) as the fan-out takes them (`Fanout.committed`), each as a
-    reader would read it back (its id and time too: a tuple made from the row
-    the appender stored, nothing encoded again): one run of rows per stream and
-    consecutive offsets, a run given as soon as a gap ends it (others appended
-    in between), the rest in the order their streams came. One run per stream,
-    not one per message: a key mode that spreads (`none`, keys per topic)
-    interleaves streams message by message, and routing each message alone
-    costs a wake-up of each waiting session per message."""
-    rows = positions.rows
-    if count is None:
-        count = len(rows) - start
-    if count < 1:
+    """Committed `messages` (message i at `positions[start + i]`) as the fan-out
+    takes them (`Fanout.committed`): one run of rows per stream and
+    consecutive offsets, a run given as soon as a gap ends it (others
+    appended in between), the rest in the order their streams came. One run
+    per stream, not one per message: a key mode that spreads (`none`, keys per
+    topic) interleaves streams message by message, and routing each message
+    alone costs a wake-up of each waiting session per message."""
+    if not messages:
         return
-    make = stored_message
-    one = positions.run(start, count)
+    if isinstance(positions, Positions) and positions.rows:
+        yield from _stored_runs(positions, start, len(messages))
+        return
+    at_us = time.time_ns() // 1000  # riverbed.clock.now_us, inline: once per commit
+    one = positions.run(start, len(messages)) if isinstance(positions, Positions) else None
     if one is not None:  # one stream, in order: no lookup per message
         stream, first = one
-        part = rows[start : start + count]
-        yield stream, first, [make((first + i, *row)) for i, row in enumerate(part)]
+        yield stream, first, [committed_row(m, first + i, at_us) for i, m in enumerate(messages)]
+        return
+    runs: dict[StreamId, tuple[int, list[StoredMessage]]] = {}
+    for i, message in enumerate(messages, start):
+        stream, offset = positions[i]
+        run = runs.get(stream)
+        if run is not None:
+            if offset == run[0] + len(run[1]):
+                run[1].append(committed_row(message, offset, at_us))
+                continue
+            yield stream, *run
+        runs[stream] = (offset, [committed_row(message, offset, at_us)])
+    for stream, (first, rows) in runs.items():
+        yield stream, first, rows
+
+
+def _stored_runs(
+    positions: Positions, start: int, count: int
+) -> Iterator[tuple[StreamId, int, list[StoredMessage]]]:
+    """`committed_runs` from the rows as the appender stored them: each
+    message as a reader would read it back (its id and time too), a tuple
+    made from its row, nothing encoded again."""
+    make = stored_message
+    rows = positions.rows
+    one = positions.run(start, count)
+    if one is not None:
+        stream, first = one
+        if start == 0 and count == len(rows):
+            yield stream, first, [make((first + i, *row)) for i, row in enumerate(rows)]
+        else:
+            part = rows[start : start + count]
+            yield stream, first, [make((first + i, *row)) for i, row in enumerate(part)]
         return
     runs: dict[StreamId, tuple[int, list[StoredMessage]]] = {}
     for i in range(start, start + count):

@@ -47,10 +47,9 @@ from dataclasses import dataclass, field
 
 from riverbed.clock import now_us
 from riverbed.errors import AlreadyExists, BindingOverlap, RiverbedError, TopicNotFound
-from riverbed.log.appender import Positions
 from riverbed.log.retention import apply_retention
 from riverbed.log.topics import KeyKind, KeyMode
-from riverbed.model import Message
+from riverbed.model import Message, StreamId
 from riverbed.mqtt.messages import committed_runs
 from riverbed.mqtt.ports import Services
 from riverbed.mqtt.retained import NAMESPACE as RETAINED_NAMESPACE
@@ -302,9 +301,11 @@ def _retain(broker: Services, messages: Iterable[Message]) -> None:
         broker.retained.put(message, at)
 
 
-def _route(broker: Services, positions: Positions, messages: Sequence[Message]) -> None:
+def _route(
+    broker: Services, positions: Sequence[tuple[StreamId, int]], messages: Sequence[Message]
+) -> None:
     """Hand the committed messages to the fan-out, one run per stream."""
-    for stream, first, rows in committed_runs(positions, 0, len(messages)):
+    for stream, first, rows in committed_runs(messages, positions):
         broker.fanout.committed(stream, first, rows)
 
 
