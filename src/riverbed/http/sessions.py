@@ -7,7 +7,9 @@
 
 Read through the sessions layer (`SessionStore`): a session is online while a
 connection holds it, i.e. its record is marked connected on a broker node
-whose liveness lease runs; `node` names that node. The backlog is what its
+whose liveness lease runs; `node` names that node. A new session the broker
+beside the API keeps in memory until it has something to store
+(`Broker.defers_ephemeral`) is shown from there, online. The backlog is what its
 cursors have not passed (`SessionStore.backlog`): a few queries per topic, so
 only for one session (null in the list).
 
@@ -58,6 +60,13 @@ def _view(store: SessionStore, record: SessionRecord, live: set[str]) -> dict[st
     }
 
 
+def _unwritten(context: HttpContext) -> dict[str, SessionRecord]:
+    """Sessions the broker beside the API holds in memory, not stored yet (new
+    ones with nothing to store: `Broker.defers_ephemeral`), by client id."""
+    broker = context.broker
+    return {} if broker is None else broker.unwritten_records()
+
+
 def _live_nodes(store: SessionStore, at_us: int) -> set[str]:
     return {node for node, lease in store.node_leases().items() if not lease.expired(at_us)}
 
@@ -73,10 +82,15 @@ def routes(context: HttpContext) -> APIRouter:
         client ids containing it, case ignored), without backlogs."""
         live = _live_nodes(store, now_us())
         wanted = None if not q else q.casefold()
+        records = [stored.record for stored in store.all()]
+        unwritten = _unwritten(context)
+        if unwritten:
+            stored_ids = {r.client_id for r in records}
+            records += [r for c, r in unwritten.items() if c not in stored_ids]
         views = [
-            _view(store, stored.record, live)
-            for stored in store.all()
-            if wanted is None or wanted in stored.record.client_id.casefold()
+            _view(store, record, live)
+            for record in records
+            if wanted is None or wanted in record.client_id.casefold()
         ]
         if online is not None:
             views = [v for v in views if v["online"] is online]
@@ -87,9 +101,9 @@ def routes(context: HttpContext) -> APIRouter:
         """One session with its subscriptions and its backlog (the messages its
         cursors have not passed; `backlog_exact` false: an upper bound)."""
         stored = store.load(client_id)
-        if stored is None:
+        record = stored.record if stored is not None else _unwritten(context).get(client_id)
+        if record is None:
             raise NotFound(f"client {client_id!r} has no session")
-        record = stored.record
         backlog = store.backlog(record)
         return _view(store, record, _live_nodes(store, now_us())) | {
             "session_id": record.session_id,

@@ -68,7 +68,7 @@ from riverbed.mqtt.tls import server_context
 from riverbed.mqtt.websocket import WebSocket
 from riverbed.mqtt.wills import Wills
 from riverbed.sessions.reader import ResumeReader
-from riverbed.sessions.store import SessionStore, Stored
+from riverbed.sessions.store import SessionRecord, SessionStore, Stored
 from riverbed.sessions.writer import SessionWriter
 from riverbed.sharedsub.runtime import SharedRuntime
 from riverbed.storage.postgres import PostgresStorage
@@ -513,6 +513,18 @@ class Broker:
             for conn in self.connections.values()
             if conn.stored is not None and conn.stored.version is None
         )
+
+    def unwritten_records(self) -> dict[str, SessionRecord]:
+        """The records of sessions connections here hold unwritten
+        (`defers_ephemeral`), by client id: what the admin API shows of them.
+        From any thread (the connections taken in one step, each `stored`
+        read once)."""
+        out: dict[str, SessionRecord] = {}
+        for conn in list(self.connections.values()):
+            stored = conn.stored
+            if stored is not None and stored.version is None:
+                out[stored.record.client_id] = stored.record
+        return out
 
     async def store_unwritten(self) -> None:
         """`Host.store_unwritten`: another node came; each session kept in
