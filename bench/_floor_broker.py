@@ -31,13 +31,20 @@ still come from memory, never read back from the file, and the file is never
 read at start: a cost floor, not a broker that recovers (its SIGKILL phase
 loses everything all the same).
 
+`--durable-url postgresql://...`: the same on PostgreSQL (the tables made in
+that database if missing), with psycopg on the event loop's thread. Each commit
+is one round trip to the server: BEGIN, the statements and COMMIT sent in one
+pipeline (psycopg's pipeline mode), the loop waiting for the answer. That is
+the least a Python broker can wait for a PostgreSQL commit; Riverbed commits
+on a writer thread instead, so that the loop goes on meanwhile.
+
 Left out: QoS 2 and retained messages (refused: the connection is closed),
 wills, topic aliases, shared subscriptions, subscription options beyond the
 QoS, message expiry, keep-alive timeouts; with `--durable`, handling a failed
 commit (a benchmark's disk does not fill up) and writing the new Session Expiry
 Interval a DISCONNECT may bring (kept in memory only).
 
-    python bench/_floor_broker.py --port N [--durable DIR]   # on 127.0.0.1:N
+    python bench/_floor_broker.py --port N [--durable DIR | --durable-url URL]   # on 127.0.0.1:N
 """
 
 from __future__ import annotations
@@ -479,6 +486,69 @@ class Store:
             self.db.executemany("INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?)", rows)
 
 
+PG_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS messages (stream INTEGER, off BIGINT, topic TEXT,"
+    " payload BYTEA, qos INTEGER, PRIMARY KEY (stream, off))",
+    "CREATE TABLE IF NOT EXISTS sessions (client_id TEXT PRIMARY KEY, expiry BIGINT,"
+    " subscriptions TEXT, acked BIGINT)",
+)
+"""`SCHEMA` in PostgreSQL's words."""
+
+
+class PgStore:
+    """`Store` on PostgreSQL: the same tables and writes, each commit one
+    round trip (the transaction sent as one pipeline)."""
+
+    def __init__(self, url: str) -> None:
+        import psycopg  # only for --durable-url
+
+        self.db = db = psycopg.connect(url, autocommit=True)
+        for statement in PG_SCHEMA:
+            db.execute(statement)
+        row = db.execute("SELECT max(off) FROM messages").fetchone()
+        last = None if row is None else row[0]
+        self.next_offset: int = 0 if last is None else last + 1
+
+    def commit(
+        self,
+        messages: list[Publish],
+        saves: dict[str, DurableSession | None],
+        positions: dict[str, DurableSession],
+    ) -> int:
+        """As `Store.commit`."""
+        db = self.db
+        first = self.next_offset
+        with db.pipeline(), db.cursor() as cur:
+            cur.execute("BEGIN")
+            if messages:
+                cur.executemany(
+                    "INSERT INTO messages VALUES (0, %s, %s, %s, %s)",
+                    [(off, p.topic, p.payload, p.qos) for off, p in enumerate(messages, first)],
+                )
+            gone = [(cid,) for cid, session in saves.items() if session is None]
+            rows = [
+                (cid, s.expiry, json.dumps(s.subscriptions), s.acked)
+                for cid, s in saves.items()
+                if s is not None
+            ]
+            if gone:
+                cur.executemany("DELETE FROM sessions WHERE client_id = %s", gone)
+            if rows:
+                cur.executemany(
+                    "INSERT INTO sessions VALUES (%s, %s, %s, %s) ON CONFLICT (client_id)"
+                    " DO UPDATE SET expiry = excluded.expiry,"
+                    " subscriptions = excluded.subscriptions, acked = excluded.acked",
+                    rows,
+                )
+            acked = [(s.acked, cid) for cid, s in positions.items() if cid not in saves]
+            if acked:
+                cur.executemany("UPDATE sessions SET acked = %s WHERE client_id = %s", acked)
+            cur.execute("COMMIT")
+        if messages:
+            self.next_offset = first + len(messages)
+        return first
+
+
 class DurableSession(Session):
     """A session of `DurableBroker`: also whether it has a row (`stored`: its
     expiry was above 0 at a CONNECT) and the highest log offset it has
@@ -534,7 +604,7 @@ class DurableBroker(Broker[DurableSession]):
     connections held for it are let go, the publishers get their PUBACKs and
     the messages are routed, in log order."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, store: Store) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, store: Store | PgStore) -> None:
         super().__init__(loop, self._session)
         self.store = store
         self._messages: list[Publish] = []
@@ -710,14 +780,17 @@ class DurableConnection(Connection):
             super()._flush()
 
 
-async def serve(port: int, durable: Path | None) -> None:
+async def serve(port: int, durable: Path | None, durable_url: str | None) -> None:
     loop = asyncio.get_running_loop()
     protocol: Callable[[], Connection]
-    if durable is None:
-        protocol = functools.partial(Connection, Broker(loop, Session))
-    else:
+    if durable_url is not None:
+        broker = DurableBroker(loop, PgStore(durable_url))
+        protocol = functools.partial(DurableConnection, broker)
+    elif durable is not None:
         broker = DurableBroker(loop, Store(durable / "floor.db"))
         protocol = functools.partial(DurableConnection, broker)
+    else:
+        protocol = functools.partial(Connection, Broker(loop, Session))
     # Riverbed's listen backlog: with asyncio's default (100) a storm of
     # reconnecting clients overflows the queue and waits for SYN retries.
     server = await loop.create_server(protocol, "127.0.0.1", port, backlog=LISTEN_BACKLOG)
@@ -731,10 +804,12 @@ async def serve(port: int, durable: Path | None) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--durable", type=Path, metavar="DIR", help="SQLite file DIR/floor.db")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--durable", type=Path, metavar="DIR", help="SQLite file DIR/floor.db")
+    where.add_argument("--durable-url", metavar="URL", help="a PostgreSQL database")
     args = parser.parse_args()
     tune_process()  # the interpreter settings Riverbed's broker runs with
-    uvloop.run(serve(args.port, args.durable))
+    uvloop.run(serve(args.port, args.durable, args.durable_url))
 
 
 if __name__ == "__main__":

@@ -421,8 +421,12 @@ class FloorDurable(Floor):
     guarantees need."""
 
     name = "floor-durable"
+    db_url: str | None = None
+    """A PostgreSQL database to be durable in (None: a SQLite file of its own)."""
 
     def command(self) -> list[str]:
+        if self.db_url is not None:
+            return [*super().command(), "--durable-url", self.db_url]
         data = self.workdir / "floor"
         data.mkdir(exist_ok=True)
         return [*super().command(), "--durable", str(data)]

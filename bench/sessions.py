@@ -30,8 +30,9 @@ package, persistence on), started and stopped as `bench/mqtt.py` does; `floor`
 (`bench/_floor_broker.py`: sessions in memory, nothing durable) for what a
 Python broker on uvloop costs without writing anything, and `floor-durable`
 (the same with `--durable`: each session's row in SQLite, its CONNACK, SUBACK
-after the commit) for what it costs writing no more than Riverbed's guarantees
-need.
+after the commit; with `--riverbed-db postgres`, in a database of its own on
+the same PostgreSQL server, each commit one round trip) for what it costs
+writing no more than Riverbed's guarantees need.
 
     .venv/bin/python bench/sessions.py [--sequential 2000] [--storm 5000] [--concurrency 500]
         [--brokers riverbed,mosquitto[,floor,floor-durable]] [--riverbed-db sqlite|postgres]
@@ -70,7 +71,7 @@ SETTLE_MAX = 10.0
 TIMEOUT = 60.0
 FLOORS = {
     "floor": "a Python broker with sessions in memory",
-    "floor-durable": "the same, its sessions' rows in SQLite",
+    "floor-durable": "the same, its sessions' rows in the same database as Riverbed's",
 }
 """The floor brokers, compared with mosquitto and Riverbed at the end."""
 
@@ -262,11 +263,15 @@ def main() -> None:
     }
     results: dict[str, Result] = {}
     with contextlib.ExitStack() as stack:
-        if args.riverbed_db == "postgres" and "riverbed" in args.brokers:
+        wanted = args.brokers.split(",")
+        if args.riverbed_db == "postgres" and {"riverbed", "floor-durable"} & set(wanted):
             server = PostgresServer()
             server.start()
             stack.callback(server.stop)
-            Riverbed.db_url = server.new_database("bench_sessions")
+            if "riverbed" in wanted:
+                Riverbed.db_url = server.new_database("bench_sessions")
+            if "floor-durable" in wanted:
+                FloorDurable.db_url = server.new_database("bench_sessions_floor")
         for name in args.brokers.split(","):
             workdir = Path(tempfile.mkdtemp(prefix=f"bench-sessions-{name}-"))
             print(f"-- {name}: {workdir}", flush=True)
