@@ -147,20 +147,20 @@ def test_offline_persistent_session_is_listed_and_deleted(
     again.disconnect()
 
 
-def test_a_new_session_not_stored_yet_is_shown_online_and_deleted(
+def test_a_session_not_stored_yet_is_shown_online_and_deleted(
     broker: BrokerProcess, api: httpx.Client, storage_url: str
 ) -> None:
-    """On SQLite a new session with nothing to store yet is kept in the
-    broker's memory (`Broker.defers_ephemeral`): the API shows it from there,
-    as it shows a stored one, and deleting it disconnects it and leaves
-    nothing stored."""
+    """On SQLite a session that ends with its connection and has nothing to
+    store yet is kept in the broker's memory (`Broker.defers_ephemeral`): the
+    API shows it from there, as it shows a stored one, and deleting it
+    disconnects it and leaves nothing stored."""
     node = api.get("/api/v1/node").json()["node"]
     with RawClient(broker.port) as client:
-        assert not client.connect("fresh", clean=False, expiry=600).session_present
+        assert not client.connect("fresh", clean=True, expiry=0).session_present
         assert (broker.session("fresh") is None) is storage_url.startswith("sqlite")
         listed = api.get("/api/v1/sessions", params={"online": "true", "q": "fresh"}).json()
         assert [(s["client_id"], s["node"], s["expiry_seconds"]) for s in listed] == [
-            ("fresh", node, 600)
+            ("fresh", node, 0)
         ]
         one = api.get("/api/v1/sessions/fresh").json()
         assert one["online"] is True and one["subscriptions"] == []

@@ -7,9 +7,9 @@
 
 Read through the sessions layer (`SessionStore`): a session is online while a
 connection holds it, i.e. its record is marked connected on a broker node
-whose liveness lease runs; `node` names that node. A new session the broker
-beside the API keeps in memory until it has something to store
-(`Broker.defers_ephemeral`) is shown from there, online. The backlog is what its
+whose liveness lease runs; `node` names that node. A session that ends with
+its connection, which the broker beside the API keeps in memory until it has
+something to store (`Broker.defers_ephemeral`), is shown from there, online. The backlog is what its
 cursors have not passed (`SessionStore.backlog`): a few queries per topic, so
 only for one session (null in the list).
 
@@ -61,8 +61,8 @@ def _view(store: SessionStore, record: SessionRecord, live: set[str]) -> dict[st
 
 
 def _unwritten(context: HttpContext) -> dict[str, SessionRecord]:
-    """Sessions the broker beside the API holds in memory, not stored yet (new
-    ones with nothing to store: `Broker.defers_ephemeral`), by client id."""
+    """Sessions the broker beside the API holds in memory, not stored yet (they
+    end with their connection: `Broker.defers_ephemeral`), by client id."""
     broker = context.broker
     return {} if broker is None else broker.unwritten_records()
 

@@ -495,15 +495,12 @@ class Broker:
 
     @property
     def defers_ephemeral(self) -> bool:
-        """Whether a new session with no Will is written only when it first
-        needs the store (a subscription's cursors, a QoS 2 marker or window;
-        one that outlives its connection at the latest when the connection
-        ends or the broker stops), not at CONNECT: a CONNECT that commits
-        nothing. A crash before then loses nothing a client gave it: the
-        client is told its session is new (Session Present 0). Only on
-        SQLite, and only while no other process serves the same file
-        (`ClusterNode.alone`): a CONNECT on another node finds the connection
-        it takes over by its record."""
+        """Whether a session that ends with its connection (expiry 0) and has no
+        Will is written only when it first needs the store (a subscription's
+        cursors, a QoS 2 marker or window), not at CONNECT: a CONNECT that
+        commits nothing. Only on SQLite, and only while no other process serves
+        the same file (`ClusterNode.alone`): a CONNECT on another node finds the
+        connection it takes over by its record."""
         return self._may_defer and self.cluster.alone
 
     def unwritten_sessions(self) -> int:

@@ -164,8 +164,8 @@ class Server(Services, Protocol):
 
     @property
     def defers_ephemeral(self) -> bool:
-        """Whether a new session with no Will is written only when it first
-        needs the store (`mqtt/broker.py`)."""
+        """Whether a session that ends with its connection and has no Will is
+        written only when it first needs the store (`mqtt/broker.py`)."""
         ...
 
     @property
@@ -391,9 +391,9 @@ class Connection(asyncio.Protocol):
         return inbound
 
     async def store_unwritten(self) -> None:
-        """Write the session's record if it was never written (a new session,
-        `Broker.defers_ephemeral`), so that what is stored in its name goes
-        with it, even after a crash."""
+        """Write the session's record if it was never written (it ends with
+        the connection, `Broker.defers_ephemeral`), so that what is stored in
+        its name goes with it, even after a crash."""
         async with self.record_lock:
             if self.stored is not None and self.stored.version is None:
                 self.stored = await outcome_of(self.broker.writer.write(self.record(), None))
@@ -888,11 +888,9 @@ class Connection(asyncio.Protocol):
             return True, follow
         record = self._new_record(level, at, 0 if stored is None else stored.record.epoch + 1)
         if stored is None and self._defers_record():
-            # Nothing of it must survive a crash yet (a client told Session
-            # Present 0 knows it is new): written when it first needs the
-            # store (its first write creates it); one that outlives its
-            # connection at the latest when the connection ends. A CONNACK
-            # with no commit to wait for.
+            # It ends with the connection and nothing of it must survive a
+            # crash: written when it first needs the store (its first write
+            # creates it), if ever. A CONNACK with no commit to wait for.
             self.stored = Stored(record, None)
             return False, []
         written = await self._write_opening(
@@ -938,7 +936,7 @@ class Connection(asyncio.Protocol):
     def _defers_record(self) -> bool:
         """Whether a new session of this connection is written only when it
         first needs the store (`Broker.defers_ephemeral`)."""
-        return self.will is None and self.broker.defers_ephemeral
+        return self.expiry == 0 and self.will is None and self.broker.defers_ephemeral
 
     def _will_json(self) -> str | None:
         return None if self.will is None else will_to_json(self.will, self.username)

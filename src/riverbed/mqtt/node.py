@@ -169,9 +169,9 @@ class ClusterNode:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.alone = False
         """No other node held a running liveness lease at the last look (start,
-        then every sweep; SQLite only): only then may a new session go
-        unwritten (`Broker.defers_ephemeral`), since no CONNECT elsewhere can
-        look for it."""
+        then every sweep; SQLite only): only then may a session that ends with
+        its connection go unwritten (`Broker.defers_ephemeral`), since no
+        CONNECT elsewhere can look for it."""
 
     # --- start and stop ------------------------------------------------------------
     async def start(self) -> None:

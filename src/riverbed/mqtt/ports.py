@@ -111,8 +111,8 @@ class Services(Protocol):
         ...
 
     def unwritten_sessions(self) -> int:
-        """Sessions of connections here that are not stored yet (new ones:
-        `Broker.defers_ephemeral`), for counts of all sessions."""
+        """Sessions of connections here that are not stored yet (they end with
+        their connection: `Broker.defers_ephemeral`), for counts of all sessions."""
         ...
 
     async def read(self, read: Callable[..., T], *args: object) -> T:

@@ -230,8 +230,9 @@ class Backlog:
 @dataclass(frozen=True, slots=True)
 class Stored:
     """A record with the KV version it was read or written at (its incarnation).
-    Version None: not written yet (a new session is stored only once it needs
-    to be, `Broker.defers_ephemeral`); its first write creates it."""
+    Version None: not written yet (a session that ends with its connection is
+    stored only once it needs to be, `Broker.defers_ephemeral`); its first write
+    creates it."""
 
     record: SessionRecord
     version: int | None
