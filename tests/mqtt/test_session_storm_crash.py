@@ -58,9 +58,11 @@ async def storm(
                 if len(subacked) >= CLIENTS // 3:
                     third.set()
 
-    await asyncio.gather(*(one(i) for i in range(CLIENTS)))
-    for c in clients:
-        c.close()
+    try:
+        await asyncio.gather(*(one(i) for i in range(CLIENTS)))
+    finally:  # also when an assertion fails: no sockets left to later tests
+        for c in clients:
+            c.close()
 
 
 @pytest.mark.slow
@@ -99,18 +101,6 @@ def test_sessions_acknowledged_before_a_kill_survive_it(storage_url: str) -> Non
                     clients[i] = c
                     present[i] = (await c.connect(client_id(i), expiry=EXPIRY)).session_present
 
-            await asyncio.gather(*(back(i) for i in sorted(connacked)))
-            lost = sorted(i for i in connacked if not present[i])
-            assert not lost, f"sessions acknowledged by CONNACK and lost: {lost}"
-            # Subscribed before the kill: a message published now reaches it
-            # without a new SUBSCRIBE.
-            with RawClient(broker.port) as publisher:
-                publisher.connect("storm-publisher", clean=True)
-                sent = publisher.publish_many(
-                    (f"storm/{i}", b"after %d" % i) for i in sorted(subacked)
-                )
-                assert sent == len(subacked)
-
             async def receive(i: int) -> None:
                 c = clients[i]
                 with contextlib.suppress(TimeoutError):  # missing: told below
@@ -120,9 +110,22 @@ def test_sessions_acknowledged_before_a_kill_survive_it(storage_url: str) -> Non
                     if packet.packet_id is not None:
                         c.send(Puback(packet.packet_id))
 
-            await asyncio.gather(*(receive(i) for i in sorted(subacked)))
-            for c in clients.values():
-                c.close()
+            try:
+                await asyncio.gather(*(back(i) for i in sorted(connacked)))
+                lost = sorted(i for i in connacked if not present[i])
+                assert not lost, f"sessions acknowledged by CONNACK and lost: {lost}"
+                # Subscribed before the kill: a message published now reaches
+                # it without a new SUBSCRIBE.
+                with RawClient(broker.port) as publisher:
+                    publisher.connect("storm-publisher", clean=True)
+                    sent = publisher.publish_many(
+                        (f"storm/{i}", b"after %d" % i) for i in sorted(subacked)
+                    )
+                    assert sent == len(subacked)
+                await asyncio.gather(*(receive(i) for i in sorted(subacked)))
+            finally:  # also when an assertion fails: no sockets left to later tests
+                for c in clients.values():
+                    c.close()
             return present, got
 
         _, got = asyncio.run(come_back())
