@@ -1,5 +1,6 @@
 """The retained store's quick look (`RetainedStore.any_under`): never says
-"none" where `matching` finds some, on both backends."""
+"none" where `matching` finds some; its pages (`page`) put together are what
+`matching` finds; on both backends."""
 
 from __future__ import annotations
 
@@ -113,3 +114,18 @@ def _check_pages(
 def test_a_page_of_no_size_is_refused(storage: Storage) -> None:
     with pytest.raises(ValueError, match="page size 0 must be at least 1"):
         RetainedStore(storage).page("#", None, 0)
+
+
+def test_a_filter_without_wildcards_is_one_look_up(storage: Storage) -> None:
+    """A SUBSCRIBE naming a topic has its retained message read by key: the
+    names under it (`a/b/c` under `a/b`) are not read."""
+    store = RetainedStore(storage)
+    _retain(store, ["a/b", "a/b/c", "a/bc"])
+    with (
+        patch.object(storage, "kv_page", wraps=storage.kv_page) as paged,
+        patch.object(storage, "kv_get", wraps=storage.kv_get) as got,
+    ):
+        found, after = store.page("a/b", None, 10)
+        assert ([m.mqtt_topic for m in found], after) == (["a/b"], None)
+        assert store.page("a/x", None, 10) == ([], None)
+    assert paged.call_count == 0 and got.call_count == 2

@@ -102,6 +102,13 @@ class RetainedStore:
             raise ValueError(f"page size {limit!r} must be at least 1")
         prefix = _prefix(topic_filter)
         found: list[StoredMessage] = []
+        if after is None and prefix == topic_filter:
+            # No wildcard: the one topic name it matches, one look-up (most
+            # SUBSCRIBEs name a topic; no need to read the names under it).
+            entry = self.storage.kv_get(NAMESPACE, topic_filter)
+            if entry is not None and matches(topic_filter, entry.key):
+                found.append(_stored(entry.key, entry.value))
+            return found, None
         if after is None and prefix:
             # The prefix itself (`a/#` matches `a`), then the names after it.
             entry = self.storage.kv_get(NAMESPACE, prefix)
