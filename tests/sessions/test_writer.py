@@ -99,6 +99,26 @@ def test_new_cursors_come_with_the_record(storage: Storage) -> None:
         storage.get_subscription(cursor_name("other", "t"))
 
 
+def test_new_cursors_come_with_the_topics_shape_as_read_with_them(storage: Storage) -> None:
+    """What a session follows its new cursors by (`Stored.made`): the topic's
+    generations and heads as the write's transaction read them, the same as
+    reading them apart; here of a topic scaled up once (two generations)."""
+    create_topic(storage, "g", partitions=2)
+    storage.add_storage_topic("g", lambda last: (4, 2))
+    storage.append({storage.list_streams("g")[1].key: numbered_rows(2)})
+    writer = SessionWriter(SessionStore(storage))
+    subscribed = record("c", subscriptions=(Subscription("g/#", 1),), topics=("g",))
+    stored = writer.write(subscribed, None, NewCursors(("g",), None)).result(TIMEOUT)
+    writer.close()
+    assert stored.made is not None
+    made = stored.made["g"]
+    assert made.generations == storage.list_storage_topics("g")
+    assert [g.generation for g in made.generations] == [0, 1]
+    assert made.heads == storage.list_streams("g")
+    assert len(made.heads) == 6
+    assert made.committed == storage.get_cursors(cursor_name("s-c", "g"))
+
+
 def test_kv_entries_come_with_the_record_and_only_with_it(storage: Storage) -> None:
     store = SessionStore(storage)
     storage.kv_put("marks", "kept", b"first")

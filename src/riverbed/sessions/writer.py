@@ -79,7 +79,6 @@ from riverbed.storage.transactions import (
     kv_hold_in,
     kv_write_in,
     storage_error,
-    storage_topics_in,
     transaction,
     transaction_now,
 )
@@ -390,11 +389,11 @@ class SessionWriter:
                 return offsets
 
             try:  # refused before it writes anything if the name exists
-                create_subscription_in(tx, record, place)
+                generations = create_subscription_in(tx, record, place)
             except AlreadyExists:
                 continue
             heads, committed = placed[0]
-            made[topic] = MadeCursors(storage_topics_in(tx, topic), heads, committed)
+            made[topic] = MadeCursors(generations, heads, committed)
         return made
 
 

@@ -347,22 +347,17 @@ def delete_markers_with_prefix_in(tx: Transaction, prefix: str, *, keep: str | N
     return tx._storage._delete_markers_with_prefix_on(tx._cursor, prefix, keep)
 
 
-def storage_topics_in(tx: Transaction, topic: str) -> list[StorageTopicRecord]:
-    """`Storage.list_storage_topics` inside `tx`: the topic's generations
-    (empty for a topic that does not exist)."""
-    tx._check_open()
-    return tx._storage._storage_topics(tx._cursor, topic)
-
-
 def create_subscription_in(
     tx: Transaction,
     record: SubscriptionRecord,
     initial: Callable[[list[StreamHead]], dict[int, int]],
-) -> None:
+) -> list[StorageTopicRecord]:
     """`Storage.create_subscription` inside `tx` (`AlreadyExists` if the name
-    is taken; `TopicNotFound` without its topic; either writes nothing)."""
+    is taken; `TopicNotFound` without its topic; either writes nothing);
+    returns the topic's generations (`Storage.list_storage_topics`), read
+    with the heads `initial` was given."""
     tx._check_open()
-    tx._storage._create_subscription_on(tx._cursor, record, initial)
+    return tx._storage._create_subscription_on(tx._cursor, record, initial)
 
 
 def commit_cursors_in(tx: Transaction, subscription: str, offsets: Mapping[int, int]) -> bool:

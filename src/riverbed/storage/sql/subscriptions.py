@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from riverbed.errors import AlreadyExists, StorageError, SubscriptionNotFound
-from riverbed.storage.base import StartKind, StreamHead, SubscriptionRecord
+from riverbed.storage.base import StartKind, StorageTopicRecord, StreamHead, SubscriptionRecord
 from riverbed.storage.connections import Cursor, operation
 from riverbed.storage.sql.core import _HEAD_COLUMNS, SqlCore, _head, in_parts
 
@@ -24,6 +24,13 @@ _UPSERT_CURSOR = (
     " CASE WHEN excluded.committed > cursors.committed"
     " THEN excluded.committed ELSE cursors.committed END"
 )
+_HEADS_AND_SHAPE = (
+    f"SELECT 0, {_HEAD_COLUMNS} FROM streams WHERE topic = ?"
+    " UNION ALL SELECT 1, 0, topic, generation, partitions, k, 0, 0"
+    " FROM storage_topics WHERE topic = ? ORDER BY 1, 4, 5"
+)
+"""A topic's stream heads (kind 0: by generation and part) and its
+generations (kind 1: topic, generation, partitions, k), in one statement."""
 _MERGE_TRIES = 100
 """Compare-and-set attempts of one packed commit before it gives up (each
 lost attempt means another transaction committed the same row meanwhile)."""
@@ -64,21 +71,18 @@ class SubscriptionQueries(SqlCore):
         cur: Cursor,
         record: SubscriptionRecord,
         initial: Callable[[list[StreamHead]], dict[int, int]],
-    ) -> None:
-        """`create_subscription` inside the transaction of `cur`. Excluded by
-        metadata changes (a topic scaled up or deleted) and by retention's
-        deletion of what every subscription has consumed, which all take
-        `_lock_meta`; not by other new subscriptions (sessions' SUBSCRIBEs on
-        every node at once)."""
+    ) -> list[StorageTopicRecord]:
+        """`create_subscription` inside the transaction of `cur`; returns the
+        topic's generations as it read them with its heads (one statement:
+        what a session follows the new cursors by). Excluded by metadata
+        changes (a topic scaled up or deleted) and by retention's deletion of
+        what every subscription has consumed, which all take `_lock_meta`; not
+        by other new subscriptions (sessions' SUBSCRIBEs on every node at
+        once)."""
         self._lock_meta_shared(cur)
-        heads = [
-            _head(r)
-            for r in self._x(
-                cur,
-                f"SELECT {_HEAD_COLUMNS} FROM streams WHERE topic = ? ORDER BY generation, part",
-                (record.topic,),
-            ).fetchall()
-        ]
+        rows = self._x(cur, _HEADS_AND_SHAPE, (record.topic, record.topic)).fetchall()
+        heads = [_head(r[1:]) for r in rows if r[0] == 0]
+        generations = [StorageTopicRecord(*r[2:6]) for r in rows if r[0] == 1]
         if not heads:  # every topic has streams
             self._get_topic(cur, record.topic)  # raises TopicNotFound
         offsets = initial(heads)
@@ -103,6 +107,7 @@ class SubscriptionQueries(SqlCore):
                 self._sql("INSERT INTO cursors (subscription, stream, committed) VALUES (?, ?, ?)"),
                 [(record.name, k, v) for k, v in offsets.items()],
             )
+        return generations
 
     @operation
     def get_subscription(self, name: str) -> SubscriptionRecord:
