@@ -9,9 +9,9 @@ Read through the sessions layer (`SessionStore`): a session is online while a
 connection holds it, i.e. its record is marked connected on a broker node
 whose liveness lease runs; `node` names that node. A session that ends with
 its connection, which the broker beside the API keeps in memory until it has
-something to store (`Broker.defers_ephemeral`), is shown from there, online. The backlog is what its
-cursors have not passed (`SessionStore.backlog`): a few queries per topic, so
-only for one session (null in the list).
+something to store (`Broker.defers_ephemeral`), is shown from there, online.
+The backlog is what its cursors have not passed (`SessionStore.backlog`): a
+few queries per topic, so only for one session (null in the list).
 
 Deleting: a client connected to this node is disconnected first (MQTT 5:
 DISCONNECT 0x98 Administrative action), under the client id's lock so that
