@@ -455,35 +455,52 @@ class Store:
         db = self.db
         first = self.next_offset
         db.execute("BEGIN")
-        if messages:
-            db.executemany(
-                "INSERT INTO messages VALUES (0, ?, ?, ?, ?)",
-                [(off, p.topic, p.payload, p.qos) for off, p in enumerate(messages, first)],
-            )
-            self.next_offset = first + len(messages)
-        if saves:
-            self._write_rows(saves)
-        if positions:
-            db.executemany(
-                "UPDATE sessions SET acked = ? WHERE client_id = ?",
-                [(s.acked, cid) for cid, s in positions.items() if cid not in saves],
-            )
+        for statement, rows in _writes(messages, saves, positions, first, _SQLITE_UPSERT):
+            db.executemany(statement, rows)
         db.execute("COMMIT")
+        self.next_offset = first + len(messages)
         return first
 
-    def _write_rows(self, saves: dict[str, DurableSession | None]) -> None:
-        rows = []
-        gone = []
-        for client_id, session in saves.items():
-            if session is None:
-                gone.append((client_id,))
-            else:
-                subscriptions = json.dumps(session.subscriptions)
-                rows.append((client_id, session.expiry, subscriptions, session.acked))
-        if gone:
-            self.db.executemany("DELETE FROM sessions WHERE client_id = ?", gone)
-        if rows:
-            self.db.executemany("INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?)", rows)
+
+_SQLITE_UPSERT = "INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?)"
+_PG_UPSERT = (
+    "INSERT INTO sessions VALUES (?, ?, ?, ?) ON CONFLICT (client_id) DO UPDATE SET"
+    " expiry = excluded.expiry, subscriptions = excluded.subscriptions, acked = excluded.acked"
+)
+"""Each dialect's statement that writes a session's row whole."""
+
+
+def _writes(
+    messages: list[Publish],
+    saves: dict[str, DurableSession | None],
+    positions: dict[str, DurableSession],
+    first: int,
+    upsert: str,
+) -> list[tuple[str, list[tuple[Any, ...]]]]:
+    """The statements of one commit (`?` placeholders) with their rows, in
+    order, those with no rows left out: the messages from offset `first`,
+    the sessions' rows deleted (None) or written whole (`upsert`), then the
+    acknowledged positions of the other sessions."""
+    writes: list[tuple[str, list[tuple[Any, ...]]]] = [
+        (
+            "INSERT INTO messages VALUES (0, ?, ?, ?, ?)",
+            [(off, p.topic, p.payload, p.qos) for off, p in enumerate(messages, first)],
+        ),
+        ("DELETE FROM sessions WHERE client_id = ?", [(c,) for c, s in saves.items() if s is None]),
+        (
+            upsert,
+            [
+                (c, s.expiry, json.dumps(s.subscriptions), s.acked)
+                for c, s in saves.items()
+                if s is not None
+            ],
+        ),
+        (
+            "UPDATE sessions SET acked = ? WHERE client_id = ?",
+            [(s.acked, c) for c, s in positions.items() if c not in saves],
+        ),
+    ]
+    return [(statement, rows) for statement, rows in writes if rows]
 
 
 PG_SCHEMA = (
@@ -520,32 +537,10 @@ class PgStore:
         first = self.next_offset
         with db.pipeline(), db.cursor() as cur:
             cur.execute("BEGIN")
-            if messages:
-                cur.executemany(
-                    "INSERT INTO messages VALUES (0, %s, %s, %s, %s)",
-                    [(off, p.topic, p.payload, p.qos) for off, p in enumerate(messages, first)],
-                )
-            gone = [(cid,) for cid, session in saves.items() if session is None]
-            rows = [
-                (cid, s.expiry, json.dumps(s.subscriptions), s.acked)
-                for cid, s in saves.items()
-                if s is not None
-            ]
-            if gone:
-                cur.executemany("DELETE FROM sessions WHERE client_id = %s", gone)
-            if rows:
-                cur.executemany(
-                    "INSERT INTO sessions VALUES (%s, %s, %s, %s) ON CONFLICT (client_id)"
-                    " DO UPDATE SET expiry = excluded.expiry,"
-                    " subscriptions = excluded.subscriptions, acked = excluded.acked",
-                    rows,
-                )
-            acked = [(s.acked, cid) for cid, s in positions.items() if cid not in saves]
-            if acked:
-                cur.executemany("UPDATE sessions SET acked = %s WHERE client_id = %s", acked)
+            for statement, rows in _writes(messages, saves, positions, first, _PG_UPSERT):
+                cur.executemany(statement.replace("?", "%s"), rows)
             cur.execute("COMMIT")
-        if messages:
-            self.next_offset = first + len(messages)
+        self.next_offset = first + len(messages)
         return first
 
 

@@ -505,11 +505,7 @@ class Broker:
 
     def unwritten_sessions(self) -> int:
         """`Services.unwritten_sessions`."""
-        return sum(
-            1
-            for conn in self.connections.values()
-            if conn.stored is not None and conn.stored.version is None
-        )
+        return len(self.unwritten_records())
 
     def unwritten_records(self) -> dict[str, SessionRecord]:
         """The records of sessions connections here hold unwritten
