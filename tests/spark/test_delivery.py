@@ -318,18 +318,20 @@ def test_the_lease_is_kept_while_spark_starts_slowly(
     started = DeliveryJob._start
 
     def slow_start(job: DeliveryJob, *args: Any) -> Any:
-        # Spark starting slowly: the start waits until the lease (1 s) was
+        # Spark starting slowly: the start waits until the lease (3 s) was
         # renewed well past the time it was taken for.
         first = job._lease.expires_us
         eventually(
-            lambda: job._lease.expires_us > first + 1_500_000, 60, "renewals during the start"
+            lambda: job._lease.expires_us > first + 4_500_000, 60, "renewals during the start"
         )
         return started(job, *args)
 
     monkeypatch.setattr(DeliveryJob, "_start", slow_start)
     with Endpoint(delay=0.0) as endpoint:
         setup(sqlite_url, endpoint, groups=2, per_group=10)
-        job = DeliveryJob(spark, sqlite_url, "billing", trigger_seconds=0.1, lease_seconds=1)
+        # 3 s, renewed every second: room for a renewal late by two seconds on
+        # a busy machine (with 1 s, one late by 0.7 s lost it during a full run).
+        job = DeliveryJob(spark, sqlite_url, "billing", trigger_seconds=0.1, lease_seconds=3)
         totals = job.run(until_idle=True)
         delivered = endpoint.delivered()
     assert totals.delivered == 20
