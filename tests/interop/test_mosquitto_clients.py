@@ -59,6 +59,8 @@ class Subscriber:
     def __init__(self, command: list[str]) -> None:
         self.lines: list[str] = []
         self.messages: list[Message] = []
+        self.reprinted = 0
+        """JSON lines dropped as a second print of one already read."""
         self._lock = threading.Lock()
         self.process = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -68,10 +70,19 @@ class Subscriber:
 
     def _read(self) -> None:
         assert self.process.stdout is not None
+        printed: set[str] = set()
         for line in self.process.stdout:
             line = line.rstrip("\n")
             with self._lock:
                 if line.startswith("{"):
+                    if line in printed:
+                        # SIGTERM while mosquitto_sub prints a message can make it
+                        # print the line again at exit: same "tst" to the
+                        # microsecond and one "received PUBLISH" line (seen under
+                        # load). A message delivered twice has a time of its own.
+                        self.reprinted += 1
+                        continue
+                    printed.add(line)
                     event = json.loads(line)
                     self.messages.append(
                         Message(
@@ -272,3 +283,15 @@ class TestMosquittoClients(Features):
         got = after_disconnect_with_will(tracked, names)
         # Each client's debug lines (packets with their DUP flags and ids) if not.
         assert got == expected, {c.client_id: c.output() for c in clients}
+
+
+def test_a_line_printed_twice_is_one_message() -> None:
+    """A JSON line read again (same receipt time to the microsecond) is the
+    same print; a second delivery of the message has a time of its own."""
+    line = '{"tst":"2026-11-29T13:05:51.801741Z+0000","topic":"t","qos":1,"retain":0,"payload":"m"}'
+    again = line.replace("801741", "803002")
+    run = Subscriber(["printf", "%s\\n", line, "Client c sending DISCONNECT", line, again])
+    assert run.process.wait(DEFAULT_TIMEOUT) == 0
+    run.stop(signal.SIGTERM)  # exited: reads the rest and closes
+    assert [m.payload for m in run.received()] == ["m", "m"]
+    assert run.reprinted == 1
