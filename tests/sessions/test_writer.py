@@ -328,6 +328,92 @@ def test_a_write_waits_for_the_thread_while_another_connection_writes(sqlite_url
         storage.close()
 
 
+def test_the_loops_writes_of_one_turn_commit_together(sqlite_url: str) -> None:
+    """Clients coming back together: the loop's first write of a turn commits
+    at once, the others of that turn wait for its end and share one
+    transaction (a refused one refuses only itself), and each is awaited."""
+    storage = open_storage(sqlite_url)
+    try:
+        store = SessionStore(storage)
+        store.write(record("taken"), None)
+        writer = SessionWriter(store)
+
+        async def turn() -> list[Stored | BaseException]:
+            writer.commit_here()
+            futures = [writer.write(record(f"c{i}"), None) for i in range(5)]
+            futures.append(writer.write(record("taken"), None))  # exists already
+            futures.append(writer.write(record("c1", seen_us=2), 1))  # behind c1's create
+            assert [f.done() for f in futures] == [True] + [False] * 6
+            return list(
+                await asyncio.gather(*(outcome_of(f) for f in futures), return_exceptions=True)
+            )
+
+        *made, taken, moved = asyncio.run(turn())
+        writer.close()
+        assert [s.version for s in made] == [1] * 5  # type: ignore[union-attr]
+        assert isinstance(taken, PreconditionFailed) and "exists already" in str(taken)
+        assert isinstance(moved, Stored) and moved.version == 2
+        assert writer.written_here == 7 and writer.writes == 7
+        assert writer.transactions == 2  # the first alone, then the other six
+        loaded = store.load("c1")
+        assert loaded is not None and loaded.record.seen_us == 2
+    finally:
+        storage.close()
+
+
+def test_a_turns_writes_go_to_the_thread_while_another_connection_writes(
+    sqlite_url: str,
+) -> None:
+    """The write lock held elsewhere when the turn ends: its writes are not
+    committed on the loop (it would block) but by the writer's thread, in
+    order, once the lock is free."""
+    storage = open_storage(sqlite_url)
+    try:
+        writer = SessionWriter(SessionStore(storage))
+        other = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"), isolation_level=None)
+
+        async def turn() -> list[Stored]:
+            writer.commit_here()
+            futures = [writer.write(record("c"), None)]
+            futures += [writer.write(record("c", seen_us=i), i - 1) for i in range(2, 5)]
+            other.execute("BEGIN IMMEDIATE")  # before the turn ends
+            await asyncio.sleep(0)  # the turn ends: its writes are queued
+            assert writer.written_here == 1 and not any(f.done() for f in futures[1:])
+            other.execute("COMMIT")
+            return list(await asyncio.gather(*(outcome_of(f) for f in futures)))
+
+        written = asyncio.run(turn())
+        other.close()
+        writer.close()
+        assert [s.version for s in written] == [1, 2, 3, 4]
+        assert writer.written_here == 1 and writer.transactions == 2
+    finally:
+        storage.close()
+
+
+def test_a_waiter_that_gives_up_fails_no_other_write(storage: Storage) -> None:
+    """A connection whose task is cancelled while its write is queued (its
+    client went away, the broker stops): the write is still made, and every
+    other write of the batch is answered with what it wrote."""
+    store = SessionStore(storage)
+    writer = SessionWriter(store, autostart=False)
+    futures = [writer.write(record(f"c{i}"), None) for i in range(3)]
+
+    async def give_up() -> None:
+        waiting = asyncio.ensure_future(outcome_of(futures[1]))
+        await asyncio.sleep(0)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+
+    asyncio.run(give_up())
+    writer.start()
+    written = answers([futures[0], futures[2]])
+    writer.close()
+    assert [w.version for w in written] == [1, 1]  # type: ignore[union-attr]
+    assert store.load("c1") is not None  # made all the same
+
+
 def test_a_write_committed_here_is_had_without_a_turn_of_the_loop() -> None:
     """`outcome_of` a write that committed on the loop's thread (its future done
     when `write` returns) gives it without suspending the coroutine: no wake-up

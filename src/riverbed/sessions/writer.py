@@ -32,8 +32,11 @@ for it (`commit_here`: the broker's event loop) while the writer's thread has
 nothing to do is committed there and then (`transaction_now`), unless another
 connection holds the write lock: one client creating its session waits for
 three commits, and two hand-overs to a thread and back each cost it more than
-the commit itself. Writes that come while the thread is busy queue for it and
-share its next transaction, as before.
+the commit itself. The loop's later writes in the same turn (clients coming
+back together: one turn reads many CONNECTs) wait for the end of the turn and
+commit together, in one transaction on the loop, as the commit pacer does for
+messages. Writes that come while the thread is busy queue for it and share its
+next transaction, as before.
 
 A batch that fails as a whole in the database (not a refused compare-and-set)
 is run again write by write, so one connection's bad write never fails
@@ -47,7 +50,7 @@ import asyncio
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, replace
 
 from riverbed.clock import now_us
@@ -153,6 +156,11 @@ class SessionWriter:
         """Of `writes`, those committed on the thread that submitted them."""
         self._here: int | None = None
         """The thread whose writes may commit there (`commit_here`)."""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """The event loop running on `_here`, if any: its turns batch writes."""
+        self._turn: list[tuple[_Op, Future[Stored]]] | None = None
+        """Writes submitted on the loop since one committed there in this turn
+        of it; committed together at the end of the turn (`_end_turn`)."""
 
     # --- what callers ask for ------------------------------------------------
     def write(
@@ -193,6 +201,10 @@ class SessionWriter:
         (embedded databases only; elsewhere a no-op)."""
         if commits_now(self.store.storage):
             self._here = threading.get_ident()
+            try:
+                self._loop = asyncio.get_running_loop()
+            except RuntimeError:
+                self._loop = None  # no loop: each write commits on its own
 
     def start(self) -> None:
         """Start the thread (done by the first write unless `autostart` is False)."""
@@ -206,6 +218,9 @@ class SessionWriter:
     def close(self) -> None:
         """Answer everything queued, then stop the thread."""
         with self._wake:
+            if self._turn:  # the end of the turn will find nothing to do
+                self._queue.extend(self._turn)
+            self._turn = None
             self._closed = True
             self._wake.notify()
             thread = self._thread
@@ -216,13 +231,26 @@ class SessionWriter:
 
     def _submit(self, op: _Op) -> Future[Stored]:
         future: Future[Stored] = Future()
-        if self._here is not None and self._here == threading.get_ident() and self._now(op, future):
-            return future
+        if self._here is not None and self._here == threading.get_ident():
+            if self._turn is not None:
+                self._turn.append((op, future))  # behind the loop's earlier ones
+                return future
+            if self._now(op, future):
+                if self._loop is not None:
+                    self._turn = []
+                    self._loop.call_soon(self._end_turn)
+                return future
+        self._enqueue([(op, future)])
+        return future
+
+    def _enqueue(self, writes: Sequence[tuple[_Op, Future[Stored]]]) -> None:
+        """Hand `writes` to the writer's thread, behind what is queued."""
         with self._wake:
             if self._closed:
-                future.set_exception(StorageError("the session writer is closed"))
-                return future
-            self._queue.append((op, future))
+                for _, future in writes:
+                    _answer(future, StorageError("the session writer is closed"))
+                return
+            self._queue.extend(writes)
             if self._idle:
                 # Only a waiting thread needs waking: a busy one takes the
                 # queue when its transaction ends (and each wake-up costs the
@@ -230,30 +258,37 @@ class SessionWriter:
                 self._wake.notify()
         if self._autostart and self._thread is None:
             self.start()
-        return future
+
+    def _free(self) -> bool:
+        """Nothing queued or being written by the thread (a write committed
+        here cannot overtake an earlier one of its connection)."""
+        with self._wake:
+            return not self._closed and not self._queue and (self._thread is None or self._idle)
 
     def _now(self, op: _Op, future: Future[Stored]) -> bool:
-        """Commit `op` on this thread if nothing is queued or being written
-        (so it cannot overtake an earlier write of its connection) and the
-        database is free; False if it must queue."""
-        with self._wake:
-            if self._closed or self._queue or not (self._thread is None or self._idle):
-                return False
+        """Commit `op` on this thread if the thread is free and the database
+        is; False if it must queue."""
+        if not self._free():
+            return False
         try:
-            outcome = self._transaction([op], now=True)[0]
+            self._write_batch([(op, future)], now=True)
         except StorageBusy:
             return False
-        except RiverbedError as exc:
-            future.set_exception(exc)
-            return True
-        self.transactions += 1
-        self.writes += 1
-        self.written_here += 1
-        if isinstance(outcome, Stored):
-            future.set_result(outcome)
-        else:
-            future.set_exception(outcome)
         return True
+
+    def _end_turn(self) -> None:
+        """The writes of the loop's turn, in one transaction on the loop if
+        the thread and the database are free, else queued for the thread."""
+        batch, self._turn = self._turn, None
+        if not batch:
+            return
+        if self._free():
+            try:
+                self._write_batch(batch, now=True)
+                return
+            except StorageBusy:
+                pass
+        self._enqueue(batch)
 
     # --- the thread -------------------------------------------------------------
     def _run(self) -> None:
@@ -271,33 +306,42 @@ class SessionWriter:
                 self._write_batch(batch)
             except Exception as exc:  # a bug: fail its writes, keep the thread
                 for _, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
+                    _answer(future, exc)
 
-    def _write_batch(self, batch: Sequence[tuple[_Op, Future[Stored]]]) -> None:
+    def _write_batch(
+        self, batch: Sequence[tuple[_Op, Future[Stored]]], *, now: bool = False
+    ) -> None:
+        """`batch` in one transaction, its futures answered. `now`: on the
+        calling thread without waiting for the write lock (`StorageBusy`, and
+        nothing of `batch` is written or answered)."""
         try:
-            outcomes = self._transaction([op for op, _ in batch])
+            outcomes = self._transaction([op for op, _ in batch], now=now)
         except (StorageUnavailable, StorageFull) as exc:
             # Unreachable (the outcome of the COMMIT may be unknown: never
             # repeat it), or refusing writes (full, read-only): every write
             # gets the error, and the connections refuse what waited for it.
             for _, future in batch:
-                future.set_exception(exc)
+                _answer(future, exc)
             return
         except RiverbedError as exc:
+            if now and isinstance(exc, StorageBusy):
+                raise
             if len(batch) == 1:
-                batch[0][1].set_exception(exc)
+                _answer(batch[0][1], exc)
                 return
-            for one in batch:
-                self._write_batch([one])
+            for i, one in enumerate(batch):
+                try:
+                    self._write_batch([one], now=now)
+                except StorageBusy:
+                    self._enqueue(batch[i:])  # the rest, still in order
+                    return
             return
         self.transactions += 1
         self.writes += len(batch)
+        if now:
+            self.written_here += len(batch)
         for (_, future), outcome in zip(batch, outcomes, strict=True):
-            if isinstance(outcome, Stored):
-                future.set_result(outcome)
-            else:
-                future.set_exception(outcome)
+            _answer(future, outcome)
 
     def _transaction(
         self, ops: Sequence[_Op], *, now: bool = False
@@ -400,12 +444,51 @@ class SessionWriter:
 async def outcome_of(future: Future[Stored]) -> Stored:
     """What a write came to, for a coroutine: at once when it committed on the
     calling loop's thread (`SessionWriter.commit_here`: the future is done
-    before `write` returns; awaited through `asyncio.wrap_future`, it would
-    wake the loop through its self-pipe and resume a turn later, three times
-    per session), else when the writer's thread answers."""
+    before `write` returns), else once it is answered: on the loop's thread
+    (the end of the turn) without waking the loop from outside, from the
+    writer's thread through `call_soon_threadsafe`.
+
+    Not `asyncio.wrap_future`: it wakes the loop through its self-pipe even
+    from the loop's own thread, and a cancelled waiter cancels the write's
+    future, which the writer then could not answer (the write is made all
+    the same: a caller that gives up does not take it back)."""
     if future.done():
         return future.result()
-    return await asyncio.wrap_future(future)
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[Stored] = loop.create_future()
+    here = threading.get_ident()
+
+    def answered(done: Future[Stored]) -> None:
+        if threading.get_ident() == here:
+            _pass_on(done, waiter)
+        else:
+            loop.call_soon_threadsafe(_pass_on, done, waiter)
+
+    future.add_done_callback(answered)
+    return await waiter
+
+
+def _answer(future: Future[Stored], outcome: Stored | BaseException) -> None:
+    """Answer a write's future unless it is answered (or was cancelled: a
+    caller may give up on it; the others of its batch are answered all the
+    same)."""
+    try:
+        if isinstance(outcome, Stored):
+            future.set_result(outcome)
+        else:
+            future.set_exception(outcome)
+    except InvalidStateError:
+        pass
+
+
+def _pass_on(done: Future[Stored], waiter: asyncio.Future[Stored]) -> None:
+    if waiter.done():  # its coroutine gave up waiting
+        return
+    error = done.exception()
+    if error is None:
+        waiter.set_result(done.result())
+    else:
+        waiter.set_exception(error)
 
 
 def _put(
