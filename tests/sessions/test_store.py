@@ -6,6 +6,8 @@ import json
 from dataclasses import replace
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from harness.storage import create_topic, numbered_rows
 from riverbed.errors import PreconditionFailed
@@ -36,6 +38,34 @@ def test_record_round_trips() -> None:
         disconnected_us=5,
     )
     assert SessionRecord.from_json(r.to_json()) == r
+
+
+_text = st.text(st.characters(exclude_categories=("Cs",)), max_size=20)
+
+
+@given(
+    client_id=_text,
+    topic_filter=_text,
+    will=st.none() | _text,
+    sent=st.dictionaries(st.integers(0, 2**40), st.integers(0, 2**62), max_size=4),
+    seen_us=st.integers(0, 2**62),
+)
+def test_any_record_round_trips_and_reads_what_the_stdlib_wrote(
+    client_id: str, topic_filter: str, will: str | None, sent: dict[int, int], seen_us: int
+) -> None:
+    """Whatever text a client sends (any UTF-8), and records written before
+    records were written with orjson (the stdlib's `json`, non-ASCII escaped)."""
+    r = record(
+        client_id,
+        subscriptions=(Subscription(topic_filter, 2, False, True, 1, None),),
+        topics=(topic_filter,),
+        sent=sent,
+        will=will,
+        seen_us=seen_us,
+    )
+    assert SessionRecord.from_json(r.to_json()) == r
+    older = json.dumps(json.loads(r.to_json()), separators=(",", ":")).encode()
+    assert SessionRecord.from_json(older) == r
 
 
 def test_expiry() -> None:

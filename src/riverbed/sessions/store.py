@@ -42,12 +42,13 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import threading
 from array import array
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
+
+import orjson
 
 from riverbed.clock import now_us
 from riverbed.errors import AlreadyExists, NotFound, PreconditionFailed, SubscriptionNotFound
@@ -164,7 +165,9 @@ class SessionRecord:
         return expires is not None and at_us >= expires
 
     def to_json(self) -> bytes:
-        return json.dumps(
+        """The record as stored: compact JSON, UTF-8 (orjson: a fifth of the
+        stdlib's time, and a session writes its record three times)."""
+        return orjson.dumps(
             {
                 "client_id": self.client_id,
                 "session_id": self.session_id,
@@ -190,13 +193,12 @@ class SessionRecord:
                 "will": self.will,
                 "node": self.node,
                 "epoch": self.epoch,
-            },
-            separators=(",", ":"),
-        ).encode()
+            }
+        )
 
     @classmethod
     def from_json(cls, raw: bytes) -> SessionRecord:
-        data = json.loads(raw)
+        data = orjson.loads(raw)
         return cls(
             client_id=data["client_id"],
             session_id=data["session_id"],

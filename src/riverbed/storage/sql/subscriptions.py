@@ -7,9 +7,10 @@ reads and writes both the same way, so callers never tell them apart."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+import orjson
 
 from riverbed.errors import AlreadyExists, StorageError, SubscriptionNotFound
 from riverbed.storage.base import StartKind, StorageTopicRecord, StreamHead, SubscriptionRecord
@@ -45,12 +46,12 @@ def _subscription(row: Sequence[Any]) -> SubscriptionRecord:
 def pack_offsets(offsets: Mapping[int, int]) -> str:
     """A packed subscription's committed offsets as stored: a JSON object
     keyed by stream key (as text), in key order."""
-    return json.dumps({str(k): int(offsets[k]) for k in sorted(offsets)}, separators=(",", ":"))
+    return orjson.dumps({str(k): int(offsets[k]) for k in sorted(offsets)}).decode()
 
 
 def unpack_offsets(text: str) -> dict[int, int]:
     """`pack_offsets` read back."""
-    return {int(k): int(v) for k, v in json.loads(text).items()}
+    return {int(k): int(v) for k, v in orjson.loads(text).items()}
 
 
 class SubscriptionQueries(SqlCore):
