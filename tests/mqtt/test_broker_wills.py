@@ -191,3 +191,31 @@ def test_a_crash_publishes_the_wills_of_connected_clients(sqlite_url: str) -> No
         marker = _marker(broker.port, "polite2", watcher)
         assert sorted(watcher.payloads()) == sorted([b"crash", marker])  # never b"no"
         watcher.disconnect()
+
+
+@pytest.mark.parametrize("expiry", [0, 60], ids=["ends-with-connection", "persistent"])
+def test_a_broker_stopping_publishes_the_wills_of_its_clients(
+    broker: BrokerProcess, expiry: int
+) -> None:
+    """A broker that stops closes its clients' connections (0x8B, not a
+    DISCONNECT from them): their Wills go out, once, by the time it is up again."""
+    _persistent_watcher(broker.port, clean=True).disconnect()
+    clients = []
+    for i in range(20):
+        client = Client(broker.port, f"leaving-{i}")
+        client.connect(clean=True, expiry=expiry, will=(f"will/leaving-{i}", b"bye", 1, False))
+        clients.append(client)
+    broker.stop()
+    for client in clients:
+        client.close()
+    broker.start()
+    watcher = _persistent_watcher(broker.port, clean=False)
+    eventually(
+        lambda: watcher.payloads().count(b"bye") >= 20,
+        what="the 20 Wills",
+        explain=lambda: f"{watcher.payloads().count(b'bye')} so far",
+    )
+    _marker(broker.port, "leaving-0", watcher)  # a second Will of it would be before it
+    topics = sorted(m.topic for m in watcher.received_now() if m.payload == b"bye")
+    assert topics == sorted(f"will/leaving-{i}" for i in range(20))  # each once
+    watcher.disconnect()
