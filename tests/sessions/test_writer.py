@@ -391,6 +391,41 @@ def test_a_turns_writes_go_to_the_thread_while_another_connection_writes(
         storage.close()
 
 
+def test_a_turns_writes_left_when_the_writer_closes_are_answered(sqlite_url: str) -> None:
+    """The writer closed before the loop's turn ended: on the loop's thread,
+    the turn's later writes are made with what was queued; from another
+    thread, they are answered with an error at the end of the turn. None
+    waits for ever."""
+    storage = open_storage(sqlite_url)
+    try:
+        for elsewhere in (False, True):
+            writer = SessionWriter(SessionStore(storage))
+
+            async def turn(
+                writer: SessionWriter = writer, elsewhere: bool = elsewhere
+            ) -> list[Stored | BaseException]:
+                writer.commit_here()
+                futures = [writer.write(record(f"c{i}-{elsewhere}"), None) for i in range(3)]
+                if elsewhere:
+                    closing = threading.Thread(target=writer.close)
+                    closing.start()
+                    closing.join()
+                else:
+                    writer.close()
+                return list(
+                    await asyncio.gather(*(outcome_of(f) for f in futures), return_exceptions=True)
+                )
+
+            first, *late = asyncio.run(turn())
+            assert isinstance(first, Stored)
+            if elsewhere:
+                assert all(isinstance(e, StorageError) and "closed" in str(e) for e in late)
+            else:
+                assert [s.version for s in late] == [1, 1]  # type: ignore[union-attr]
+    finally:
+        storage.close()
+
+
 def test_a_waiter_that_gives_up_fails_no_other_write(storage: Storage) -> None:
     """A connection whose task is cancelled while its write is queued (its
     client went away, the broker stops): the write is still made, and every

@@ -218,9 +218,12 @@ class SessionWriter:
     def close(self) -> None:
         """Answer everything queued, then stop the thread."""
         with self._wake:
-            if self._turn:  # the end of the turn will find nothing to do
+            if self._here == threading.get_ident() and self._turn:
+                # The loop's own thread: its turn's writes are answered with
+                # the queue. (Another thread leaves them to the end of the
+                # turn, which answers them with an error once closed.)
                 self._queue.extend(self._turn)
-            self._turn = None
+                self._turn = None
             self._closed = True
             self._wake.notify()
             thread = self._thread
