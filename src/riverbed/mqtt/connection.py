@@ -766,8 +766,11 @@ class Connection(asyncio.Protocol):
             broker.trie.add(sub.topic_filter, self)
         effects = self.core.handle(SessionOpened(present), self.loop.time())
         # The CONNACK first (with whatever the packets read meanwhile answer at
-        # once); what the session sends follows it, then those packets' effects.
+        # once), written at once: the client waits for it, and the session's
+        # first turn below need not hold it up. What the session sends
+        # follows it, then those packets' effects.
         self._now(effects[0])
+        self._flush()
         self.connected_us = self.stored.record.seen_us
         self._arm_alive()
         # Per connection: debug (docs/broker.md, Logging), else a broker with many
@@ -1360,6 +1363,13 @@ class Connection(asyncio.Protocol):
     # --- writing --------------------------------------------------------------------------
     def send(self, packet: Packet, level: int | None = None) -> None:
         self._write(encode(packet, level or self.level))
+
+    def send_now(self, packet: Packet) -> None:
+        """An answer the client waits for before it goes on (SUBACK,
+        UNSUBACK): written now with what is queued, not when the turn's work
+        after it is done (a sequential client's next packet waits for it)."""
+        self._write(encode(packet, self.level))
+        self._flush()
 
     def _write(self, data: bytes) -> None:
         """Queue bytes; what a turn of the event loop queues goes out in one write."""

@@ -115,6 +115,10 @@ class FollowingOwner(SharingOwner, Protocol):
 
     def send(self, packet: Packet, level: int | None = None) -> None: ...
 
+    def send_now(self, packet: Packet) -> None:
+        """An answer the client waits for: written now, with what is queued."""
+        ...
+
     def __hash__(self) -> int:
         """Its subscriptions' subscriber in the broker's topic trie."""
         ...
@@ -628,8 +632,8 @@ class Following:
                 )
             self.lineage_wait = self.lineage_wait or waiting
             self.recheck_lineage()
+        conn.send_now(Suback(packet.packet_id, taken.codes))
         self._follow_new_streams(follow)
-        conn.send(Suback(packet.packet_id, taken.codes))
         wanted = taken.wants_retained
         if wanted and broker.config.limits.retain_available:
             if broker.log.storage.appends_inline:
@@ -753,7 +757,7 @@ class Following:
                 codes.append(UnsubackReason.NO_SUBSCRIPTION_EXISTED)
         await self.save_subscriptions()
         await self._drop_unreached_topics()
-        conn.send(Unsuback(packet.packet_id, tuple(codes) if conn.level == MQTT_5 else ()))
+        conn.send_now(Unsuback(packet.packet_id, tuple(codes) if conn.level == MQTT_5 else ()))
 
     async def _drop_unreached_topics(self) -> None:
         """Topics no subscription of the session reaches any more lose its cursor,
