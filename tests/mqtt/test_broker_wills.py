@@ -4,8 +4,11 @@ cancelled by a reconnect within it; QoS and retain honoured."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 
 import paho.mqtt.client as paho
 import pytest
@@ -14,7 +17,12 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 from harness.broker import BrokerProcess, Client
 from harness.nodes import NODE
-from harness.waiting import eventually
+from harness.waiting import DEFAULT_TIMEOUT, eventually, eventually_async
+from riverbed.log.appender import Positions
+from riverbed.log.log import Log
+from riverbed.model import Message
+from riverbed.mqtt.broker import Broker
+from riverbed.mqtt.config import Address, AuthConfig, BrokerConfig, Listeners
 
 PROTOCOLS = [pytest.param(paho.MQTTv5, id="mqtt5"), pytest.param(paho.MQTTv311, id="mqtt311")]
 
@@ -219,3 +227,62 @@ def test_a_broker_stopping_publishes_the_wills_of_its_clients(
     topics = sorted(m.topic for m in watcher.received_now() if m.payload == b"bye")
     assert topics == sorted(f"will/leaving-{i}" for i in range(20))  # each once
     watcher.disconnect()
+
+
+def test_a_stopping_broker_waits_for_the_wills_it_is_publishing(sqlite_url: str) -> None:
+    """In process: the Will of a session that ends with its connection exists
+    nowhere but in the task publishing it. A broker that stops while that
+    Will's append has not begun (held here until the stop has started) waits
+    for it: the Will is in the log when the stop returns, before the log
+    could close."""
+    held = threading.Event()
+    asked = threading.Event()
+
+    async def scenario() -> None:
+        config = BrokerConfig(
+            listeners=Listeners(Address("127.0.0.1", 0)),
+            auth=AuthConfig(allow_anonymous=True),
+        )
+        with Log.open(sqlite_url) as log:
+            broker = Broker(config, log)
+            await broker.start()
+            produce = log.produce_async
+
+            def slow_produce(topic: str, messages: list[Message]) -> Future[Positions]:
+                if not any(m.mqtt_topic == "will/held" for m in messages):
+                    return produce(topic, messages)
+                answer: Future[Positions] = Future()
+
+                def later() -> None:
+                    asked.set()
+                    held.wait(DEFAULT_TIMEOUT)
+                    inner = produce(topic, messages)
+                    error = inner.exception()
+                    if error is None:
+                        answer.set_result(inner.result())
+                    else:
+                        answer.set_exception(error)
+
+                threading.Thread(target=later, daemon=True).start()
+                return answer
+
+            log.produce_async = slow_produce  # type: ignore[method-assign]
+            client = Client(broker.port, "held")
+            await asyncio.to_thread(
+                client.connect, clean=True, expiry=0, will=("will/held", b"bye", 1, False)
+            )
+            stopping = asyncio.ensure_future(broker.stop())
+            await eventually_async(asked.is_set, what="the Will's append asked for")
+            held.set()
+            await stopping
+            # Not once the log has it later: by the time the stop returns.
+            found = [
+                m.payload
+                for head in log.storage.list_streams("mqtt")
+                for m in log.storage.read(head.key, 0, 1000)
+                if m.mqtt_topic == "will/held"
+            ]
+            assert found == [b"bye"]
+            await asyncio.to_thread(client.close)
+
+    asyncio.run(scenario())

@@ -404,6 +404,8 @@ class Broker:
                 )
         for connection in connections:
             await connection.done.wait()
+        # The Wills the closed connections left go before the log closes.
+        await self.wills.published_all(RETAINER_STOP_TIMEOUT)
         leaders = 0
         if self.shared is not None:
             leaders = len(self.shared.host.leaders)

@@ -237,6 +237,14 @@ class Wills:
         if task is not None:
             await asyncio.wait({task})  # however it ends (its own errors are logged)
 
+    async def published_all(self, timeout: float) -> None:
+        """Once every Will being published now is published (or `timeout`
+        seconds passed): a broker that stops waits for them before its log
+        closes (a Will whose session ended with its connection is nowhere else)."""
+        tasks = set(self._tasks)
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout)
+
     async def restore(self) -> None:
         """At start: schedule the Wills that stored sessions still hold (their
         broker stopped or crashed before publishing them), this node's
