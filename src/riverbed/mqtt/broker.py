@@ -98,6 +98,8 @@ the loop is busy; each dropped one waits a second or more for its retry."""
 
 RETAINER_STOP_TIMEOUT = 10.0
 """Seconds `stop` waits for the retention thread to end its transaction."""
+WILLS_STOP_TIMEOUT = 10.0
+"""Seconds `stop` waits for the Wills its closed connections left to be published."""
 
 
 class Broker:
@@ -405,7 +407,7 @@ class Broker:
         for connection in connections:
             await connection.done.wait()
         # The Wills the closed connections left go before the log closes.
-        await self.wills.published_all(RETAINER_STOP_TIMEOUT)
+        await self.wills.published_all(WILLS_STOP_TIMEOUT)
         leaders = 0
         if self.shared is not None:
             leaders = len(self.shared.host.leaders)

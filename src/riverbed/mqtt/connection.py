@@ -1368,7 +1368,7 @@ class Connection(asyncio.Protocol):
         """An answer the client waits for before it goes on (SUBACK,
         UNSUBACK): written now with what is queued, not when the turn's work
         after it is done (a sequential client's next packet waits for it)."""
-        self._write(encode(packet, self.level))
+        self.send(packet)
         self._flush()
 
     def _write(self, data: bytes) -> None:
