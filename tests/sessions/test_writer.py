@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from harness.storage import create_topic, numbered_rows
+from harness.waiting import DEFAULT_TIMEOUT
 from riverbed.errors import (
     LentElsewhere,
     PreconditionFailed,
@@ -387,6 +388,45 @@ def test_a_turns_writes_go_to_the_thread_while_another_connection_writes(
         writer.close()
         assert [s.version for s in written] == [1, 2, 3, 4]
         assert writer.written_here == 1 and writer.transactions == 2
+    finally:
+        storage.close()
+
+
+def test_a_turns_writes_are_answered_when_their_transaction_fails_unexpectedly(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug in the transaction of a turn's writes (not an error of the
+    database): each of them gets it, as the writer's thread answers a batch
+    that fails so; none waits for ever, and the writer goes on."""
+    storage = open_storage(sqlite_url)
+    try:
+        writer = SessionWriter(SessionStore(storage))
+        transaction = writer._transaction
+
+        def bug(*args: object, **kwargs: object) -> None:
+            raise RuntimeError("a bug in the transaction")
+
+        async def turn() -> tuple[list[Stored | BaseException], Stored]:
+            writer.commit_here()
+            first = writer.write(record("first"), None)  # at once, before the bug
+            monkeypatch.setattr(writer, "_transaction", bug)
+            late = [writer.write(record(f"late{i}"), None) for i in range(3)]
+            outcomes = await asyncio.wait_for(
+                asyncio.gather(*(outcome_of(f) for f in [first, *late]), return_exceptions=True),
+                DEFAULT_TIMEOUT,
+            )
+            monkeypatch.setattr(writer, "_transaction", transaction)
+            after = await outcome_of(writer.write(record("after"), None))
+            return list(outcomes), after
+
+        (first, *late), after = asyncio.run(turn())
+        writer.close()
+        assert isinstance(first, Stored)
+        assert [type(o) for o in late] == [RuntimeError] * 3
+        assert all("a bug in the transaction" in str(o) for o in late)
+        assert after.version == 1
+        store = SessionStore(storage)
+        assert [store.load(f"late{i}") for i in range(3)] == [None] * 3
     finally:
         storage.close()
 

@@ -291,6 +291,10 @@ class SessionWriter:
                 return
             except StorageBusy:
                 pass
+            except Exception as exc:  # a bug: fail its writes, as the thread does
+                for _, future in batch:
+                    _answer(future, exc)
+                return
         self._enqueue(batch)
 
     # --- the thread -------------------------------------------------------------
