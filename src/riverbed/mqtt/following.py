@@ -608,6 +608,7 @@ class Following:
         conn = self.conn
         broker = conn.broker
         follow = NOTHING_TO_READ
+        made: tuple[tuple[str, ...], Mapping[str, MadeCursors]] | None = None
         if taken.shared:
             # A group member: the group's Leader lends it streams. No retained
             # messages for a shared subscription (MQTT 5.0 §4.8.2). The group
@@ -627,12 +628,18 @@ class Following:
                     return  # closing: the session is being saved or discarded
                 record = replace(conn.record(), subscriptions=conn.subscriptions())
                 filters = [s.topic_filter for s in session.subscriptions]
-                conn.stored, follow, waiting = await self._store_subscriptions(
+                conn.stored, made = await self._store_subscriptions(
                     record, conn.stored.version, filters, taken
                 )
+        conn.send_now(Suback(packet.packet_id, taken.codes))
+        if made is not None:
+            # The new topics' streams, followed from the cursors just made (the
+            # client need not wait for this: what is published meanwhile waits
+            # at the positions the SUBSCRIBE holds).
+            new, cursors = made
+            follow, waiting = await self._streams_of(record.session_id, list(new), {}, made=cursors)
             self.lineage_wait = self.lineage_wait or waiting
             self.recheck_lineage()
-        conn.send_now(Suback(packet.packet_id, taken.codes))
         self._follow_new_streams(follow)
         wanted = taken.wants_retained
         if wanted and broker.config.limits.retain_available:
@@ -711,16 +718,14 @@ class Following:
 
     async def _store_subscriptions(
         self, record: SessionRecord, version: int | None, filters: list[str], taken: _Taken
-    ) -> tuple[Stored, Readable, bool]:
+    ) -> tuple[Stored, tuple[tuple[str, ...], Mapping[str, MadeCursors]] | None]:
         """Cursors on the topics `filters` newly reach, at the positions `taken`
         holds, and the record with those topics and its subscriptions
         (compare-and-set on `version`; None: create it): one write of the session writer, in a
         transaction it shares with other connections' writes. Returns what was
-        written, the new topics' streams to follow now with their cursors, and
-        whether some stream of them waits for its lineage."""
+        written, and the new topics with the cursors the write made (None: no
+        new topic)."""
         broker = self.conn.broker
-        follow = NOTHING_TO_READ
-        waiting = False
         new: list[str] = []
         if taken.added:
             known = set(record.topics)
@@ -732,11 +737,8 @@ class Following:
         if taken.hold is not None:
             taken.hold.until_written(written)
         stored = await outcome_of(written)
-        if new:
-            follow, waiting = await self._streams_of(
-                record.session_id, new, {}, made=stored.made or {}
-            )
-        return stored.without_made(), follow, waiting
+        made = (tuple(new), stored.made or {}) if new else None
+        return stored.without_made(), made
 
     async def unsubscribe(self, packet: Unsubscribe) -> None:
         conn = self.conn
