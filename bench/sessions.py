@@ -6,7 +6,8 @@ in this process, against each broker on a fresh store, in this order:
   a. sequential: `--sequential` persistent sessions made one after another,
      each CONNECT (clean start 0, Session Expiry Interval 1 day) + SUBSCRIBE
      (one filter, QoS 1) + DISCONNECT on a connection of its own; sessions/s,
-     and the p50/p99 of the whole exchange;
+     the p50/p99 of the whole exchange, and the median of each step the
+     client waits for (TCP connection, CONNACK, SUBACK, close);
   b. stored: `--storm` sessions made the same way, `--concurrency` at a time
      (setting up the storm; its rate is printed too);
   c. storm: all `--storm` sessions come back at once, at most `--concurrency`
@@ -99,14 +100,23 @@ def client_id(i: int) -> str:
     return f"bench-session-{i:06d}"
 
 
-async def make_session(port: int, i: int) -> float:
-    """CONNECT + SUBSCRIBE + DISCONNECT for session `i`; the seconds it took."""
-    t = time.perf_counter()
+STEPS = ("open", "CONNACK", "SUBACK", "close")
+"""A session's steps as its client waits for them: the TCP connection, the
+CONNECT's answer, the SUBSCRIBE's, the broker's close after DISCONNECT."""
+
+
+async def make_session(port: int, i: int) -> tuple[float, ...]:
+    """CONNECT + SUBSCRIBE + DISCONNECT for session `i`: the seconds each of
+    `STEPS` took."""
+    t0 = time.perf_counter()
     c = await Client.open(port, TIMEOUT)
+    t1 = time.perf_counter()
     await c.connect_session(client_id(i))
+    t2 = time.perf_counter()
     await c.subscribe_or_refuse(f"bench/sessions/{i}/#")
+    t3 = time.perf_counter()
     await c.leave()
-    return time.perf_counter() - t
+    return t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3
 
 
 def pct(values: list[float], q: float) -> float:
@@ -172,20 +182,24 @@ class Result:
 async def run(port: int, args: argparse.Namespace, result: Result) -> None:
     # a. sequential creation (ids from `args.storm` on, apart from the storm's)
     base = args.storm
-    latencies = []
+    steps = []
     t = result.begin()
     for i in range(base, base + args.sequential):
-        latencies.append(await make_session(port, i))
+        steps.append(await make_session(port, i))
     seconds = time.perf_counter() - t
     await result.settle()
-    result.add("sequential", args.sequential, seconds, latencies)
+    result.add("sequential", args.sequential, seconds, [sum(s) for s in steps])
+    medians = ", ".join(
+        f"{name} {pct([s[k] for s in steps], 0.5) * 1e6:.0f}" for k, name in enumerate(STEPS)
+    )
+    print(f"  {'':<11} where a session's time goes, median us: {medians}", flush=True)
 
     # b. the storm's stored sessions, made concurrently
     gate = asyncio.Semaphore(args.concurrency)
 
     async def made(i: int) -> float:
         async with gate:
-            return await make_session(port, i)
+            return sum(await make_session(port, i))
 
     t = result.begin()
     latencies = list(await asyncio.gather(*(made(i) for i in range(args.storm))))
