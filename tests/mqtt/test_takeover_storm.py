@@ -40,9 +40,9 @@ def payload(i: int, k: int) -> bytes:
     return b"%d-%d" % (i, k)
 
 
-async def old_fleet(port: int) -> dict[int, AsyncRawClient]:
-    """Every client connected, subscribed to `fleet/<i>` at QoS 1."""
-    clients: dict[int, AsyncRawClient] = {}
+async def old_fleet(port: int, clients: dict[int, AsyncRawClient]) -> None:
+    """Every client connected (into `clients`), subscribed to `fleet/<i>` at
+    QoS 1, and sent `MESSAGES` it does not acknowledge."""
 
     async def one(i: int) -> None:
         c = clients[i] = await AsyncRawClient.open(port, TIMEOUT)
@@ -51,7 +51,15 @@ async def old_fleet(port: int) -> dict[int, AsyncRawClient]:
         assert (await c.subscribe(f"fleet/{i}")).reason_codes == (1,)
 
     await asyncio.gather(*(one(i) for i in range(CLIENTS)))
-    return clients
+    with RawClient(port) as publisher:
+        publisher.connect("fleet-publisher", clean=True)
+        publisher.publish_many(
+            (f"fleet/{i}", payload(i, k)) for k in range(MESSAGES) for i in range(CLIENTS)
+        )
+    sent = await asyncio.gather(*(in_flight(clients[i], MESSAGES) for i in range(CLIENTS)))
+    for i, packets in enumerate(sent):
+        assert [p.payload for p in packets] == [payload(i, k) for k in range(MESSAGES)]
+        assert not any(p.dup for p in packets)
 
 
 async def in_flight(c: AsyncRawClient, count: int) -> list[Publish]:
@@ -84,16 +92,7 @@ def test_a_fleet_coming_back_at_once_takes_its_sessions_over(storage_url: str) -
             old: dict[int, AsyncRawClient] = {}
             new: dict[int, AsyncRawClient] = {}
             try:
-                old = await old_fleet(broker.port)
-                with RawClient(broker.port) as publisher:
-                    publisher.connect("fleet-publisher", clean=True)
-                    publisher.publish_many(
-                        (f"fleet/{i}", payload(i, k)) for k in range(MESSAGES) for i in old
-                    )
-                sent = await asyncio.gather(*(in_flight(old[i], MESSAGES) for i in old))
-                for i, packets in zip(old, sent, strict=True):
-                    assert [p.payload for p in packets] == [payload(i, k) for k in range(MESSAGES)]
-                    assert not any(p.dup for p in packets)
+                await old_fleet(broker.port, old)
 
                 async def back(i: int) -> bool:
                     c = new[i] = await AsyncRawClient.open(broker.port, TIMEOUT)
@@ -152,13 +151,7 @@ def test_a_broker_killed_during_the_takeovers_loses_no_session_or_message(
             new: list[AsyncRawClient] = []
             third = asyncio.Event()
             try:
-                old = await old_fleet(broker.port)
-                with RawClient(broker.port) as publisher:
-                    publisher.connect("fleet-publisher", clean=True)
-                    publisher.publish_many(
-                        (f"fleet/{i}", payload(i, k)) for k in range(MESSAGES) for i in old
-                    )
-                await asyncio.gather(*(in_flight(old[i], MESSAGES) for i in old))
+                await old_fleet(broker.port, old)
 
                 async def back(i: int) -> None:
                     with contextlib.suppress(OSError, asyncio.IncompleteReadError):
