@@ -48,9 +48,9 @@ import logging
 import socket
 import uuid
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Generator, Mapping, Sequence
 from dataclasses import replace
-from typing import Protocol, assert_never
+from typing import Any, Protocol, assert_never
 
 from riverbed.clock import Tick, now_us
 from riverbed.errors import (
@@ -131,6 +131,54 @@ log = logging.getLogger(__name__)
 
 _NO_BACKLOG: deque[CoreEffect] = deque()
 """The empty backlog of every connection with nothing waiting (never appended to)."""
+
+
+class _Starting:
+    """A connection's worker while its first step runs at once (`_start_worker`)."""
+
+    __slots__ = ()
+
+
+_STARTING = _Starting()
+
+
+class _Resumed:
+    """Awaits a coroutine already run to its first suspension, from there:
+    what it waits for (`yielded`) is waited for by the task awaiting this,
+    and what that task is sent or thrown (a cancellation) goes to the
+    coroutine, as `await` would have done had the task run it from the start."""
+
+    __slots__ = ("_coro", "_yielded")
+
+    def __init__(self, coro: Coroutine[Any, Any, None], yielded: Any) -> None:
+        self._coro = coro
+        self._yielded = yielded
+
+    def __await__(self) -> Generator[Any, Any, None]:
+        coro, yielded = self._coro, self._yielded
+        del self._coro, self._yielded
+        while True:
+            try:
+                sent = yield yielded
+            except GeneratorExit:  # closed unfinished: so is the coroutine
+                coro.close()
+                raise
+            except BaseException as exc:  # thrown into the task: into the coroutine
+                try:
+                    yielded = coro.throw(exc)
+                except StopIteration:
+                    return
+            else:
+                try:
+                    yielded = coro.send(sent)
+                except StopIteration:
+                    return
+
+
+async def _resume(coro: Coroutine[Any, Any, None], yielded: Any) -> None:
+    await _Resumed(coro, yielded)
+
+
 MAX_BACKLOG = 1000
 """Effects queued behind a slow one before reading pauses."""
 DROP_EPISODE_GAP = 1.0
@@ -324,7 +372,7 @@ class Connection(asyncio.Protocol):
         self._backlog: deque[CoreEffect] = _NO_BACKLOG
         """Effects waiting behind one that is being carried out asynchronously (a
         deque of their own only while there are: idle connections share one)."""
-        self._worker: asyncio.Task[None] | None = None
+        self._worker: asyncio.Task[None] | _Starting | None = None
         self._paused = False
         self._acked: list[Event] | None = None
         """PUBACK/PUBREC/PUBCOMP of the current read, handed to the session
@@ -500,10 +548,27 @@ class Connection(asyncio.Protocol):
             self.close(DisconnectReason.UNSPECIFIED_ERROR)
 
     def _start_worker(self, first: CoreEffect, rest: list[CoreEffect]) -> None:
-        """`first` waits (`_now` said so): the worker carries it out, then `rest`."""
+        """`first` waits (`_now` said so): the worker carries it out, then `rest`.
+
+        When a session write would commit at once (`SessionWriter.writes_wait`:
+        on SQLite, the first of a turn of the loop), its first step runs now,
+        up to its first wait: a CONNECT or SUBSCRIBE then finishes in it, with
+        no task and no turn of the loop to start one (a client making its
+        session one exchange after another). Otherwise (clients coming back
+        together, PostgreSQL) its writes wait anyway, and a task carries it
+        from the start."""
         # A deque of its own, even if empty (never the shared one).
         self._backlog = deque(rest)
-        self._worker = self.loop.create_task(self._work(first))
+        work = self._work(first)
+        if self.broker.writer.writes_wait():
+            self._worker = self.loop.create_task(work)
+            return
+        self._worker = _STARTING  # what comes meanwhile queues behind `first`
+        try:
+            yielded = work.send(None)
+        except StopIteration:
+            return  # done: `_work` let go of `_worker`
+        self._worker = self.loop.create_task(_resume(work, yielded))
 
     def _apply(self, effects: list[CoreEffect]) -> None:
         """Carry out the core's answer to an event (acknowledgements, a close)
@@ -1280,10 +1345,14 @@ class Connection(asyncio.Protocol):
         if self._inbound is not None:
             self._inbound.flush(now=True)
         try:
-            if self._worker is not None:
-                # It stops after the packet at hand (closing is set).
+            worker = self._worker
+            if worker is not None:
+                # It stops after the packet at hand (closing is set). (Never
+                # `_STARTING` here: a first step runs to its end or its first wait
+                # before anything else does.)
+                assert not isinstance(worker, _Starting)
                 with contextlib.suppress(Exception):
-                    await asyncio.shield(self._worker)
+                    await asyncio.shield(worker)
             session = self.session
             if self.sharing is not None:
                 if session is not None:

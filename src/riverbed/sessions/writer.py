@@ -206,6 +206,17 @@ class SessionWriter:
             except RuntimeError:
                 self._loop = None  # no loop: each write commits on its own
 
+    def writes_wait(self) -> bool:
+        """Whether a write submitted now on the calling thread would wait (for
+        the end of the loop's turn, or for the writer's thread) rather than
+        commit at once (`commit_here`)."""
+        return (
+            self._here is None
+            or self._here != threading.get_ident()
+            or self._turn is not None
+            or not self._free()
+        )
+
     def start(self) -> None:
         """Start the thread (done by the first write unless `autostart` is False)."""
         with self._wake:
