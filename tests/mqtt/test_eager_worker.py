@@ -3,7 +3,8 @@ SUBSCRIBE) starts at once when its session write would commit at once: on
 SQLite a client making its session one exchange after another needs no task
 for its CONNECT or its SUBSCRIBE. One whose first step does wait (a takeover
 waits for the old connection's save) goes on in a task from there; where
-writes always wait (PostgreSQL) a task carries it from the start. In process,
+writes always wait (PostgreSQL), and for what always waits (a QoS 2
+PUBLISH), a task carries it from the start. In process,
 on both backends."""
 
 from __future__ import annotations
@@ -14,7 +15,15 @@ from typing import Any
 
 from harness.inprocess import running_broker
 from harness.raw_mqtt import AsyncRawClient
-from riverbed.mqtt.codec import Disconnect, DisconnectReason
+from riverbed.mqtt.codec import (
+    Disconnect,
+    DisconnectReason,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+)
 
 
 def _count_tasks() -> list[str]:
@@ -46,7 +55,18 @@ def test_a_session_made_exchange_by_exchange_and_taken_over(storage_url: str) ->
             assert (await first.subscribe("eager/#")).reason_codes == (1,)
             workers = started.count("Connection._work")
             assert workers == (0 if embedded else 2), started
+            # A QoS 2 PUBLISH always waits (its commit): a task from the start.
+            first.send(Publish("eager/q2", b"x", 2, packet_id=7))
+            assert (await first.expect(Pubrec)).packet_id == 7
+            assert started.count("Connection._work") == workers + 1, started
             assert "_resume" not in started
+            first.send(Pubrel(7))
+            # The PUBCOMP, and the message through its own subscription, in
+            # either order.
+            got = {type(p): p for p in [await first.next(), await first.next()]}
+            assert got.keys() == {Pubcomp, Publish}, got
+            assert got[Publish].payload == b"x"
+            first.send(Puback(got[Publish].packet_id))
 
             # The same client id again: the takeover waits for the first
             # connection's save, so its worker goes on in a task.

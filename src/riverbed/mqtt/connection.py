@@ -140,6 +140,10 @@ class _Starting:
 
 
 _STARTING = _Starting()
+_AT_ONCE = (Authenticate, OpenSession, ToSession)
+"""The effects whose worker may take its first step at once (`_start_worker`):
+those that wait for a session write, if at all (an authentication without a
+user name hashes nothing)."""
 
 
 class _Resumed:
@@ -550,17 +554,18 @@ class Connection(asyncio.Protocol):
     def _start_worker(self, first: CoreEffect, rest: list[CoreEffect]) -> None:
         """`first` waits (`_now` said so): the worker carries it out, then `rest`.
 
-        When a session write would commit at once (`SessionWriter.writes_wait`:
-        on SQLite, the first of a turn of the loop), its first step runs now,
-        up to its first wait: a CONNECT or SUBSCRIBE then finishes in it, with
-        no task and no turn of the loop to start one (a client making its
-        session one exchange after another). Otherwise (clients coming back
-        together, PostgreSQL) its writes wait anyway, and a task carries it
+        A CONNECT (its authentication and session), a SUBSCRIBE or UNSUBSCRIBE
+        whose session write would commit at once (`SessionWriter.writes_wait`:
+        on SQLite, the first of a turn of the loop) runs its first step now, up
+        to its first wait: it then finishes in it, with no task and no turn of
+        the loop to start one (a client making its session one exchange after
+        another). Otherwise (clients coming back together, PostgreSQL; a QoS 2
+        or retained PUBLISH, a PUBREL, which always wait) a task carries it
         from the start."""
         # A deque of its own, even if empty (never the shared one).
         self._backlog = deque(rest)
         work = self._work(first)
-        if self.broker.writer.writes_wait():
+        if type(first) not in _AT_ONCE or self.broker.writer.writes_wait():
             self._worker = self.loop.create_task(work)
             return
         self._worker = _STARTING  # what comes meanwhile queues behind `first`
