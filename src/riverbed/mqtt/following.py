@@ -608,7 +608,7 @@ class Following:
         conn = self.conn
         broker = conn.broker
         follow = NOTHING_TO_READ
-        made: tuple[tuple[str, ...], Mapping[str, MadeCursors]] | None = None
+        made: tuple[list[str], Mapping[str, MadeCursors]] | None = None
         if taken.shared:
             # A group member: the group's Leader lends it streams. No retained
             # messages for a shared subscription (MQTT 5.0 §4.8.2). The group
@@ -637,7 +637,7 @@ class Following:
             # client need not wait for this: what is published meanwhile waits
             # at the positions the SUBSCRIBE holds).
             new, cursors = made
-            follow, waiting = await self._streams_of(record.session_id, list(new), {}, made=cursors)
+            follow, waiting = await self._streams_of(record.session_id, new, {}, made=cursors)
             self.lineage_wait = self.lineage_wait or waiting
             self.recheck_lineage()
         self._follow_new_streams(follow)
@@ -718,7 +718,7 @@ class Following:
 
     async def _store_subscriptions(
         self, record: SessionRecord, version: int | None, filters: list[str], taken: _Taken
-    ) -> tuple[Stored, tuple[tuple[str, ...], Mapping[str, MadeCursors]] | None]:
+    ) -> tuple[Stored, tuple[list[str], Mapping[str, MadeCursors]] | None]:
         """Cursors on the topics `filters` newly reach, at the positions `taken`
         holds, and the record with those topics and its subscriptions
         (compare-and-set on `version`; None: create it): one write of the session writer, in a
@@ -737,7 +737,7 @@ class Following:
         if taken.hold is not None:
             taken.hold.until_written(written)
         stored = await outcome_of(written)
-        made = (tuple(new), stored.made or {}) if new else None
+        made = (new, stored.made or {}) if new else None
         return stored.without_made(), made
 
     async def unsubscribe(self, packet: Unsubscribe) -> None:

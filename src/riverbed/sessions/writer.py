@@ -210,12 +210,7 @@ class SessionWriter:
         """Whether a write submitted now on the calling thread would wait (for
         the end of the loop's turn, or for the writer's thread) rather than
         commit at once (`commit_here`)."""
-        return (
-            self._here is None
-            or self._here != threading.get_ident()
-            or self._turn is not None
-            or not self._free()
-        )
+        return self._here != threading.get_ident() or self._turn is not None or not self._free()
 
     def start(self) -> None:
         """Start the thread (done by the first write unless `autostart` is False)."""
