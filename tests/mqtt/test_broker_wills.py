@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
+from typing import Any
 
 import paho.mqtt.client as paho
 import pytest
@@ -16,13 +17,17 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.reasoncodes import ReasonCode
 
 from harness.broker import BrokerProcess, Client
+from harness.inprocess import running_broker
 from harness.nodes import NODE
+from harness.raw_mqtt import AsyncRawClient
 from harness.waiting import DEFAULT_TIMEOUT, eventually, eventually_async
 from riverbed.log.appender import Positions
 from riverbed.log.log import Log
 from riverbed.model import Message
 from riverbed.mqtt.broker import Broker
+from riverbed.mqtt.codec import Connack, Connect, ConnectProperties, Disconnect, Will
 from riverbed.mqtt.config import Address, AuthConfig, BrokerConfig, Listeners
+from riverbed.sessions.store import SessionRecord, Stored
 
 PROTOCOLS = [pytest.param(paho.MQTTv5, id="mqtt5"), pytest.param(paho.MQTTv311, id="mqtt311")]
 
@@ -284,5 +289,65 @@ def test_a_stopping_broker_waits_for_the_wills_it_is_publishing(sqlite_url: str)
             ]
             assert found == [b"bye"]
             await asyncio.to_thread(client.close)
+
+    asyncio.run(scenario())
+
+
+def test_a_disconnect_is_saved_ahead_of_what_is_read_after_it(storage_url: str) -> None:
+    """In process, on both backends: a client's DISCONNECT 0x00 and another
+    client's CONNECT come in together (one turn of the loop reads both). The
+    first's save, its Will gone, goes to the session writer (which commits in
+    the order it is given writes) ahead of the CONNECT's: once that CONNECT
+    is answered, a crash cannot leave the discarded Will stored for the next
+    start to publish. (It was submitted once its transport had closed, two
+    turns later: the CONNECT's write went first, and a broker killed right
+    after its CONNACK published a Will its client had discarded.)"""
+
+    async def scenario() -> None:
+        async with running_broker(storage_url) as broker:
+            polite = await AsyncRawClient.open(broker.port)
+            polite.send(
+                Connect(
+                    "polite",
+                    keep_alive=600,
+                    will=Will("will/polite", b"no", 1),
+                    properties=ConnectProperties(session_expiry_interval=60),
+                )
+            )
+            await polite.expect(Connack)
+            later = await AsyncRawClient.open(broker.port)
+            await eventually_async(
+                lambda: len(broker.every_connection()) == 2, what="the second connection made"
+            )
+            order: list[tuple[str, str]] = []
+            writer = broker.writer
+            write, commit = writer.write, writer.commit
+
+            def noted_write(record: SessionRecord, *args: Any, **kwargs: Any) -> Any:
+                order.append(("write", record.client_id))
+                return write(record, *args, **kwargs)
+
+            def noted_commit(stored: Stored, *args: Any, **kwargs: Any) -> Any:
+                order.append(("commit", stored.record.client_id))
+                return commit(stored, *args, **kwargs)
+
+            writer.write = noted_write  # type: ignore[method-assign]
+            writer.commit = noted_commit  # type: ignore[method-assign]
+            polite.send(Disconnect())  # both sent before the loop reads either
+            later.send(
+                Connect(
+                    "later",
+                    keep_alive=600,
+                    properties=ConnectProperties(session_expiry_interval=60),
+                )
+            )
+            assert (await later.expect(Connack)).reason_code == 0
+            await eventually_async(lambda: len(order) >= 2, what="both writes submitted")
+            assert order[:2] == [("commit", "polite"), ("write", "later")]
+            stored = broker.store.load("polite")
+            assert stored is not None
+            assert stored.record.will is None and not stored.record.connected
+            later.close()
+            polite.close()
 
     asyncio.run(scenario())

@@ -396,7 +396,7 @@ class Connection(asyncio.Protocol):
         """Ends the drop episode once the buffer has stayed below its mark a while."""
         self._alive: asyncio.TimerHandle | None = None
         """The core's next deadline (the CONNECT timeout, then keep alive)."""
-        self._teardown_task: asyncio.Task[None] | None = None
+        self._teardown_task: asyncio.Task[None] | _Starting | None = None
 
     # --- what the core knows, for the broker, the API and the session ----------------
     @property
@@ -514,8 +514,7 @@ class Connection(asyncio.Protocol):
         if self._sock is not None:
             self._sock.detach()
             self._sock = None
-        if self._teardown_task is None:
-            self._teardown_task = self.loop.create_task(self._teardown())
+        self._start_teardown()
 
     # --- the core's effects ----------------------------------------------------------
     def _run(self, effects: list[CoreEffect]) -> None:
@@ -764,6 +763,14 @@ class Connection(asyncio.Protocol):
         elif reason is DisconnectReason.KEEP_ALIVE_TIMEOUT:
             log.info("client %s: keep alive timeout", self.client_id or self.peer)
         self._close_transport()
+        if close.by_client and self._worker is None:
+            # The session's save submitted now, not once the transport has
+            # closed: ahead of any write for what is read after this
+            # DISCONNECT (a CONNECT on another connection), so a crash after
+            # that is answered cannot find a Will that a DISCONNECT 0x00
+            # discarded still stored. (A DISCONNECT behind a worker's effect:
+            # saved once that is done, as before.)
+            self._start_teardown()
 
     # --- CONNECT ---------------------------------------------------------------------
     async def _authenticate(self, effect: Authenticate) -> list[CoreEffect]:
@@ -1336,6 +1343,23 @@ class Connection(asyncio.Protocol):
                 self._slow_timer = self.loop.call_later(
                     self.broker.config.limits.slow_consumer_timeout, self._slow_consumer
                 )
+
+    def _start_teardown(self) -> None:
+        """Tear the connection down, once: at once up to the first wait (the
+        session's save is submitted then, when nothing it waits for is under
+        way), and from there in a task."""
+        if self._teardown_task is not None:
+            return
+        self._teardown_task = _STARTING
+        work = self._teardown()
+        try:
+            yielded = work.send(None)
+        except StopIteration:
+            return
+        except Exception:
+            log.exception("connection %s (%s): teardown failed", self.client_id or "-", self.peer)
+            return
+        self._teardown_task = self.loop.create_task(_resume(work, yielded))
 
     async def _teardown(self) -> None:
         self.closing = True
