@@ -514,7 +514,8 @@ class Connection(asyncio.Protocol):
         if self._sock is not None:
             self._sock.detach()
             self._sock = None
-        self._start_teardown()
+        if self._teardown_task is None:
+            self._teardown_task = self.loop.create_task(self._teardown())
 
     # --- the core's effects ----------------------------------------------------------
     def _run(self, effects: list[CoreEffect]) -> None:
@@ -763,14 +764,19 @@ class Connection(asyncio.Protocol):
         elif reason is DisconnectReason.KEEP_ALIVE_TIMEOUT:
             log.info("client %s: keep alive timeout", self.client_id or self.peer)
         self._close_transport()
-        if close.by_client and self._worker is None:
-            # The session's save submitted now, not once the transport has
-            # closed: ahead of any write for what is read after this
-            # DISCONNECT (a CONNECT on another connection), so a crash after
-            # that is answered cannot find a Will that a DISCONNECT 0x00
-            # discarded still stored. (A DISCONNECT behind a worker's effect:
-            # saved once that is done, as before.)
-            self._start_teardown()
+        if close.by_client and self._worker is None and self._teardown_task is None:
+            # The session's save submitted on the next turn of the loop (once
+            # the socket is closed: the client is not kept waiting), right
+            # after the transport's own callback, not in a task a turn later:
+            # ahead of any write for what is read after this DISCONNECT (a
+            # CONNECT on another connection, whose write waits for the turn's
+            # end from now, `gather_turn`), so a crash after that is answered
+            # cannot find a Will that a DISCONNECT 0x00 discarded still
+            # stored. (A DISCONNECT behind a worker's effect: saved once that
+            # is done, as before.)
+            self.broker.writer.gather_turn()
+            self._teardown_task = _STARTING
+            self.loop.call_soon(self._start_teardown)
 
     # --- CONNECT ---------------------------------------------------------------------
     async def _authenticate(self, effect: Authenticate) -> list[CoreEffect]:
@@ -1345,12 +1351,9 @@ class Connection(asyncio.Protocol):
                 )
 
     def _start_teardown(self) -> None:
-        """Tear the connection down, once: at once up to the first wait (the
-        session's save is submitted then, when nothing it waits for is under
-        way), and from there in a task."""
-        if self._teardown_task is not None:
-            return
-        self._teardown_task = _STARTING
+        """Tear the connection down (`_close_for`), at once up to the first
+        wait (the session's save is submitted then, when nothing it waits
+        for is under way), and from there in a task."""
         work = self._teardown()
         try:
             yielded = work.send(None)

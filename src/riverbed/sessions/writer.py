@@ -212,6 +212,17 @@ class SessionWriter:
         commit at once (`commit_here`)."""
         return self._here != threading.get_ident() or self._turn is not None or not self._free()
 
+    def gather_turn(self) -> None:
+        """Have the writes submitted on the loop's thread from now to the end
+        of this turn of the loop commit together at its end, in the order
+        submitted, none at once: one submitted now is ahead of whatever a
+        later callback of the turn submits, and its commit does not hold up
+        the callbacks before the turn's end. (Elsewhere writes queue in the
+        order submitted anyway.)"""
+        if self._turn is None and self._loop is not None and self._here == threading.get_ident():
+            self._turn = []
+            self._loop.call_soon(self._end_turn)
+
     def start(self) -> None:
         """Start the thread (done by the first write unless `autostart` is False)."""
         with self._wake:
