@@ -293,7 +293,12 @@ def test_a_stopping_broker_waits_for_the_wills_it_is_publishing(sqlite_url: str)
     asyncio.run(scenario())
 
 
-def test_a_disconnect_is_saved_ahead_of_what_is_read_after_it(storage_url: str) -> None:
+@pytest.mark.parametrize(
+    ("expiry", "save"), [(60, "commit"), (0, "discard")], ids=["persistent", "ends-with-it"]
+)
+def test_a_disconnect_is_saved_ahead_of_what_is_read_after_it(
+    storage_url: str, expiry: int, save: str
+) -> None:
     """In process, on both backends: a client's DISCONNECT 0x00 and another
     client's CONNECT come in together (one turn of the loop reads both). The
     first's save, its Will gone, goes to the session writer (which commits in
@@ -311,7 +316,7 @@ def test_a_disconnect_is_saved_ahead_of_what_is_read_after_it(storage_url: str) 
                     "polite",
                     keep_alive=600,
                     will=Will("will/polite", b"no", 1),
-                    properties=ConnectProperties(session_expiry_interval=60),
+                    properties=ConnectProperties(session_expiry_interval=expiry),
                 )
             )
             await polite.expect(Connack)
@@ -321,7 +326,7 @@ def test_a_disconnect_is_saved_ahead_of_what_is_read_after_it(storage_url: str) 
             )
             order: list[tuple[str, str]] = []
             writer = broker.writer
-            write, commit = writer.write, writer.commit
+            write, commit, discard = writer.write, writer.commit, writer.discard
 
             def noted_write(record: SessionRecord, *args: Any, **kwargs: Any) -> Any:
                 order.append(("write", record.client_id))
@@ -331,8 +336,13 @@ def test_a_disconnect_is_saved_ahead_of_what_is_read_after_it(storage_url: str) 
                 order.append(("commit", stored.record.client_id))
                 return commit(stored, *args, **kwargs)
 
+            def noted_discard(stored: Stored) -> Any:
+                order.append(("discard", stored.record.client_id))
+                return discard(stored)
+
             writer.write = noted_write  # type: ignore[method-assign]
             writer.commit = noted_commit  # type: ignore[method-assign]
+            writer.discard = noted_discard  # type: ignore[method-assign]
             polite.send(Disconnect())  # both sent before the loop reads either
             later.send(
                 Connect(
@@ -343,10 +353,13 @@ def test_a_disconnect_is_saved_ahead_of_what_is_read_after_it(storage_url: str) 
             )
             assert (await later.expect(Connack)).reason_code == 0
             await eventually_async(lambda: len(order) >= 2, what="both writes submitted")
-            assert order[:2] == [("commit", "polite"), ("write", "later")]
+            assert order[:2] == [(save, "polite"), ("write", "later")]
             stored = broker.store.load("polite")
-            assert stored is not None
-            assert stored.record.will is None and not stored.record.connected
+            if expiry:
+                assert stored is not None
+                assert stored.record.will is None and not stored.record.connected
+            else:
+                assert stored is None
             later.close()
             polite.close()
 

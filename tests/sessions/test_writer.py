@@ -80,6 +80,54 @@ def test_a_refused_write_refuses_only_itself(storage: Storage) -> None:
     assert loaded is not None and loaded.record.seen_us == 2 and loaded.version == 2
 
 
+def test_a_discard_deletes_the_record_at_its_version_only(storage: Storage) -> None:
+    """In turn with the other writes, in their transaction: the record alone
+    (the cursors are `SessionStore.drop_state`'s), and only if no one wrote
+    it since; a refused discard deletes nothing and refuses only itself."""
+    heads = create_topic(storage, "t")
+    store = SessionStore(storage)
+    gone = store.write(record("gone", topics=("t",)), None)
+    store.ensure_cursors("s-gone", ["t"], None)
+    moved = store.write(record("moved"), None)
+    store.write(record("moved", seen_us=2), moved.version)  # written since
+    writer = SessionWriter(store, autostart=False)
+    futures = [
+        writer.discard(gone),
+        writer.discard(moved),
+        writer.write(record("new"), None),
+    ]
+    writer.start()
+    discarded, refused, new = answers(futures)
+    writer.close()
+    assert writer.transactions == 1
+    assert discarded is gone and isinstance(new, Stored)
+    assert isinstance(refused, PreconditionFailed) and "version 1" in str(refused)
+    assert store.load("gone") is None
+    loaded = store.load("moved")
+    assert loaded is not None and loaded.record.seen_us == 2
+    assert storage.get_cursors(cursor_name("s-gone", "t")) == {heads[0].key: 0}
+    store.drop_state(gone.record)
+    with pytest.raises(SubscriptionNotFound):
+        storage.get_subscription(cursor_name("s-gone", "t"))
+
+
+def test_a_save_then_a_discard_in_one_transaction_keeps_nothing(storage: Storage) -> None:
+    heads = create_topic(storage, "t")
+    store = SessionStore(storage)
+    stored = store.write(record("c", topics=("t",)), None)
+    store.ensure_cursors("s-c", ["t"], None)
+    assert stored.version is not None
+    writer = SessionWriter(store, autostart=False)
+    left = record("c", topics=("t",), connected=False, disconnected_us=9)
+    save = writer.commit(Stored(left, stored.version), {"t": {heads[0].key: 0}}, {})
+    discard = writer.discard(Stored(left, stored.version + 1))
+    writer.start()
+    answers([save, discard])
+    writer.close()
+    assert writer.transactions == 1
+    assert store.load("c") is None and store.take_resumable("c") is None
+
+
 def test_new_cursors_come_with_the_record(storage: Storage) -> None:
     heads = create_topic(storage, "t", partitions=2)
     storage.append({heads[0].key: numbered_rows(3)})
@@ -570,13 +618,17 @@ def test_nothing_is_kept_but_a_save_at_disconnect_with_its_cursors(storage: Stor
     assert store.take_resumable("on") is None and store.take_resumable("gone") is None
 
 
-@pytest.mark.parametrize("change", ["write", "discard"])
+@pytest.mark.parametrize("change", ["write", "discard", "the writer's discard"])
 def test_any_other_write_of_the_record_forgets_what_was_kept(storage: Storage, change: str) -> None:
     store, saved, _ = _saved_at_disconnect(storage)
     if change == "write":
         store.write(replace(saved.record, seen_us=77), saved.version)
-    else:
+    elif change == "discard":
         store.discard(saved)
+    else:
+        writer = SessionWriter(store)
+        assert writer.discard(saved).result(TIMEOUT) is saved
+        writer.close()
     assert store.take_resumable("c") is None
 
 

@@ -1429,7 +1429,12 @@ class Connection(asyncio.Protocol):
             if self.expiry == 0:
                 # Ends with the connection [MQTT-4.1.0-2 with an interval of 0].
                 if stored.version is not None:
-                    await asyncio.to_thread(self.broker.store.discard, stored)
+                    # The record through the writer, in turn with the other
+                    # writes (a Will a DISCONNECT 0x00 discarded is gone
+                    # before what is read after it is answered); what else
+                    # it had, on a thread once it is gone.
+                    await outcome_of(self.broker.writer.discard(stored))
+                    await asyncio.to_thread(self.broker.store.drop_state, stored.record)
                 self.stored = None
                 return
             await self._save_checkpoint(session.checkpoint(self.loop.time()), disconnected=True)

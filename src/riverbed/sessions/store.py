@@ -525,8 +525,14 @@ class SessionStore:
             return
         self.forget_resumable(stored.record.client_id)
         self.storage.kv_delete_if_version(NAMESPACE, stored.record.client_id, stored.version)
-        self.drop_cursors(stored.record.session_id, stored.record.topics)
-        self.drop_markers(stored.record.session_id)
+        self.drop_state(stored.record)
+
+    def drop_state(self, record: SessionRecord) -> None:
+        """Delete what is stored in the session's name beside its record (its
+        cursors and markers): once the record is deleted (`discard`,
+        `SessionWriter.discard`)."""
+        self.drop_cursors(record.session_id, record.topics)
+        self.drop_markers(record.session_id)
 
     def drop_orphans(self) -> list[str]:
         """Delete the cursors and QoS 2 markers of sessions that have no record

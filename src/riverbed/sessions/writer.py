@@ -79,6 +79,7 @@ from riverbed.storage.transactions import (
     commits_now,
     create_subscription_in,
     find_cursors_many_in,
+    kv_delete_if_version_in,
     kv_hold_in,
     kv_write_in,
     storage_error,
@@ -124,7 +125,15 @@ class _Checkpoint:
     at_us: int | None
 
 
-_Op = _Write | _Checkpoint
+@dataclass(frozen=True, slots=True)
+class _Discard:
+    """The record deleted if still at `stored.version` (its cursors and
+    markers are the caller's to drop: `SessionStore.drop_state`)."""
+
+    stored: Stored
+
+
+_Op = _Write | _Checkpoint | _Discard
 
 
 class SessionWriter:
@@ -194,6 +203,14 @@ class SessionWriter:
     ) -> Future[Stored]:
         """A checkpoint, as `SessionStore.commit` makes it."""
         return self._submit(_Checkpoint(stored, cursors, sent, at_us))
+
+    def discard(self, stored: Stored) -> Future[Stored]:
+        """Delete the session's record if it is still at `stored.version`
+        (`PreconditionFailed` otherwise); answered with `stored`. In turn with
+        the other writes: a session ended by a DISCONNECT is gone before what
+        is written after it (`SessionStore.discard` does it all, cursors
+        included, on the calling thread)."""
+        return self._submit(_Discard(stored))
 
     def commit_here(self) -> None:
         """Let writes submitted on the calling thread (an event loop's) commit
@@ -432,6 +449,15 @@ class SessionWriter:
                 if not record.connected and self.store.resumable_max > 0:
                     saved.append((written, raw))
                 return written
+            case _Discard(stored):
+                client_id = stored.record.client_id
+                assert stored.version is not None
+                self.store.forget_resumable(client_id)
+                if not kv_delete_if_version_in(tx, NAMESPACE, client_id, stored.version):
+                    raise PreconditionFailed(
+                        f"key {NAMESPACE}/{client_id} is not at version {stored.version}"
+                    )
+                return stored
 
     def _make_cursors(
         self, tx: Transaction, session_id: str, cursors: NewCursors
