@@ -763,8 +763,21 @@ class Connection(asyncio.Protocol):
                 self._count_refusal(reason)
         elif reason is DisconnectReason.KEEP_ALIVE_TIMEOUT:
             log.info("client %s: keep alive timeout", self.client_id or self.peer)
+        early = close.by_client and self._worker is None and self._teardown_task is None
+        if early:
+            # The client sees its connection end (FIN) before the loop's next
+            # callbacks, among them the teardowns of the turn's DISCONNECTs.
+            self._flush()
+            transport = self.transport
+            if (
+                transport is not None
+                and not self._full
+                and not transport.is_closing()
+                and transport.can_write_eof()
+            ):
+                transport.write_eof()
         self._close_transport()
-        if close.by_client and self._worker is None and self._teardown_task is None:
+        if early:
             # The session's save submitted on the next turn of the loop (once
             # the socket is closed: the client is not kept waiting), right
             # after the transport's own callback, not in a task a turn later:
