@@ -134,7 +134,8 @@ _NO_BACKLOG: deque[CoreEffect] = deque()
 
 
 class _Starting:
-    """A connection's worker while its first step runs at once (`_start_worker`)."""
+    """A connection's worker while its first step runs at once (`_start_worker`),
+    or its teardown until its first step has run (`_close_for`)."""
 
     __slots__ = ()
 
@@ -181,6 +182,18 @@ class _Resumed:
 
 async def _resume(coro: Coroutine[Any, Any, None], yielded: Any) -> None:
     await _Resumed(coro, yielded)
+
+
+def _first_step(
+    loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, None]
+) -> asyncio.Task[None] | None:
+    """Run `coro` now, up to its first wait: the task that carries it on from
+    there, or None if it finished (what it raises passes through)."""
+    try:
+        yielded = coro.send(None)
+    except StopIteration:
+        return None
+    return loop.create_task(_resume(coro, yielded))
 
 
 MAX_BACKLOG = 1000
@@ -569,11 +582,9 @@ class Connection(asyncio.Protocol):
             self._worker = self.loop.create_task(work)
             return
         self._worker = _STARTING  # what comes meanwhile queues behind `first`
-        try:
-            yielded = work.send(None)
-        except StopIteration:
-            return  # done: `_work` let go of `_worker`
-        self._worker = self.loop.create_task(_resume(work, yielded))
+        task = _first_step(self.loop, work)
+        if task is not None:  # else done: `_work` let go of `_worker`
+            self._worker = task
 
     def _apply(self, effects: list[CoreEffect]) -> None:
         """Carry out the core's answer to an event (acknowledgements, a close)
@@ -764,19 +775,9 @@ class Connection(asyncio.Protocol):
         elif reason is DisconnectReason.KEEP_ALIVE_TIMEOUT:
             log.info("client %s: keep alive timeout", self.client_id or self.peer)
         early = close.by_client and self._worker is None and self._teardown_task is None
-        if early:
-            # The client sees its connection end (FIN) before the loop's next
-            # callbacks, among them the teardowns of the turn's DISCONNECTs.
-            self._flush()
-            transport = self.transport
-            if (
-                transport is not None
-                and not self._full
-                and not transport.is_closing()
-                and transport.can_write_eof()
-            ):
-                transport.write_eof()
-        self._close_transport()
+        # Early: the client sees its connection end (FIN) before the loop's
+        # next callbacks, among them the teardowns of the turn's DISCONNECTs.
+        self._close_transport(fin_now=early)
         if early:
             # The session's save submitted on the next turn of the loop (once
             # the socket is closed: the client is not kept waiting), right
@@ -1344,7 +1345,9 @@ class Connection(asyncio.Protocol):
             self._close_transport()
         await self.done.wait()
 
-    def _close_transport(self) -> None:
+    def _close_transport(self, *, fin_now: bool = False) -> None:
+        """Close the transport once what is queued is written (`fin_now`: and
+        send the FIN at once rather than when the loop gets to closing it)."""
         self.closing = True
         transport = self.transport
         if transport is not None and not transport.is_closing():
@@ -1355,6 +1358,8 @@ class Connection(asyncio.Protocol):
                 transport.abort()
                 return
             self._flush()
+            if fin_now and transport.can_write_eof():
+                transport.write_eof()
             transport.close()
             if transport.get_write_buffer_size() and self._slow_timer is None:
                 # The close waits for the buffer to drain: no longer than a
@@ -1367,15 +1372,13 @@ class Connection(asyncio.Protocol):
         """Tear the connection down (`_close_for`), at once up to the first
         wait (the session's save is submitted then, when nothing it waits
         for is under way), and from there in a task."""
-        work = self._teardown()
         try:
-            yielded = work.send(None)
-        except StopIteration:
-            return
+            task = _first_step(self.loop, self._teardown())
         except Exception:
             log.exception("connection %s (%s): teardown failed", self.client_id or "-", self.peer)
             return
-        self._teardown_task = self.loop.create_task(_resume(work, yielded))
+        if task is not None:
+            self._teardown_task = task
 
     async def _teardown(self) -> None:
         self.closing = True
