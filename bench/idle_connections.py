@@ -12,6 +12,10 @@ in either figure.
 
     .venv/bin/python bench/idle_connections.py [--count 10000] [--brokers riverbed,mosquitto]
 
+`--keep-alive S`: the clients ask for a keep alive of S seconds (default 0,
+none), as a real fleet does: the broker then watches a deadline per
+connection. Longer than the run, so no PINGREQ is needed.
+
 `--sites N`: where Riverbed's bytes go instead. It runs the broker under
 tracemalloc (`bench/_idle_trace.py`), opens N idle connections after the
 warm-up ones and prints the Python heap's growth per connection by allocation
@@ -68,7 +72,7 @@ def short(filename: str) -> str:
     return filename
 
 
-def sites(count: int, warm_up: int, top: int, settle: float) -> None:
+def sites(count: int, warm_up: int, top: int, settle: float, keep_alive: int) -> None:
     """Print the Python heap's growth per idle connection by allocation site."""
     workdir = Path(tempfile.mkdtemp(prefix="bench-idle-sites-"))
     os.environ["RIVERBED_TRACE_DIR"] = str(workdir)  # the broker inherits it
@@ -78,7 +82,7 @@ def sites(count: int, warm_up: int, top: int, settle: float) -> None:
         warm = open_idle(broker.port, warm_up, prefix="warm-")
         time.sleep(0.5)
         before = broker.snapshot("before")
-        idle = open_idle(broker.port, count)
+        idle = open_idle(broker.port, count, keep_alive=keep_alive)
         time.sleep(settle)
         after = broker.snapshot("after")
         close_all(idle)
@@ -109,7 +113,7 @@ def rss_kib(broker: Broker) -> int:
     raise RuntimeError(f"no VmRSS for {broker.name}")
 
 
-def measure(broker: Broker, count: int, warm_up: int, settle: float) -> float:
+def measure(broker: Broker, count: int, warm_up: int, settle: float, keep_alive: int) -> float:
     """KiB of RSS per idle connection."""
     broker.start()
     try:
@@ -117,7 +121,7 @@ def measure(broker: Broker, count: int, warm_up: int, settle: float) -> float:
         time.sleep(0.5)
         before = rss_kib(broker)
         started = time.monotonic()
-        idle = open_idle(broker.port, count)
+        idle = open_idle(broker.port, count, keep_alive=keep_alive)
         opened = time.monotonic() - started
         time.sleep(settle)
         after = rss_kib(broker)
@@ -148,25 +152,33 @@ def main() -> None:
         help="Riverbed's heap growth by allocation site over N idle connections (tracemalloc)",
     )
     p.add_argument("--top", type=int, default=25, help="how many sites --sites prints")
+    p.add_argument(
+        "--keep-alive", type=int, default=0, metavar="S", help="the clients' keep alive, seconds"
+    )
     args = p.parse_args()
+    if not 0 <= args.keep_alive <= 65535:
+        p.error(f"--keep-alive {args.keep_alive} is not an MQTT keep alive (0-65535 seconds)")
     # this process holds every client socket; the brokers inherit the limit
     limit = raise_open_files_limit(max(args.count, args.sites) + args.warm_up + 100)
     count = args.sites or args.count
     print(
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()},"
         f" load {os.getloadavg()[0]:.2f}; {count:,} idle connections"
-        f" after {args.warm_up} warm-up ones; open files limit {limit}",
+        f" after {args.warm_up} warm-up ones, keep alive {args.keep_alive} s;"
+        f" open files limit {limit}",
         flush=True,
     )
     if args.sites:
-        sites(args.sites, args.warm_up, args.top, args.settle)
+        sites(args.sites, args.warm_up, args.top, args.settle, args.keep_alive)
         return
     kinds: dict[str, type[Broker]] = {"riverbed": Riverbed, "mosquitto": Mosquitto}
     per: dict[str, float] = {}
     for name in args.brokers.split(","):
         workdir = Path(tempfile.mkdtemp(prefix=f"bench-idle-{name}-"))
         try:
-            per[name] = measure(kinds[name](workdir), args.count, args.warm_up, args.settle)
+            per[name] = measure(
+                kinds[name](workdir), args.count, args.warm_up, args.settle, args.keep_alive
+            )
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
     if "riverbed" in per and "mosquitto" in per and per["mosquitto"] > 0:

@@ -5,7 +5,8 @@
     close_all(sockets)
 
 Each connection is an MQTT 3.1.1 client with clean session 1 and keep alive 0
-(the broker never times it out), client id `{prefix}{n}`. Non-blocking sockets
+(the broker never times it out; `keep_alive` sets another, which an idle
+client must then keep with PINGREQs), client id `{prefix}{n}`. Non-blocking sockets
 and one selector; at most `window` connections are between connect() and their
 CONNACK at a time, so the broker's listen backlog never overflows (a dropped SYN
 costs a one-second retransmission).
@@ -44,6 +45,7 @@ def open_idle(
     window: int = 64,
     timeout: float = 120.0,
     host: str = "127.0.0.1",
+    keep_alive: int = 0,
 ) -> list[socket.socket]:
     """`count` connections to `host:port`, each CONNECTed and CONNACKed."""
     selector = selectors.DefaultSelector()
@@ -75,7 +77,7 @@ def open_idle(
                     if code:
                         raise OSError(code, f"{key.data}: {errno.errorcode.get(code)}")
                     # keep alive 0: the broker never closes an idle connection
-                    sock.send(encode(Connect(key.data, True, 0), V311))
+                    sock.send(encode(Connect(key.data, True, keep_alive), V311))
                     selector.modify(sock, selectors.EVENT_READ, key.data)
                     continue
                 data = pending[sock] + sock.recv(len(CONNACK_ACCEPTED))

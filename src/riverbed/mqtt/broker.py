@@ -57,6 +57,7 @@ from riverbed.mqtt.auth import load_auth
 from riverbed.mqtt.codec import DisconnectReason
 from riverbed.mqtt.config import Address, BrokerConfig
 from riverbed.mqtt.connection import Connection
+from riverbed.mqtt.deadlines import Deadlines
 from riverbed.mqtt.fanout import Fanout
 from riverbed.mqtt.node import ClusterNode
 from riverbed.mqtt.pacer import CommitPacer
@@ -155,6 +156,8 @@ class Broker:
         """Topics' shapes and bindings, read once for all sessions (`mqtt/shapes.py`)."""
         self.fanout.on_passed = _passed
         self.pacer = CommitPacer(log, config.storage.commit_interval_ms / 1000)
+        self.deadlines = Deadlines()
+        """Every connection's CONNECT timeout and keep alive, on one timer."""
         self.authenticator, self.authorizer = load_auth(config.auth)
         self.may_publish = self.authorizer.allows_publish
         """What every connection's core asks before it takes a PUBLISH in (made
@@ -406,6 +409,7 @@ class Broker:
                 )
         for connection in connections:
             await connection.done.wait()
+        self.deadlines.close()
         # The Wills the closed connections left go before the log closes.
         await self.wills.published_all(WILLS_STOP_TIMEOUT)
         leaders = 0

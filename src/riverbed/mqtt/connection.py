@@ -309,7 +309,7 @@ class Connection(asyncio.Protocol):
 
     __slots__ = (
         "_acked",
-        "_alive",
+        "_alive_tick",
         "_backlog",
         "_checkpoint",
         "_checkpointing",
@@ -407,7 +407,8 @@ class Connection(asyncio.Protocol):
         self._dropping_since = 0.0
         self._drop_end: asyncio.TimerHandle | None = None
         """Ends the drop episode once the buffer has stayed below its mark a while."""
-        self._alive: asyncio.TimerHandle | None = None
+        self._alive_tick: int | None = None
+        """Its bucket in `broker.deadlines` (the CONNECT timeout, then keep alive)."""
         """The core's next deadline (the CONNECT timeout, then keep alive)."""
         self._teardown_task: asyncio.Task[None] | _Starting | None = None
 
@@ -724,16 +725,14 @@ class Connection(asyncio.Protocol):
                 self.transport.resume_reading()
 
     def _arm_alive(self) -> None:
-        """A timer at the core's next deadline (the CONNECT timeout, then keep alive)."""
-        if self._alive is not None:
-            self._alive.cancel()
-            self._alive = None
-        deadline = self.core.next_deadline()
-        if deadline is not None and not self.closing:
-            self._alive = self.loop.call_at(deadline, self._check_alive)
+        """Be told at the core's next deadline (the CONNECT timeout, then keep
+        alive): `deadline_due`."""
+        deadline = None if self.closing else self.core.next_deadline()
+        self._alive_tick = self.broker.deadlines.arm(self, self._alive_tick, deadline)
 
-    def _check_alive(self) -> None:
-        self._alive = None
+    def deadline_due(self) -> None:
+        """`broker.deadlines`: the deadline `_arm_alive` asked for has come."""
+        self._alive_tick = None
         if self.closing:
             return
         self._apply(self.core.timer(self.loop.time()))
@@ -1382,10 +1381,10 @@ class Connection(asyncio.Protocol):
 
     async def _teardown(self) -> None:
         self.closing = True
-        for handle in (self._timer, self._alive):
-            if handle is not None:
-                handle.cancel()
-        self._alive = None
+        if self._timer is not None:
+            self._timer.cancel()
+        self.broker.deadlines.disarm(self, self._alive_tick)
+        self._alive_tick = None
         if self._following is not None:
             self._following.cancel()
         broker = self.broker

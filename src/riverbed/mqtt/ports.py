@@ -22,6 +22,7 @@ from riverbed.log.retention import Holds, Retainer
 from riverbed.metrics import Counts
 from riverbed.mqtt.acl import Authorizer
 from riverbed.mqtt.config import BrokerConfig
+from riverbed.mqtt.deadlines import Deadlines
 from riverbed.mqtt.fanout import Fanout
 from riverbed.mqtt.pacer import CommitPacer
 from riverbed.mqtt.retained import RetainedStore
@@ -71,6 +72,11 @@ class Services(Protocol):
 
     @property
     def pacer(self) -> CommitPacer: ...
+
+    @property
+    def deadlines(self) -> Deadlines:
+        """Every connection's CONNECT timeout and keep alive, on one timer."""
+        ...
 
     @property
     def shapes(self) -> TopicShapes:
