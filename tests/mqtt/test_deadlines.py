@@ -200,3 +200,25 @@ def test_every_owner_is_told_once_per_deadline_within_the_resolution(
             assert deadline is not None
             assert deadline <= owner.told[-1] <= deadline + resolution + 1e-9
     assert len(deadlines) == 0
+
+
+class Failing(Owner):
+    def deadline_due(self) -> None:
+        super().deadline_due()
+        raise RuntimeError(f"{self.name} failed")
+
+
+def test_an_owner_that_fails_is_logged_and_the_others_are_told(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    loop = FakeLoop()
+    deadlines = Deadlines(loop, resolution=0.1)
+    failing = Failing(deadlines, loop, "failing")
+    same, later = Owner(deadlines, loop, "same"), Owner(deadlines, loop, "later")
+    failing.arm(1.0)
+    same.arm(1.0)
+    later.arm(2.0)
+    loop.advance(3.0)
+    assert failing.told and same.told == [pytest.approx(1.0)]
+    assert later.told == [pytest.approx(2.0)]  # the timer went on
+    assert "failing failed" in caplog.text

@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import logging
 import math
 from collections.abc import Callable
 from typing import Protocol
+
+log = logging.getLogger(__name__)
 
 RESOLUTION = 0.05
 """Seconds of a bucket: how late past its deadline a connection may hear of it."""
@@ -53,7 +56,15 @@ class Deadlines:
     to `arm` or `disarm`: no per-owner entry here but in its bucket.
     """
 
-    __slots__ = ("_buckets", "_handle", "_handle_tick", "_loop", "_resolution", "_ticks")
+    __slots__ = (
+        "_buckets",
+        "_handle",
+        "_handle_tick",
+        "_loop",
+        "_resolution",
+        "_running",
+        "_ticks",
+    )
 
     def __init__(self, loop: Loop | None = None, resolution: float = RESOLUTION) -> None:
         if not resolution > 0:
@@ -68,6 +79,8 @@ class Deadlines:
         self._handle: Handle | None = None
         self._handle_tick = 0
         """The tick `_handle` runs at."""
+        self._running = False
+        """`_run` is telling owners (it sets the timer again when done)."""
 
     def __len__(self) -> int:
         """Owners with a deadline."""
@@ -86,7 +99,7 @@ class Deadlines:
             if bucket is None:
                 self._buckets[new] = {owner: None}
                 heapq.heappush(self._ticks, new)
-                if self._handle is None or new < self._handle_tick:
+                if not self._running and (self._handle is None or new < self._handle_tick):
                     self._schedule(new)
             else:
                 bucket[owner] = None
@@ -122,18 +135,25 @@ class Deadlines:
 
     def _run(self) -> None:
         """The timer: tell every owner whose bucket's time has come (each may
-        arm again, in a later bucket), then wait for the next bucket."""
+        arm again, in a later bucket), then wait for the next bucket. One
+        owner that fails is logged; the others are still told."""
         self._handle = None
         assert self._loop is not None
         now = self._loop.time()
         ticks = self._ticks
         buckets = self._buckets
-        while ticks and ticks[0] * self._resolution <= now:
-            bucket = buckets.pop(heapq.heappop(ticks), None)
-            if bucket:
-                for owner in bucket:
-                    owner.deadline_due()
-        while ticks and not buckets[ticks[0]]:
-            del buckets[heapq.heappop(ticks)]  # emptied before its time
-        if ticks:
-            self._schedule(ticks[0])
+        self._running = True
+        try:
+            while ticks and ticks[0] * self._resolution <= now:
+                bucket = buckets.pop(heapq.heappop(ticks), None)
+                for owner in bucket or ():
+                    try:
+                        owner.deadline_due()
+                    except Exception:
+                        log.exception("the deadline of %r failed", owner)
+        finally:
+            self._running = False
+            while ticks and not buckets[ticks[0]]:
+                del buckets[heapq.heappop(ticks)]  # emptied before its time
+            if ticks:
+                self._schedule(ticks[0])
