@@ -10,6 +10,7 @@ import paho.mqtt.client as paho
 import pytest
 
 from harness.broker import BrokerProcess, Client
+from riverbed.mqtt.protocol import CONNECT_TIMEOUT
 
 PROTOCOLS = [pytest.param(paho.MQTTv5, id="mqtt5"), pytest.param(paho.MQTTv311, id="mqtt311")]
 
@@ -151,6 +152,31 @@ def test_keep_alive_timeout(broker: BrokerProcess) -> None:
         assert data[2] == 0x8D  # Keep Alive timeout
         assert sock.recv(100) == b""
         assert 1.2 < elapsed < 20
+
+
+def test_a_connection_without_a_connect_is_closed_after_the_connect_timeout(
+    broker: BrokerProcess,
+) -> None:
+    # Two hostile sockets: one silent, one that sends half a CONNECT and
+    # stops. Both are closed, without a word, once CONNECT_TIMEOUT has passed
+    # (MQTT 5.0 §3.1: a Server SHOULD close a connection whose CONNECT does
+    # not come in reasonable time), while a client that connects meanwhile is
+    # served. Time passing is the scenario; the upper bound only tells
+    # "closed" from "never", with room for a loaded machine.
+    half = _connect_v5("slow", keep_alive=60)[:5]
+    with (
+        socket.create_connection(("127.0.0.1", broker.port), timeout=60) as silent,
+        socket.create_connection(("127.0.0.1", broker.port), timeout=60) as slow,
+    ):
+        started = time.monotonic()
+        slow.sendall(half)
+        ok = Client(broker.port, "meanwhile")
+        ok.connect()
+        ok.disconnect()
+        assert silent.recv(100) == b""
+        assert slow.recv(100) == b""
+        elapsed = time.monotonic() - started
+        assert CONNECT_TIMEOUT - 0.5 < elapsed < 60
 
 
 def test_malformed_bytes_close_only_that_connection(broker: BrokerProcess) -> None:
