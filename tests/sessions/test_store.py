@@ -311,6 +311,36 @@ def test_all_decodes_only_the_records_that_changed(storage: Storage, decoded: li
     assert again["c0"].record == first["c0"].record
 
 
+def test_census_counts_from_the_last_read_of_all_while_it_is_recent(
+    storage: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The `$SYS` topics and the metrics count sessions from the expiry
+    sweep's read of every record (`all`) if it is recent enough, else read."""
+    store = SessionStore(storage)
+    subs = (
+        Subscription("a/#", 1, False, False, 0, None),
+        Subscription("b", 0, False, False, 0, None),
+    )
+    store.write(record("on", "s-on", subscriptions=subs), None)
+    store.write(record("off", "s-off", connected=False, subscriptions=subs[:1]), None)
+    assert len(store.all()) == 2
+    store.write(record("new", "s-new", connected=False), None)
+    reads: list[int] = []
+    real = SessionStore.all
+
+    def counting(self: SessionStore) -> list[Stored]:
+        reads.append(1)
+        return real(self)
+
+    monkeypatch.setattr(SessionStore, "all", counting)
+    recent = store.census(max_age=3600)
+    assert (recent.sessions, recent.disconnected, recent.subscriptions) == (2, 1, 3)
+    assert reads == []  # counted by the read above, not read again
+    fresh = store.census(max_age=0)
+    assert (fresh.sessions, fresh.disconnected, fresh.subscriptions) == (3, 2, 3)
+    assert reads == [1]
+
+
 def test_load_decodes_only_a_record_that_changed(storage: Storage, decoded: list[bytes]) -> None:
     """A fleet resuming at once loads the records it wrote at its disconnects:
     those are not decoded again; one written since by anyone else is."""

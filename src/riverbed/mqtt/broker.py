@@ -321,10 +321,9 @@ class Broker:
         if self.metrics is not None:
             storage = self.log.storage
             sessions = self.store  # its decoded records shared with the sweeps
+            every = self.config.metrics.refresh_interval
             self._refresher = Refresher(
-                self.metrics,
-                lambda: read_storage(storage, sessions),
-                self.config.metrics.refresh_interval,
+                self.metrics, lambda: read_storage(storage, sessions, every), every
             )
             self._refresher.start()
         await self.wills.restore()

@@ -17,11 +17,14 @@ from riverbed.subscriptions.named import Subscriptions
 from riverbed.subscriptions.pipeline import queue_depths
 
 
-def read_storage(storage: Storage, sessions: SessionStore | None = None) -> Readings:
+def read_storage(
+    storage: Storage, sessions: SessionStore | None = None, max_age: float = 0.0
+) -> Readings:
     """Lag of every named subscription, queue depths of the delivered ones,
     sessions not connected and retained topic names, as `riverbed status`
     counts them. `sessions`: the store to read the sessions with (one kept
-    between refreshes decodes only the records that changed)."""
+    between refreshes decodes only the records that changed, and counts from
+    the expiry sweep's read of them if it is at most `max_age` seconds old)."""
     lags: dict[str, int] = {}
     retry: dict[str, int] = {}
     parked: dict[str, int] = {}
@@ -37,6 +40,6 @@ def read_storage(storage: Storage, sessions: SessionStore | None = None) -> Read
         if sub.name in deliveries:
             retry[sub.name], parked[sub.name] = queue_depths(storage, sub.name)
     store = sessions if sessions is not None else SessionStore(storage)
-    offline = sum(1 for s in store.all() if not s.record.connected)
+    offline = store.census(max_age).disconnected
     retained = storage.kv_count(RETAINED)  # not every retained message read to count them
     return Readings(lags, retry, parked, offline, retained)

@@ -242,7 +242,7 @@ class SysPublisher:
         broker = self.broker
         unwritten = broker.unwritten_sessions()  # on the loop, beside the connections
         sessions, disconnected, subscriptions, retained = await asyncio.to_thread(
-            _stored_counts, broker
+            _stored_counts, broker, self.interval
         )
         counts = broker.counts  # the ones the Prometheus metrics read too
         counters = Counters(
@@ -284,15 +284,14 @@ class SysPublisher:
             _route(broker, positions, batch)
 
 
-def _stored_counts(broker: Services) -> tuple[int, int, int, int]:
+def _stored_counts(broker: Services, max_age: float) -> tuple[int, int, int, int]:
     """(sessions, disconnected, subscriptions, retained messages) from the
-    database: one read of the session records, as the expiry sweep does every
-    few seconds, and a count of the retained ones."""
-    records = [stored.record for stored in broker.store.all()]
-    disconnected = sum(1 for record in records if not record.connected)
-    subscriptions = sum(len(record.subscriptions) for record in records)
+    database: the session records as the expiry sweep read them every few
+    seconds (read now if that was over `max_age` seconds ago), and a count
+    of the retained ones."""
+    census = broker.store.census(max_age)
     retained = broker.log.storage.kv_count(RETAINED_NAMESPACE)
-    return len(records), disconnected, subscriptions, retained
+    return census.sessions, census.disconnected, census.subscriptions, retained
 
 
 def _retain(broker: Services, messages: Iterable[Message]) -> None:

@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import threading
+import time
 from array import array
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -281,6 +282,19 @@ class MadeCursors:
     committed: dict[int, int]
 
 
+@dataclass(frozen=True, slots=True)
+class Census:
+    """What one read of every session record counted (`SessionStore.census`)."""
+
+    sessions: int
+    disconnected: int
+    """Records not marked connected."""
+    subscriptions: int
+    """Their subscriptions, all records together."""
+    at: float
+    """When (`time.monotonic`)."""
+
+
 class SessionStore:
     """Session records and session cursors in one storage. Blocking: the broker
     calls it from worker threads."""
@@ -288,9 +302,11 @@ class SessionStore:
     def __init__(self, storage: Storage) -> None:
         self.storage = storage
         self.leases = Leases(storage)
-        self._decoded: dict[str, tuple[int, int, SessionRecord]] = {}
+        self._decoded: dict[str, tuple[int, int, Stored]] = {}
         """What `all` decoded last time, by client id: the version and the hash
-        of the stored bytes, and the record they are."""
+        of the stored bytes, and the record they are (as handed out)."""
+        self._census: Census | None = None
+        """What the last `all` counted."""
         self.resumable_max = RESUMABLE_MAX
         self._resumable: dict[str, Resumable] = {}
         self._resumable_lock = threading.Lock()
@@ -368,7 +384,7 @@ class SessionStore:
     def _stored_of(self, entry: KVEntry) -> Stored:
         hit = self._decoded.get(entry.key)
         if hit is not None and hit[0] == entry.version and hit[1] == hash(entry.value):
-            return Stored(hit[2], entry.version)
+            return hit[2]
         return Stored(SessionRecord.from_json(entry.value), entry.version)
 
     def load_resuming(self, client_id: str) -> Resuming:
@@ -418,24 +434,43 @@ class SessionStore:
         broker's memory is a few KiB, and the bytes were a tenth of it.)"""
         known = self._decoded
         held_here = self.held_here
-        decoded: dict[str, tuple[int, int, SessionRecord]] = {}
+        decoded: dict[str, tuple[int, int, Stored]] = {}
         out: list[Stored] = []
+        disconnected = subscriptions = 0
         for entry in self._entries():
+            stored: Stored | None = None
             if held_here is not None:
                 mine = held_here(entry.key)
                 if mine is not None and mine.version == entry.version:
-                    out.append(mine)
-                    continue
-            seen = hash(entry.value)
-            hit = known.get(entry.key)
-            if hit is not None and hit[0] == entry.version and hit[1] == seen:
-                record = hit[2]
-            else:
-                record = SessionRecord.from_json(entry.value)
-            decoded[entry.key] = (entry.version, seen, record)
-            out.append(Stored(record, entry.version))
+                    stored = mine
+            if stored is None:
+                seen = hash(entry.value)
+                hit = known.get(entry.key)
+                if hit is not None and hit[0] == entry.version and hit[1] == seen:
+                    stored = hit[2]
+                else:
+                    stored = Stored(SessionRecord.from_json(entry.value), entry.version)
+                decoded[entry.key] = (entry.version, seen, stored)
+            out.append(stored)
+            record = stored.record
+            if not record.connected:
+                disconnected += 1
+            subscriptions += len(record.subscriptions)
         self._decoded = decoded  # one assignment: another thread sees old or new
+        self._census = Census(len(out), disconnected, subscriptions, time.monotonic())
         return out
+
+    def census(self, max_age: float) -> Census:
+        """Counts of the session records, from the last `all` if it is at most
+        `max_age` seconds old (the expiry sweep reads them all every few
+        seconds: the `$SYS` topics and the metrics count from that), else
+        from a read of them all now."""
+        last = self._census
+        if last is not None and time.monotonic() - last.at <= max_age:
+            return last
+        self.all()
+        assert self._census is not None
+        return self._census
 
     def write(self, record: SessionRecord, version: int | None) -> Stored:
         """Create (`version` None) or compare-and-set the record. Raises
@@ -474,7 +509,7 @@ class SessionStore:
         session goes offline). A write that does not commit after all leaves
         an entry that never matches."""
         if not record.connected:  # an online one is the broker's to tell (`held_here`)
-            self._decoded[record.client_id] = (version, hash(raw), record)
+            self._decoded[record.client_id] = (version, hash(raw), Stored(record, version))
         if self._resumable:
             self.forget_resumable(record.client_id)
 
