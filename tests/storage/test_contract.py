@@ -663,6 +663,28 @@ def test_get_list_and_delete_subscriptions(storage: Storage) -> None:
     assert storage.list_subscriptions() == sorted(records, key=lambda r: r.name)
     assert storage.list_subscriptions("orders") == [records[1], records[0]]
     assert storage.list_subscriptions("nope") == []
+    # The broker's `$`-named cursors (a session's) are left out when asked;
+    # a name with `%` or `_` in it is no pattern.
+    broker_owned = SubscriptionRecord(
+        "$session.s1.orders", "orders", None, StartKind.LATEST, None, 1
+    )
+    odd = SubscriptionRecord("x%_y", "orders", None, StartKind.LATEST, None, 1)
+    for record in (broker_owned, odd):
+        storage.create_subscription(record, no_cursors)
+    assert [s.name for s in storage.list_subscriptions("orders")] == [
+        "$session.s1.orders",
+        "a",
+        "b",
+        "x%_y",
+    ]
+    assert [s.name for s in storage.list_subscriptions(named_only=True)] == ["a", "b", "c", "x%_y"]
+    assert [s.name for s in storage.list_subscriptions("orders", named_only=True)] == [
+        "a",
+        "b",
+        "x%_y",
+    ]
+    for record in (broker_owned, odd):
+        storage.delete_subscription(record.name)
 
     storage.commit_cursors("a", {1: 1})
     storage.delete_subscription("a")

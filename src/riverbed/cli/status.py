@@ -102,9 +102,8 @@ def collect(storage: Storage, at_us: int) -> dict[str, Any]:
     subscriptions = []
     retry = parked = 0
     lags = Subscriptions(storage)
-    for sub in storage.list_subscriptions():
-        if sub.name.startswith("$"):
-            continue  # a session's or a shared group's cursors: counted with those
+    # Not the `$`-named cursors of sessions and shared groups: counted with those.
+    for sub in storage.list_subscriptions(named_only=True):
         try:
             lag = sum(s.lag for s in lags.lag(sub.name))
         except NotFound:

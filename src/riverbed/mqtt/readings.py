@@ -30,9 +30,7 @@ def read_storage(
     parked: dict[str, int] = {}
     deliveries = {d.name for d in Definitions(storage).list()}
     subscriptions = Subscriptions(storage)
-    for sub in storage.list_subscriptions():
-        if sub.name.startswith("$"):
-            continue  # a session's or a shared group's cursors, not a named subscription
+    for sub in storage.list_subscriptions(named_only=True):
         try:
             lags[sub.name] = sum(s.lag for s in subscriptions.lag(sub.name))
         except NotFound:

@@ -328,7 +328,13 @@ class Storage(Protocol):
         """Raises `SubscriptionNotFound`."""
         ...
 
-    def list_subscriptions(self, topic: str | None = None) -> list[SubscriptionRecord]: ...
+    def list_subscriptions(
+        self, topic: str | None = None, *, named_only: bool = False
+    ) -> list[SubscriptionRecord]:
+        """Every subscription (of `topic`), by name. `named_only`: not the
+        cursors the broker keeps under `$` names (its sessions' and shared
+        groups'), which a broker with many sessions has by the thousand."""
+        ...
 
     def delete_subscription(self, name: str) -> None: ...
 

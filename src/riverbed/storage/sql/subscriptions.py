@@ -120,14 +120,21 @@ class SubscriptionQueries(SqlCore):
         return _subscription(row)
 
     @operation
-    def list_subscriptions(self, topic: str | None = None) -> list[SubscriptionRecord]:
-        if topic is None:
-            rows = self._q(f"SELECT {_READ_COLUMNS} FROM subscriptions ORDER BY name").fetchall()
-        else:
-            rows = self._q(
-                f"SELECT {_READ_COLUMNS} FROM subscriptions WHERE topic = ? ORDER BY name",
-                (topic,),
-            ).fetchall()
+    def list_subscriptions(
+        self, topic: str | None = None, *, named_only: bool = False
+    ) -> list[SubscriptionRecord]:
+        where: list[str] = []
+        params: list[str] = []
+        if topic is not None:
+            where.append("topic = ?")
+            params.append(topic)
+        if named_only:
+            where.append("name NOT LIKE ?")  # `$` is no wildcard of LIKE
+            params.append("$%")
+        condition = f" WHERE {' AND '.join(where)}" if where else ""
+        rows = self._q(
+            f"SELECT {_READ_COLUMNS} FROM subscriptions{condition} ORDER BY name", params
+        ).fetchall()
         return [_subscription(r) for r in rows]
 
     @operation
