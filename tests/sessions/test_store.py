@@ -171,6 +171,50 @@ def test_expire_discards_record_and_cursors(storage: Storage) -> None:
     assert [s.name for s in storage.list_subscriptions("t")] == []
 
 
+def test_a_sparse_sweep_reads_the_records_only_once_one_is_due(
+    storage: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One broker alone on its database writes every record through its
+    store, which knows when the first session expires: its sweep reads them
+    all only then (a Will's grace counted), after a write that makes one due
+    sooner, or `FULL_SWEEP_EVERY` after the last read, never every sweep."""
+    second = 1_000_000
+    store = SessionStore(storage)
+    off = {"connected": False, "seen_us": 0, "disconnected_us": 0}
+    store.write(record("in-100", "s1", expiry_interval=100, **off), None)
+    store.write(record("will-10", "s2", expiry_interval=10, will="{}", **off), None)
+    store.write(record("live", "s3", expiry_interval=1, seen_us=0), None)
+    store.write(record("never", "s4", expiry_interval=NEVER_EXPIRES, **off), None)
+    reads: list[int] = []
+    real = SessionStore.all
+
+    def counting(self: SessionStore) -> list[Stored]:
+        reads.append(1)
+        return real(self)
+
+    monkeypatch.setattr(SessionStore, "all", counting)
+
+    def sweep(at_s: float) -> list[str]:
+        return store.expire(int(at_s * second), live={"live"}, sparse=True)
+
+    assert sweep(5) == [] and len(reads) == 1  # the first sweep reads them all
+    assert sweep(40) == [] and len(reads) == 1  # nothing due before 70 s (10 + the grace)
+    assert sweep(70) == ["will-10"] and len(reads) == 2
+    # Written since: a session due at 80 s.
+    store.write(
+        record("in-10", "s5", expiry_interval=10, **{**off, "disconnected_us": 70 * second}), None
+    )
+    assert sweep(75) == [] and len(reads) == 2
+    assert sweep(80) == ["in-10"] and len(reads) == 3
+    assert sweep(100) == ["in-100"] and len(reads) == 4
+    # Nothing due any more (live is the broker's, never expires): a full read
+    # a minute after the last one all the same.
+    assert sweep(130) == [] and len(reads) == 4
+    assert sweep(160) == [] and len(reads) == 5
+    # Not sparse (other nodes write records too): every sweep reads.
+    assert store.expire(161 * second, live={"live"}) == [] and len(reads) == 6
+
+
 def test_cursors_left_by_a_discard_cut_short_are_dropped(storage: Storage) -> None:
     """A crash between deleting a session's record and its cursors left the
     cursors with nobody to delete them, pinning their topic's messages for

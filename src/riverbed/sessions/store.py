@@ -106,6 +106,9 @@ and renews it; sessions connected to it do not expire while it runs."""
 WILL_GRACE = 60.0
 """Seconds past its expiry that a session whose Will was not published yet is
 kept for it (`SessionStore.expire`)."""
+FULL_SWEEP_EVERY = 60.0
+"""Seconds between two reads of every record by a `sparse` expiry sweep at
+most, whatever it knows to be due."""
 
 
 def node_lease(node: str) -> str:
@@ -307,6 +310,10 @@ class SessionStore:
         of the stored bytes, and the record they are (as handed out)."""
         self._census: Census | None = None
         """What the last `all` counted."""
+        self._due_us = 0
+        """A `sparse` expiry sweep reads the records once this has come: the
+        first expiry among those it read last time and those written since."""
+        self._due_lock = threading.Lock()
         self.resumable_max = RESUMABLE_MAX
         self._resumable: dict[str, Resumable] = {}
         self._resumable_lock = threading.Lock()
@@ -510,6 +517,9 @@ class SessionStore:
         an entry that never matches."""
         if not record.connected:  # an online one is the broker's to tell (`held_here`)
             self._decoded[record.client_id] = (version, hash(raw), Stored(record, version))
+            due = _due_us(record)
+            if due is not None:
+                self._earlier_due(due)
         if self._resumable:
             self.forget_resumable(record.client_id)
 
@@ -732,24 +742,35 @@ class SessionStore:
             exact = exact and (covered or not lag)
         return Backlog(total, exact)
 
-    def expire(self, at_us: int, live: set[str], here: str | None = None) -> list[str]:
+    def expire(
+        self, at_us: int, live: set[str], here: str | None = None, *, sparse: bool = False
+    ) -> list[str]:
         """Discard every session whose expiry has passed at `at_us`, except those
         of client ids in `live` (connected here) and those held by another
         running node (`held_elsewhere`; `here`: this node); return their client
         ids. A session whose record still holds a Will (due when it expires at
         the latest) is kept until the Will is published, for at most
-        `WILL_GRACE` seconds: it is the record that fences it (`mqtt/wills.py`)."""
+        `WILL_GRACE` seconds: it is the record that fences it (`mqtt/wills.py`).
+
+        `sparse`: every record is written through this store (one broker alone
+        on its database), so it knows when the first session is due: the
+        records are read only once that has come (and at least every
+        `FULL_SWEEP_EVERY` seconds), not at every sweep. A broker with many
+        stored sessions read them all every few seconds for this."""
+        if sparse and at_us < self._due_us:
+            return []
+        with self._due_lock:
+            self._due_us = at_us + int(FULL_SWEEP_EVERY * 1_000_000)
+        first: int | None = None
         gone: list[str] = []
         for stored in self.all():
             record = stored.record
-            if record.client_id in live or not record.expired(at_us):
-                continue
-            expires = record.expires_us()
-            if (
-                record.will is not None
-                and expires is not None
-                and at_us < expires + int(WILL_GRACE * 1_000_000)
-            ):
+            if record.client_id in live:
+                continue  # its save at the disconnect makes it due (`remember`)
+            due = _due_us(record)
+            if due is None or at_us < due:
+                if due is not None and (first is None or due < first):
+                    first = due
                 continue
             if here is not None and self.held_elsewhere(record, here, at_us):
                 continue
@@ -758,7 +779,23 @@ class SessionStore:
             except PreconditionFailed:
                 continue  # resumed meanwhile
             gone.append(record.client_id)
+        if first is not None:
+            self._earlier_due(first)
         return gone
+
+    def _earlier_due(self, due_us: int) -> None:
+        with self._due_lock:
+            if due_us < self._due_us:
+                self._due_us = due_us
+
+
+def _due_us(record: SessionRecord) -> int | None:
+    """When the expiry sweep may discard `record` (None: never): at its
+    expiry, or `WILL_GRACE` after it while it holds a Will."""
+    expires = record.expires_us()
+    if expires is None or record.will is None:
+        return expires
+    return expires + int(WILL_GRACE * 1_000_000)
 
 
 def start_positions(stored: Mapping[int, int], heads: Iterable[StreamHead]) -> dict[int, int]:
