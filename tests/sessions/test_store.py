@@ -30,6 +30,19 @@ def record(client_id: str = "c", session_id: str = "s1", **changes: object) -> S
     return SessionRecord(**{**{f: getattr(base, f) for f in base.__slots__}, **changes})  # type: ignore[arg-type]
 
 
+def count_reads_of_all(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that grows by one at each `SessionStore.all` from now on."""
+    reads: list[int] = []
+    real = SessionStore.all
+
+    def counting(self: SessionStore) -> list[Stored]:
+        reads.append(1)
+        return real(self)
+
+    monkeypatch.setattr(SessionStore, "all", counting)
+    return reads
+
+
 def test_record_round_trips() -> None:
     r = record(
         subscriptions=(Subscription("a/#", 1, True, False, 2, 9),),
@@ -185,14 +198,7 @@ def test_a_sparse_sweep_reads_the_records_only_once_one_is_due(
     store.write(record("will-10", "s2", expiry_interval=10, will="{}", **off), None)
     store.write(record("live", "s3", expiry_interval=1, seen_us=0), None)
     store.write(record("never", "s4", expiry_interval=NEVER_EXPIRES, **off), None)
-    reads: list[int] = []
-    real = SessionStore.all
-
-    def counting(self: SessionStore) -> list[Stored]:
-        reads.append(1)
-        return real(self)
-
-    monkeypatch.setattr(SessionStore, "all", counting)
+    reads = count_reads_of_all(monkeypatch)
 
     def sweep(at_s: float) -> list[str]:
         return store.expire(int(at_s * second), live={"live"}, sparse=True)
@@ -369,14 +375,7 @@ def test_census_counts_from_the_last_read_of_all_while_it_is_recent(
     store.write(record("off", "s-off", connected=False, subscriptions=subs[:1]), None)
     assert len(store.all()) == 2
     store.write(record("new", "s-new", connected=False), None)
-    reads: list[int] = []
-    real = SessionStore.all
-
-    def counting(self: SessionStore) -> list[Stored]:
-        reads.append(1)
-        return real(self)
-
-    monkeypatch.setattr(SessionStore, "all", counting)
+    reads = count_reads_of_all(monkeypatch)
     recent = store.census(max_age=3600)
     assert (recent.sessions, recent.disconnected, recent.subscriptions) == (2, 1, 3)
     assert reads == []  # counted by the read above, not read again
