@@ -365,7 +365,8 @@ class SessionStore:
         our last write, None for a record not written yet), those another node
         has taken over since: their record written by a connection elsewhere,
         or gone."""
-        current = {e.key: e for e in self.storage.kv_list(NAMESPACE)}
+        # Only these records (not every stored one: a node holds a few of them).
+        current = self.storage.kv_get_many(NAMESPACE, list(mine))
         out: list[str] = []
         for client_id, version in mine.items():
             entry = current.get(client_id)
