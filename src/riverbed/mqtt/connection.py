@@ -409,7 +409,6 @@ class Connection(asyncio.Protocol):
         """Ends the drop episode once the buffer has stayed below its mark a while."""
         self._alive_tick: int | None = None
         """Its bucket in `broker.deadlines` (the CONNECT timeout, then keep alive)."""
-        """The core's next deadline (the CONNECT timeout, then keep alive)."""
         self._teardown_task: asyncio.Task[None] | _Starting | None = None
 
     # --- what the core knows, for the broker, the API and the session ----------------
