@@ -16,7 +16,11 @@ retention keeps up; the file itself never shrinks (docs/storage.md).
 Other processes' commits are noticed through `PRAGMA data_version`, which
 changes when another connection commits: a cheap check every few milliseconds
 on a watcher thread, started when somebody waits and stopped once nobody has
-waited for `WATCH_IDLE` seconds (the next wait starts it again).
+waited for `WATCH_IDLE` seconds (the next wait starts it again). While no other
+process has the file open (and no other storage of this process), there is
+nobody to hear: the watcher then waits for a process to open it instead of
+polling (`storage/opens.py`), looking at who has it open every `WATCH_ALONE`
+seconds, and polls again from the moment one does.
 """
 
 from __future__ import annotations
@@ -34,6 +38,13 @@ from riverbed.errors import DatabaseNotFound, StorageUnavailable, StreamSealed
 from riverbed.storage import bulk
 from riverbed.storage.base import Row
 from riverbed.storage.connections import Cursor, operation
+from riverbed.storage.opens import (
+    OpenWatch,
+    closed_here,
+    opened_here,
+    others_have_open,
+    shared_here,
+)
 from riverbed.storage.sql import RECORD_MARKER, SqlStorage
 from riverbed.storage.urls import redact_url
 
@@ -42,6 +53,20 @@ WATCH_INTERVAL = 0.002
 
 WATCH_IDLE = 5.0
 """Seconds without a waiter after which the watcher stops polling."""
+
+WATCH_ALONE = 1.0
+"""Seconds between two looks at who has the file open while the watcher finds
+no other process with it open (and waits for one to open it, `OpenWatch`)."""
+
+WATCH_COMPANY = 1.0
+"""Seconds the watcher polls before it looks again at who has the file open,
+after it found another process with it."""
+
+WATCH_OPENED = 0.2
+"""Seconds the watcher polls after it saw the file opened before it looks at
+who has it open: a process takes its lock on the `-shm` file a moment after it
+opens that file (the last it opens). The file's opens by this process's own
+new connections wake it too, and end the same way."""
 
 BUSY_TIMEOUT = 60.0
 """Seconds a connection waits for another's write lock before giving up."""
@@ -111,6 +136,15 @@ class SqliteStorage(SqlStorage):
             # switching to WAL writes to an existing one.
             self._require_schema()
         self._watcher: threading.Thread | None = None
+        self._opens: OpenWatch | None = None
+        """The running watcher's wait for another process to open the file."""
+        self.alone_watch = True
+        """Whether the watcher may wait for an open instead of polling while no
+        other process has the file open (off: it polls, as where it cannot tell)."""
+        self.watching_alone = False
+        """The watcher is waiting for another process to open the file (for tests)."""
+        self._here: str | None = opened_here(path)
+        """This storage counted among the process's own on the file (till `close`)."""
         try:
             self._migrate()
         except BaseException:
@@ -313,9 +347,31 @@ class SqliteStorage(SqlStorage):
         )
         self._watcher.start()
 
+    def close(self) -> None:
+        super().close()
+        here, self._here = self._here, None
+        if here is not None:
+            closed_here(here)
+        opens = self._opens
+        if opens is not None:
+            opens.interrupt()  # a watcher waiting alone ends now
+
+    def _look(self, conn: sqlite3.Connection, last: int) -> int:
+        """The watcher's look for other connections' commits since `last`: the
+        version now, readers woken if it moved."""
+        version: int = conn.execute("PRAGMA data_version").fetchone()[0]
+        if version != last:
+            self.wakeups.notify()
+        return version
+
     def _watch(self) -> None:
         conn: sqlite3.Connection | None = None
+        # Before the first look at who has the file open: an open after that
+        # look is heard by the watch.
+        opens = self._opens = OpenWatch.start(self.path) if self.alone_watch else None
         try:
+            if self._stopping.is_set():
+                return
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             last = conn.execute("PRAGMA data_version").fetchone()[0]
             # A commit by another process before `last` was read would go unnoticed
@@ -323,17 +379,43 @@ class SqliteStorage(SqlStorage):
             # watcher stopped); one wake-up makes it look.
             self.wakeups.notify()
             wakeups = self.wakeups
-            while not self._stopping.wait(wakeups.poll_interval(WATCH_INTERVAL)):
-                version = conn.execute("PRAGMA data_version").fetchone()[0]
-                if version != last:
-                    last = version
-                    self.wakeups.notify()
+            company_until = 0.0  # till then it polls without looking who has the file open
+            while True:
+                if (
+                    opens is not None
+                    and time.monotonic() >= company_until
+                    and not (
+                        self._here is None or shared_here(self._here) or others_have_open(self.path)
+                    )
+                ):
+                    # Nobody else has the file open, so nobody else can commit
+                    # before opening it: wait for that instead of polling. A
+                    # commit made before that look is heard now; our own commits
+                    # wake readers themselves (`Wakeups.notify` after each).
+                    self.watching_alone = True
+                    last = self._look(conn, last)
+                    if opens.wait(WATCH_ALONE):
+                        self.watching_alone = False
+                        company_until = time.monotonic() + WATCH_OPENED
+                    stopped = self._stopping.is_set()
+                else:
+                    if opens is not None and time.monotonic() >= company_until:
+                        self.watching_alone = False
+                        company_until = time.monotonic() + WATCH_COMPANY
+                    stopped = self._stopping.wait(wakeups.poll_interval(WATCH_INTERVAL))
+                if stopped:
+                    return
+                last = self._look(conn, last)
                 if self.wakeups.watcher_may_stop(WATCH_IDLE):
                     return
         except sqlite3.Error:
             # Closed under us, or the file went away: the next wait tries again.
             self.wakeups.watcher_stopped()
         finally:
+            self.watching_alone = False
+            if opens is not None:
+                self._opens = None
+                opens.close()
             if conn is not None:
                 conn.close()
 
