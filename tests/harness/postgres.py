@@ -13,6 +13,13 @@ Debian keeps the server binaries under `/usr/lib/postgresql/<version>/bin`
 `initdb` refuses to run as root, so as root every server command runs as the
 `postgres` OS user (`runuser -u postgres --`) in a directory that user owns.
 
+A server outlives a test process that dies without its teardown (SIGTERM from
+`timeout`, SIGKILL), its postmaster reparented to init and its directory left
+in `/dev/shm`. So each server has a reaper: a small process in a session of its
+own, which reads a pipe from the test process and, once the pipe closes without
+a word (the test process is gone), stops the server and deletes its directory.
+`stop()` tells it first that there is nothing left to do.
+
 Durability settings are for speed: `fsync=off` and `synchronous_commit=off` are
 fine because tests that kill a process with SIGKILL kill a *client*, never this
 server.
@@ -27,6 +34,7 @@ import pwd
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 from collections.abc import Sequence
@@ -116,6 +124,7 @@ class PostgresServer:
         self._admin: psycopg.Connection[tuple[object, ...]] | None = None
         self._as_postgres = os.geteuid() == 0
         self._discarded: list[str] = []
+        self._reaper: subprocess.Popen[bytes] | None = None
         self.port = 0
         self.url = ""
         """URL of the database `riverbed` (empty until started)."""
@@ -138,6 +147,7 @@ class PostgresServer:
                         f"running as root needs the OS user {OS_USER!r} to run initdb"
                     ) from None
                 os.chown(self._dir, user.pw_uid, user.pw_gid)
+            self._reaper = _start_reaper(self._dir)
             self._initdb(bindir)
             self._start_server(bindir)
             self._admin = psycopg.connect(self._url("postgres"), autocommit=True)
@@ -248,6 +258,9 @@ class PostgresServer:
                 self._kill_postmaster(data)
         shutil.rmtree(directory, ignore_errors=True)
         self.url = ""
+        reaper, self._reaper = self._reaper, None
+        if reaper is not None:
+            _dismiss(reaper)
 
     def halt(self) -> None:
         """Stop the server (fast shutdown: clients are disconnected), keeping its
@@ -383,6 +396,52 @@ class PostgresServer:
         with contextlib.suppress(OSError, ValueError, IndexError):
             pid = int((data / "postmaster.pid").read_text().splitlines()[0])
             os.kill(pid, 9)
+
+
+# --------------------------------------------------------------------- the reaper
+
+_REAPER = """
+import os, shutil, signal, sys, time
+directory = sys.argv[1]
+word = sys.stdin.buffer.read()  # until the test process closes the pipe, or dies
+if word != b"done":
+    data = os.path.join(directory, "data")
+    try:
+        with open(os.path.join(data, "postmaster.pid")) as f:
+            pid = int(f.readline())
+        os.kill(pid, signal.SIGQUIT)  # immediate shutdown
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and os.path.exists(f"/proc/{pid}"):
+            time.sleep(0.05)
+        if os.path.exists(f"/proc/{pid}"):
+            os.kill(pid, signal.SIGKILL)
+    except (OSError, ValueError):
+        pass
+    shutil.rmtree(directory, ignore_errors=True)
+"""
+"""Stops the server in `directory` and deletes it unless told `done` first."""
+
+
+def _start_reaper(directory: Path) -> subprocess.Popen[bytes]:
+    """The reaper of the server in `directory` (see the module docstring): in a
+    session of its own, so a signal to the test's process group spares it."""
+    return subprocess.Popen(
+        [sys.executable, "-c", _REAPER, str(directory)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def _dismiss(reaper: subprocess.Popen[bytes]) -> None:
+    """Tell a reaper its server is stopped and gone: it exits doing nothing."""
+    assert reaper.stdin is not None
+    with contextlib.suppress(OSError):
+        reaper.stdin.write(b"done")
+        reaper.stdin.close()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        reaper.wait(timeout=30)
 
 
 # --------------------------------------------------------------------- clients of a database
