@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import paho.mqtt.client as paho
 import pytest
@@ -177,6 +178,25 @@ def test_a_connection_without_a_connect_is_closed_after_the_connect_timeout(
         assert slow.recv(100) == b""
         elapsed = time.monotonic() - started
         assert CONNECT_TIMEOUT - 0.5 < elapsed < 60
+
+
+def test_the_connect_timeout_is_a_setting(tmp_path: Path) -> None:
+    # [limits] connect_timeout = 1: a silent socket is closed after a second,
+    # well before the default 10 s (the upper bound tells the two apart, with
+    # room for a loaded machine).
+    config = tmp_path / "riverbed.toml"
+    config.write_text("[limits]\nconnect_timeout = 1\n")
+    with (
+        BrokerProcess(
+            f"sqlite:///{tmp_path}/riverbed.db", extra_args=("--config", str(config))
+        ) as broker,
+        socket.create_connection(("127.0.0.1", broker.port), timeout=60) as silent,
+    ):
+        started = time.monotonic()
+        assert silent.recv(100) == b""
+        elapsed = time.monotonic() - started
+        assert 0.5 < elapsed < CONNECT_TIMEOUT - 1
+        broker.wait_logged("no CONNECT within 1s")
 
 
 def test_malformed_bytes_close_only_that_connection(broker: BrokerProcess) -> None:

@@ -65,6 +65,7 @@ def test_defaults() -> None:
         retain_available=True,
         write_buffer_limit=1048576,
         slow_consumer_timeout=60,
+        connect_timeout=10,
     )
     assert config.limits.v311_session_expiry == 7 * 24 * 3600
     assert config.auth == AuthConfig(allow_anonymous=True)
@@ -241,6 +242,9 @@ RULES: list[tuple[str, object, str]] = [
     ("limits.slow_consumer_timeout", "2d", "whole seconds from 1 to 86400"),
     ("limits.slow_consumer_timeout", "0.5s", "whole seconds from 1 to 86400"),
     ("limits.slow_consumer_timeout", "never", "whole seconds from 1 to 86400"),
+    ("limits.connect_timeout", 0, "must be whole seconds from 1 to 3600"),
+    ("limits.connect_timeout", "2h", "whole seconds from 1 to 3600"),
+    ("limits.connect_timeout", 2.5, "whole seconds from 1 to 3600"),
     ("auth.allow_anonymous", "sometimes", "must be true or false"),
     ("listeners.mqtt", 1883, "must be HOST:PORT as a string"),
     ("storage.url", 5, "must be a database URL string"),
@@ -309,6 +313,8 @@ def test_a_bad_url_never_shows_its_password() -> None:
         ("limits.write_buffer_limit", "1073741824", 1073741824),
         ("limits.slow_consumer_timeout", 1, 1),
         ("limits.slow_consumer_timeout", "24h", 86400),
+        ("limits.connect_timeout", 1, 1),
+        ("limits.connect_timeout", "1h", 3600),
         ("auth.allow_anonymous", "1", True),
         (
             "storage.url",
@@ -545,6 +551,7 @@ def test_missing_and_unreadable_config_files(tmp_path: Path) -> None:
         (lambda: Limits(receive_maximum=0), "limits.receive_maximum = 0: must be"),
         (lambda: Limits(max_inflight=70000), "limits.max_inflight = 70000"),
         (lambda: Limits(slow_consumer_timeout=0), "limits.slow_consumer_timeout = 0: must"),
+        (lambda: Limits(connect_timeout=0), "limits.connect_timeout = 0: must"),
         (lambda: Limits(write_buffer_limit=100), "limits.write_buffer_limit = 100: must"),
         (lambda: Limits(default_session_expiry=10, max_session_expiry=5), "more than"),
         (lambda: StorageConfig("ftp://x"), "storage.url = 'ftp://x'"),

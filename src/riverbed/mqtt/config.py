@@ -47,6 +47,7 @@ A complete file, with the defaults:
     stop_grace = 20                  # seconds: SIGTERM to exit at most (then exits anyway)
     write_buffer_limit = 1048576     # bytes waiting to go to one client before QoS 0 is dropped
     slow_consumer_timeout = 60       # seconds a client's write buffer may stay full
+    connect_timeout = 10             # seconds a new connection may take to send its CONNECT
 
     [shared_subscriptions]           # $share/GROUP/FILTER and $queue/FILTER (sharedsub/)
     enabled = true
@@ -133,6 +134,12 @@ Why the defaults are what they are:
   buffer stays full this long the connection is closed (its session stays):
   a client paused for a minute is gone, and should reconnect. At least 4 KiB
   (a few messages), at most 1 GiB; the timeout from 1 s to a day.
+- `connect_timeout` 10 s: a connection that has not sent its whole CONNECT by
+  then is closed without a word (MQTT 5.0 §4.8: a server closes a connection
+  that sends nothing it can act on). A fleet reconnecting after an outage gets
+  its CONNACKs within a second or so (docs/benchmarks.md), so 10 s is room for
+  a slow TLS handshake on a loaded link; what it bounds is how long a socket
+  that never speaks holds a file descriptor and memory. From 1 s to an hour.
 - `commit_interval_ms` 3: every commit of PUBLISHes costs a transaction, a
   PUBACK write, a delivery write and their wake-ups, whatever it holds. The
   commit pacer (`mqtt/pacer.py`) commits at once after a quiet spell, and under
@@ -407,6 +414,7 @@ class Limits:
     stop_grace: int = 20
     write_buffer_limit: int = 1 << 20
     slow_consumer_timeout: int = 60
+    connect_timeout: int = 10
 
     def __post_init__(self) -> None:
         _check_fields("limits", self)
@@ -927,6 +935,9 @@ KEYS: dict[str, Key] = {
     ),
     "limits.slow_consumer_timeout": Key(
         _seconds(DAY, low=1), "seconds a client's write buffer may stay full"
+    ),
+    "limits.connect_timeout": Key(
+        _seconds(3600, low=1), "seconds a new connection may take to send its CONNECT"
     ),
     "shared_subscriptions.enabled": Key(_boolean, "accept $share/ and $queue/ subscriptions"),
     **{

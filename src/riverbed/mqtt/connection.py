@@ -82,7 +82,6 @@ from riverbed.mqtt.messages import publish_properties, publisher, remaining_expi
 from riverbed.mqtt.passwords import Authenticator
 from riverbed.mqtt.ports import Services
 from riverbed.mqtt.protocol import (
-    CONNECT_TIMEOUT,
     ConnectionCore,
     ProtocolLimits,
 )
@@ -282,6 +281,7 @@ def protocol_limits(broker: Services) -> ProtocolLimits:
         max_inflight=limits.max_inflight,
         retain_available=limits.retain_available,
         shared_subscription_available=broker.shared is not None,
+        connect_timeout=limits.connect_timeout,
     )
     return _LIMITS.setdefault(granted, granted)
 
@@ -767,7 +767,11 @@ class Connection(asyncio.Protocol):
         reason = close.reason
         if not self.core.connack_sent:
             if reason is None:
-                log.info("client %s: no CONNECT within %ss", self.peer, CONNECT_TIMEOUT)
+                log.info(
+                    "client %s: no CONNECT within %ss",
+                    self.peer,
+                    self.broker.config.limits.connect_timeout,
+                )
             elif isinstance(reason, ConnectReason):
                 self._count_refusal(reason)
         elif reason is DisconnectReason.KEEP_ALIVE_TIMEOUT:

@@ -81,7 +81,7 @@ log = logging.getLogger(__name__)
 
 HANDSHAKE_TIMEOUT = 10.0
 """Seconds a new connection has to complete its WebSocket handshake (as
-`connection.CONNECT_TIMEOUT` for its CONNECT, which comes after)."""
+`[limits] connect_timeout` for its CONNECT, which comes after)."""
 SUBPROTOCOL = "mqtt"
 """The WebSocket subprotocol of MQTT 3.1.1 and 5 [MQTT-6.0.0-4]."""
 BINARY_FIN = 0x82
