@@ -55,6 +55,15 @@ rules of the kind a deployment has.
 `--rounds N` repeats the runs in turn (on, off, then off, on, ...) and pools
 them: on a busy machine one pair differs by more than 5% either way.
 
+For profiling, three environment variables change how Riverbed runs (here and
+in the benchmarks that start it through this file: `bench/sessions.py`,
+`bench/idle_stored.py`): `BENCH_RIVERBED_EXTRA` is appended to its generated
+configuration file (TOML; `\n` for a new line: `"[storage]\ncommit_interval_ms = 0"`),
+`BENCH_RIVERBED_WRAP` names a Python script run in place of `-m riverbed.cli`
+with the same arguments (`bench/_profiled_broker.py`: cProfile switched on and
+off by signals), and `BENCH_SPLIT=1` prints the broker's user and system CPU
+seconds, cumulated, at the end of every phase (to stderr).
+
 `--transport ws`: MQTT over WebSockets (path /mqtt, subprotocol mqtt; paho's
 `transport="websockets"`) to Riverbed's `--ws` listener and amqtt's `ws` one
 (Debian's mosquitto has none). `tcp,ws` runs each broker over both, every
@@ -372,6 +381,7 @@ class Riverbed(Broker):
         text = f"[metrics]\nenabled = {'true' if self.metrics else 'false'}\n"
         if self.acl is not None:
             text += f"[auth]\nacl_file = {json.dumps(str(self.acl))}\n"
+        text += os.environ.get("BENCH_RIVERBED_EXTRA", "").replace("\\n", "\n")
         conf.write_text(text)
         if self.transport == "ws":  # the TCP listener on a port nobody uses
             listeners = ["--mqtt", f"127.0.0.1:{free_port()}", "--ws", f"127.0.0.1:{self.port}"]
@@ -379,8 +389,11 @@ class Riverbed(Broker):
             listeners = ["--mqtt", f"127.0.0.1:{self.port}"]
         return [
             sys.executable,  # the venv running this script (.venv/bin/python)
-            "-m",
-            "riverbed.cli",
+            *(
+                [os.environ["BENCH_RIVERBED_WRAP"]]
+                if os.environ.get("BENCH_RIVERBED_WRAP")
+                else ["-m", "riverbed.cli"]
+            ),
             "serve",
             *listeners,
             "--db",
@@ -578,6 +591,10 @@ class Run:
 
     def measure(self, label: str, messages: int, before: float) -> float:
         used = self.b.cpu() - before
+        if os.environ.get("BENCH_SPLIT"):
+            assert self.b.process is not None
+            f = Path(f"/proc/{self.b.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            print("SPLIT", label, int(f[11]) / TICKS, int(f[12]) / TICKS, file=sys.stderr)
         self.cpu[label] = (used, messages)
         return used
 
