@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
+import subprocess
+import sys
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -115,3 +120,58 @@ def raw_connection(url: str) -> Iterator[Any]:
     else:
         with psycopg.connect(url, autocommit=True) as pg:
             yield pg
+
+
+# --------------------------------------------------------------- a writer in another process
+
+WRITER_SCRIPT = Path(__file__).parents[1] / "storage" / "writer_process.py"
+TESTS_DIR = Path(__file__).parents[1]
+
+
+@contextmanager
+def writer_process(
+    url: str, stream_keys: list[int], writer: int, batches: int, rows_per_stream: int
+) -> Iterator[subprocess.Popen[str]]:
+    """A `writer_process.py` child that has opened the storage and waits for `go`."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS_DIR)]))}
+    command = [
+        sys.executable,
+        str(WRITER_SCRIPT),
+        url,
+        ",".join(map(str, stream_keys)),
+        str(writer),
+        str(batches),
+        str(rows_per_stream),
+    ]
+    with subprocess.Popen(
+        command,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    ) as process:
+        try:
+            assert process.stdout is not None
+            line = process.stdout.readline()
+            if line != "ready\n":
+                process.kill()
+                _, errors = process.communicate(timeout=30)
+                raise AssertionError(f"writer {writer} did not start: {line!r} {errors}")
+            yield process
+        finally:
+            if process.poll() is None:
+                process.kill()
+            process.communicate(timeout=30)
+
+
+def go(process: subprocess.Popen[str]) -> None:
+    assert process.stdin is not None
+    process.stdin.write("go\n")
+    process.stdin.flush()
+
+
+def finish(process: subprocess.Popen[str], timeout: float = 60) -> None:
+    """Wait for a writer to say `done` and exit 0."""
+    output, errors = process.communicate(timeout=timeout)
+    assert process.returncode == 0 and output == "done\n", errors

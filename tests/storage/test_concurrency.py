@@ -10,31 +10,33 @@ appender is this storage, another instance in this process, or another process.
 from __future__ import annotations
 
 import asyncio
-import os
 import sqlite3
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
 from harness.postgres import terminate_connections
-from harness.storage import check_writers, create_topic, head, numbered_rows, writer_rows
+from harness.storage import (
+    check_writers,
+    create_topic,
+    finish,
+    go,
+    head,
+    numbered_rows,
+    writer_process,
+    writer_rows,
+)
 from harness.waiting import SLOW, eventually
 from riverbed.model import MessageIdGenerator
 from riverbed.storage import Storage, open_storage
 from riverbed.storage import postgres as postgres_module
 from riverbed.storage import sqlite as sqlite_module
 from riverbed.storage.base import Wakeups
-
-WRITER_SCRIPT = Path(__file__).with_name("writer_process.py")
-TESTS_DIR = Path(__file__).parents[1]
 
 WAIT = 30.0 * SLOW
 """Seconds a wait here lasts without a wake-up."""
@@ -76,55 +78,6 @@ def when_waiting(storage: Storage, action: Callable[[], object]) -> threading.Th
 def start_watching(storage: Storage) -> None:
     """Let the storage's watcher of other writers start and settle."""
     storage.wakeups.wait(storage.wakeups.version, 0.5)
-
-
-@contextmanager
-def writer_process(
-    url: str, stream_keys: list[int], writer: int, batches: int, rows_per_stream: int
-) -> Iterator[subprocess.Popen[str]]:
-    """A `writer_process.py` child that has opened the storage and waits for `go`."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS_DIR)]))}
-    command = [
-        sys.executable,
-        str(WRITER_SCRIPT),
-        url,
-        ",".join(map(str, stream_keys)),
-        str(writer),
-        str(batches),
-        str(rows_per_stream),
-    ]
-    with subprocess.Popen(
-        command,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    ) as process:
-        try:
-            assert process.stdout is not None
-            line = process.stdout.readline()
-            if line != "ready\n":
-                process.kill()
-                _, errors = process.communicate(timeout=30)
-                raise AssertionError(f"writer {writer} did not start: {line!r} {errors}")
-            yield process
-        finally:
-            if process.poll() is None:
-                process.kill()
-            process.communicate(timeout=30)
-
-
-def go(process: subprocess.Popen[str]) -> None:
-    assert process.stdin is not None
-    process.stdin.write("go\n")
-    process.stdin.flush()
-
-
-def finish(process: subprocess.Popen[str], timeout: float = 60) -> None:
-    """Wait for a writer to say `done` and exit 0."""
-    output, errors = process.communicate(timeout=timeout)
-    assert process.returncode == 0 and output == "done\n", errors
 
 
 # --------------------------------------------------------------------------- wake-ups

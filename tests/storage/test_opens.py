@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.storage import create_topic, head, numbered_rows
+from harness.storage import create_topic, finish, go, head, numbered_rows, writer_process
 from harness.waiting import SLOW, eventually
 from riverbed.storage import open_storage
 from riverbed.storage import sqlite as sqlite_module
@@ -25,7 +25,6 @@ from riverbed.storage.opens import (
     shared_here,
 )
 from riverbed.storage.sqlite import SqliteStorage
-from storage.test_concurrency import finish, go, writer_process
 
 WAIT = 30.0 * SLOW
 """Seconds a wait here may last; the waits that matter end long before."""
