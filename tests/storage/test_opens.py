@@ -282,3 +282,36 @@ def test_without_the_open_watch_the_watcher_polls_as_before(
         assert not storage.watching_alone
     finally:
         storage.close()
+
+
+def test_a_watcher_that_fails_is_said_and_the_next_wait_starts_another(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    storage = sqlite_storage(sqlite_url)
+    looks = iter([RuntimeError("a bug")])
+    original = SqliteStorage._look
+
+    def look(self: SqliteStorage, conn: object, last: int) -> int:
+        failure = next(looks, None)
+        if failure is not None:
+            raise failure
+        return original(self, conn, last)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(SqliteStorage, "_look", look)
+    try:
+        storage.wakeups.wait(storage.wakeups.version, 0.01)  # starts the watcher
+        first = storage._watcher
+        assert first is not None
+        first.join(WAIT)
+        assert not first.is_alive()
+        assert "the watcher of" in caplog.text and "a bug" in caplog.text
+        (stream,) = create_topic(storage, "orders", 1)
+        with writer_process(sqlite_url, [stream.key], 1, 1, 1) as writer:
+            reader = head_reader(storage, stream.key, 1)
+            eventually(lambda: storage._watcher is not first, what="a new watcher")
+            go(writer)
+            finish(writer)
+            reader.join(WAIT)
+        assert reader.done, "the reader did not hear of the other's commit"
+    finally:
+        storage.close()

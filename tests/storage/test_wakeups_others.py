@@ -211,3 +211,51 @@ def test_a_commit_on_the_waiting_loops_thread_wakes_it_without_the_self_pipe() -
         return await asyncio.wait_for(waiting, WAIT)
 
     assert asyncio.run(scenario()) == 1
+
+
+@pytest.mark.parametrize("kind", ["any", "others"])
+def test_a_wait_given_up_with_its_loop_leaves_nothing_for_a_later_commit(kind: str) -> None:
+    # A wait whose task is cancelled (its loop shutting down, a caller's own
+    # timeout) must not stay among the waiters: once its loop is closed, the
+    # next commit's wake-up would raise "Event loop is closed" in the thread
+    # that committed (a storage's watcher, which then died; an appender, after
+    # its COMMIT).
+    wakeups = Wakeups()
+
+    async def give_up() -> None:
+        wait = (
+            wakeups.wait_async(wakeups.version, WAIT)
+            if kind == "any"
+            else wakeups.wait_others_async(wakeups.others, WAIT)
+        )
+        task = asyncio.ensure_future(wait)
+        await asyncio.sleep(0)  # the wait is registered
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(give_up())  # the loop is closed after this
+    assert not wakeups._waiters and not wakeups._others_waiters
+    errors: list[BaseException] = []
+
+    def commit() -> None:
+        try:
+            wakeups.notify(others=True)
+        except BaseException as exc:
+            errors.append(exc)
+
+    committer = threading.Thread(target=commit)
+    committer.start()
+    committer.join(WAIT)
+    assert errors == []
+
+
+def test_a_wake_up_for_a_closed_loop_does_not_fail_the_commit_that_tells_it() -> None:
+    # However a waiter of a closed loop was left behind, telling it is skipped.
+    wakeups = Wakeups()
+    loop = asyncio.new_event_loop()
+    future = loop.create_future()
+    loop.close()
+    wakeups._waiters.append((loop, future))
+    wakeups.notify()
+    assert wakeups.version == 1

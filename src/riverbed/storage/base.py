@@ -14,6 +14,7 @@ so the check and the write are atomic across processes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -513,8 +514,11 @@ class Wakeups:
                 # appends): no wake-up through its self-pipe, a write and a
                 # read of it per commit.
                 loop.call_soon(_resolve, future)
-            else:
-                loop.call_soon_threadsafe(_resolve, future)
+            elif not loop.is_closed():
+                # A loop closed since its wait began has nobody left to tell;
+                # one closing meanwhile refuses: the committer's work is done.
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(_resolve, future)
 
     def take(self) -> tuple[int, int, dict[int, int] | None]:
         """(`version`, `others`, the heads others' commits told of since the
@@ -599,7 +603,9 @@ class Wakeups:
                 if self._version != seen:
                     return self._version
                 self._waiters.append((loop, future))
-            if not await _resolved(future, timeout):
+            try:
+                await _resolved(future, timeout)
+            finally:  # timed out, or given up (cancelled): no longer a waiter
                 with self._cond:
                     if (loop, future) in self._waiters:
                         self._waiters.remove((loop, future))
@@ -617,7 +623,9 @@ class Wakeups:
             if self._others != seen:
                 return self._others
             self._others_waiters.append((loop, future))
-        if not await _resolved(future, timeout):
+        try:
+            await _resolved(future, timeout)
+        finally:  # timed out, or given up (cancelled): no longer a waiter
             with self._cond:
                 if (loop, future) in self._others_waiters:
                     self._others_waiters.remove((loop, future))

@@ -25,6 +25,7 @@ seconds, and polls again from the moment one does.
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import threading
 import time
@@ -47,6 +48,8 @@ from riverbed.storage.opens import (
 )
 from riverbed.storage.sql import RECORD_MARKER, SqlStorage
 from riverbed.storage.urls import redact_url
+
+log = logging.getLogger(__name__)
 
 WATCH_INTERVAL = 0.002
 """Seconds between two checks for other processes' commits."""
@@ -410,6 +413,12 @@ class SqliteStorage(SqlStorage):
                     return
         except sqlite3.Error:
             # Closed under us, or the file went away: the next wait tries again.
+            self.wakeups.watcher_stopped()
+        except Exception:
+            # A bug: said, and the next wait starts another watcher (one that
+            # died still counted as watching would leave every later wait to
+            # hear of other processes' commits only by its timeout).
+            log.exception("the watcher of %s failed", self.path)
             self.wakeups.watcher_stopped()
         finally:
             self.watching_alone = False
