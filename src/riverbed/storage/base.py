@@ -632,13 +632,10 @@ class Wakeups:
         return self._others
 
 
-async def _resolved(future: asyncio.Future[None], timeout: float) -> bool:
-    """Wait for `notify` to resolve `future`, at most `timeout`; False if it did not."""
-    try:
+async def _resolved(future: asyncio.Future[None], timeout: float) -> None:
+    """Wait for `notify` to resolve `future`, at most `timeout`."""
+    with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(future, timeout)
-    except TimeoutError:
-        return False
-    return True
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

@@ -387,9 +387,7 @@ class SqliteStorage(SqlStorage):
                 if (
                     opens is not None
                     and time.monotonic() >= company_until
-                    and not (
-                        self._here is None or shared_here(self._here) or others_have_open(self.path)
-                    )
+                    and self._alone_on_file()
                 ):
                     # Nobody else has the file open, so nobody else can commit
                     # before opening it: wait for that instead of polling. A
@@ -427,6 +425,11 @@ class SqliteStorage(SqlStorage):
                 opens.close()
             if conn is not None:
                 conn.close()
+
+    def _alone_on_file(self) -> bool:
+        """Nobody but this storage has the file open: no other storage of this
+        process, no other process (their locks on its `-shm` file)."""
+        return not (self._here is None or shared_here(self._here) or others_have_open(self.path))
 
 
 class _Connection(sqlite3.Connection):
