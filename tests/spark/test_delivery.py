@@ -21,7 +21,7 @@ from harness.delivery import by_group, produce_groups, queued
 from harness.delivery_job import check_outcome, setup
 from harness.endpoint import Endpoint
 from harness.postgres import PostgresServer
-from harness.waiting import eventually
+from harness.waiting import SLOW, eventually
 from riverbed.storage import open_storage
 from riverbed.subscriptions.dlq import parked as parked_in
 from riverbed.subscriptions.queues import QueuedMessage
@@ -29,6 +29,8 @@ from riverbed.subscriptions.queues import QueuedMessage
 pytestmark = pytest.mark.spark
 
 RIVERBED = str(Path(sys.executable).with_name("riverbed"))
+JOB_STALL = 300 * SLOW
+"""Seconds a `riverbed subscription run` job may go without a delivery or a log line."""
 
 
 def test_the_job_delivers_retries_and_parks_in_group_order(spark: Any, storage_url: str) -> None:
@@ -96,12 +98,22 @@ def _run_job(url: str, log: Path, lease_seconds: int = 10) -> subprocess.Popen[b
 
 
 def _wait_for(job: subprocess.Popen[bytes], endpoint: Endpoint, log: Path, count: int) -> None:
-    """Until the endpoint has `count` deliveries (the job still running)."""
-    deadline = time.monotonic() + 120
-    while len(endpoint.delivered()) < count and time.monotonic() < deadline:
+    """Until the endpoint has `count` deliveries, the job still running. The job
+    starts a JVM before its first delivery: on a loaded CI machine that alone
+    took over 120 s, so the wait is bounded per stall (no delivery and no line
+    of the job's log for `JOB_STALL` seconds), not in total."""
+
+    def done() -> bool:
         assert job.poll() is None, log.read_text()[-3000:]
-        time.sleep(0.02)
-    assert len(endpoint.delivered()) >= count, log.read_text()[-3000:]
+        return len(endpoint.delivered()) >= count
+
+    eventually(
+        done,
+        JOB_STALL,
+        f"{count} deliveries by the job",
+        explain=lambda: (len(endpoint.delivered()), log.read_text()[-3000:]),
+        progress=lambda: (len(endpoint.delivered()), log.stat().st_size),
+    )
 
 
 def _run_to_the_end(url: str, log: Path) -> None:
