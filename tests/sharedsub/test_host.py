@@ -229,3 +229,54 @@ def test_close_saves_and_releases(log: Log) -> None:
     record = store.get(GROUP)
     assert record is not None and dict(record.progress) == progress
     assert sum(progress.values()) == 8
+
+
+def test_a_round_renews_and_saves_every_leader_in_one_write_each(log: Log) -> None:
+    """A node's Leaders started together fall due together: their claims are
+    renewed in one transaction and their periodic saves made in one (with
+    `batching`, at the runtime's `flush`), so the leader thread is not held up
+    answering pings for one commit per group. One renewal refused (the claim
+    moved under it) stops that Leader alone."""
+    world = World(log, SharedSubConfig())
+    node = world.node("n1")
+    host = node.host
+    host.batching = True
+    groups = [GroupId(f"g{i}", "t/#") for i in range(3)]
+    for group in groups:
+        assert host.find_leader(group) is not None
+    store = host.store
+    calls: list[tuple[str, int]] = []
+    renew_many, save_many = store.renew_many, store.save_many
+
+    def counted_renew_many(claims, **kw):  # type: ignore[no-untyped-def]
+        calls.append(("renew", len(claims)))
+        return renew_many(claims, **kw)
+
+    def counted_save_many(saves, **kw):  # type: ignore[no-untyped-def]
+        calls.append(("save", len(saves)))
+        return save_many(saves, **kw)
+
+    store.renew_many = counted_renew_many  # type: ignore[method-assign]
+    store.save_many = counted_save_many  # type: ignore[method-assign]
+    before = {g: host.leaders[g].claim.lease for g in groups}
+    # Another writer moves g2's claim record: its renewal is refused.
+    moved = store.leases.end(before[groups[2]], before[groups[2]].expires_us)
+
+    world.clock.advance(world.config.leader_claim_lease / 3 + 0.1)
+    host.tick()
+    assert calls == [("renew", 3)]
+    assert set(host.leaders) == set(groups[:2])
+    for group in groups[:2]:
+        lease = host.leaders[group].claim.lease
+        assert lease.expires_us > before[group].expires_us
+        assert store.leases.get(lease.name) == lease
+    assert store.leases.get(moved.name) == moved  # refused: untouched
+    # The periodic saves (who holds what moved: nothing known saved yet) wait
+    # for the flush, then go in one transaction.
+    assert all(host.leaders[g].pending is not None for g in groups[:2])
+    host.flush()
+    assert calls == [("renew", 3), ("save", 2)]
+    for group in groups[:2]:
+        record = store.get(group)
+        assert record is not None and record.leader == host.leaders[group].leader.id
+        assert host.leaders[group].saved_holdings == {}

@@ -318,3 +318,64 @@ def test_an_answer_that_came_while_the_loop_stalled_counts_before_the_fence(log:
     a = asyncio.run(go())
     assert list(a.handler.agent.replaced) == []
     assert len(a.handler.grants) == 20
+
+
+def test_pings_are_answered_while_the_leaders_saves_are_slow(log: Log) -> None:
+    """Each save of the Leaders' progress takes 2.5 s (a busy database), longer
+    than a ping's answer may take (1.5 s here): the leader thread answers pings
+    while the saving thread makes the save, so the Borrower keeps its streams.
+    Before, pings waited behind the save and the Borrower fenced itself off at
+    each one. What was sent while a save was made waits for it."""
+    GroupStore(log.storage).create(GroupId("g", "t/#"), start_us=None, now_us=0)
+    # Pings every second; an answer gives a fence 2.5 s after its ping was sent.
+    config = SharedSubConfig(
+        find_leader_retry=0.2,
+        ping_interval=1.0,
+        ping_timeout=2.0,
+        unsubscribe_timeout=0.5,
+        leader_borrower_timeout=3.0,
+        fence_margin=0.5,
+        leader_periodic=0.5,
+        leader_resend=0.5,
+        leader_claim_lease=30.0,
+        leader_idle_stop=30.0,
+    )
+    slow_saves: list[float] = []
+
+    async def go() -> Sharer:
+        runtime = SharedRuntime(log.storage, config, "node-1")
+        store = runtime.host.store
+        save_many = store.save_many
+
+        def slow_save_many(saves, **kw):  # type: ignore[no-untyped-def]
+            if grants_taken:
+                time.sleep(2.5)  # the database is busy
+                slow_saves.append(time.monotonic())
+            return save_many(saves, **kw)
+
+        store.save_many = slow_save_many  # type: ignore[method-assign]
+        grants_taken: list[bool] = []
+        a = TimedSharer(runtime, log, "a")
+        published = 0
+        try:
+            a.apply(a.handler.subscribe(SHARE, time.monotonic()))
+            await eventually_async(lambda: len(a.handler.grants) == 20, 30.0, "20 grants")
+            grants_taken.append(True)
+
+            def four_slow_saves() -> bool:
+                nonlocal published
+                _publish(log, published, published + 5)  # progress to save, all along
+                published += 5
+                return len(slow_saves) >= 4
+
+            await _run([a], four_slow_saves, timeout=60.0)
+            return a
+        finally:
+            if a.timer is not None:
+                a.timer.cancel()
+            await runtime.close()
+
+    a = asyncio.run(go())
+    assert list(a.handler.agent.replaced) == []
+    assert len(a.handler.grants) == 20
+    assert sorted(a.got) == sorted(set(a.got))  # nothing twice

@@ -90,3 +90,34 @@ def test_concurrent_candidates_elect_exactly_one(storage_url: str) -> None:
     for thread in threads:
         thread.join()
     assert len(winners) == 1 and len(losers) == 7
+
+
+def test_renew_many_renews_each_lease_alone_in_one_go(storage: Storage) -> None:
+    """Several leases renewed in one transaction: each succeeds or is refused
+    as `renew` would (moved on, expired by our clock), the refused untouched."""
+    leases = Leases(storage)
+    ours = leases.acquire("a", "n1", 10 * S, now_us=0)
+    stale = leases.acquire("b", "n1", 10 * S, now_us=0)
+    taken = leases.acquire("b", "n2", 10 * S, now_us=20 * S)  # b expired; n2 took it
+    late = leases.acquire("c", "n1", 10 * S, now_us=0)
+    late = leases.renew(late, 1 * S, now_us=1 * S)  # expires at 2 s
+    out = leases.renew_many([ours, stale, late], 10 * S, now_us=5 * S)
+    renewed, refused, expired = out
+    assert isinstance(renewed, Lease) and renewed.expires_us == 15 * S
+    assert leases.get("a") == renewed and renewed.version > ours.version
+    assert isinstance(refused, PreconditionFailed) and "not at version" in str(refused)
+    assert leases.get("b") == taken
+    assert isinstance(expired, PreconditionFailed) and "expired" in str(expired)
+    assert leases.get("c") == late
+    # The renewed record fences as one written by `renew` does.
+    with pytest.raises(PreconditionFailed):
+        leases.renew(ours, 10 * S, now_us=6 * S)
+    assert leases.renew_many([], 10 * S, now_us=6 * S) == []
+
+
+def test_renew_many_refuses_a_bad_ttl_before_writing(storage: Storage) -> None:
+    leases = Leases(storage)
+    lease = leases.acquire("a", "n1", 10 * S, now_us=0)
+    with pytest.raises(InvalidInput, match="time-to-live"):
+        leases.renew_many([lease], 0, now_us=1 * S)
+    assert leases.get("a") == lease

@@ -14,7 +14,12 @@ hosts which Borrower or Leader.
 `InProcessBus` is that bus inside one process, with no asyncio: `send` queues,
 `drain` delivers to the handlers registered for each address (a message to an
 address nobody registered is dropped and counted). A runtime drains it from its
-loop; tests drain it step by step and may inject loss or duplication.
+loop; tests drain it step by step and may inject loss or duplication. By
+default it carries the encoded bytes, so tests prove each message crosses a
+wire; a broker's runtime passes `wire=False` and hands the (frozen) message
+objects over as they are: 1,000 Borrowers ping a node's Leaders about 450
+times a second, and encoding and decoding each was a fifth of the leader
+thread's time.
 
 `Registry` is the node-local registry of seed 001 that `leader_wanted` goes to:
 it forwards the request (and a `disconnect` from a Borrower that never learned
@@ -60,10 +65,12 @@ Fault = Callable[[Address, Message], int]
 class InProcessBus:
     """A bus inside one process: a FIFO queue drained by the owner's loop."""
 
-    def __init__(self, fault: Fault | None = None) -> None:
+    def __init__(self, fault: Fault | None = None, *, wire: bool = True) -> None:
         self._handlers: dict[Address, Deliver] = {}
-        self._queue: deque[tuple[Address, bytes]] = deque()
+        self._queue: deque[tuple[Address, bytes | Message]] = deque()
         self.fault = fault
+        self.wire = wire
+        """Carry `protocol.encode`'s bytes (decoded at delivery), not the objects."""
         self.dropped = 0
         """Messages to an address nobody registered (at delivery time)."""
         self.delivered = 0
@@ -80,9 +87,9 @@ class InProcessBus:
 
     def send(self, to: Address, message: Message) -> None:
         copies = 1 if self.fault is None else self.fault(to, message)
-        raw = encode(message)
+        carried = encode(message) if self.wire else message
         for _ in range(copies):
-            self._queue.append((to, raw))
+            self._queue.append((to, carried))
 
     def pending(self) -> int:
         return len(self._queue)
@@ -91,13 +98,13 @@ class InProcessBus:
         """Deliver the oldest queued message; False if there was none."""
         if not self._queue:
             return False
-        to, raw = self._queue.popleft()
+        to, carried = self._queue.popleft()
         handler = self._handlers.get(to)
         if handler is None:
             self.dropped += 1
         else:
             self.delivered += 1
-            handler(decode(raw))
+            handler(decode(carried) if isinstance(carried, bytes) else carried)
         return True
 
     def drain(self, limit: int = 100_000) -> int:

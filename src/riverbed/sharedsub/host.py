@@ -66,6 +66,7 @@ from riverbed.sharedsub.protocol import (
     LeaderConnectResponse,
     LeaderId,
     Message,
+    Ping,
     PingResponse,
     ToLeader,
 )
@@ -101,6 +102,19 @@ class _Hosted:
     pending: SaveProgress | None = None
     """Batching: the save to make at the next `flush`, and what waits for it."""
     deferred: list[Send] = field(default_factory=list)
+    saving: bool = False
+    """Its save is being made (`take_flush` .. `end_flush`): what it sends meanwhile
+    waits for the save too."""
+
+
+@dataclass(slots=True)
+class Flush:
+    """The saves batching held back, taken from their Leaders (`take_flush`):
+    made by `save_flush`, on any thread, then applied by `end_flush`."""
+
+    waiting: list[_Hosted]
+    holdings: list[dict[str, list[StreamId]]]
+    saves: list[Save]
 
 
 class LeaderHost:
@@ -211,19 +225,13 @@ class LeaderHost:
             self._reads = None
 
     def _tick_leaders(self, now: float) -> None:
+        self._renew_claims(now)
         for hosted in list(self.leaders.values()):
+            if self.leaders.get(hosted.leader.group) is not hosted:
+                continue  # dropped meanwhile (its renewal refused)
             periodic = now >= hosted.renew_at
             if periodic:
                 hosted.renew_at = now + self.config.leader_periodic
-            if now >= hosted.claim_renew_at:
-                try:
-                    hosted.claim = self.store.renew(
-                        hosted.claim, ttl_us=self._ttl_us(), now_us=self.wall_us()
-                    )
-                except RiverbedError as exc:
-                    self._drop(hosted, f"renewing the claim failed: {exc}")
-                    continue
-                hosted.claim_renew_at = now + self._renew_every()
             if periodic or (hosted.deadline is not None and hosted.deadline <= now):
                 self._handle(hosted, Tick())
             leader = hosted.leader
@@ -232,7 +240,34 @@ class LeaderHost:
                 and self.leaders.get(leader.group) is hosted
                 and leader.holdings() != hosted.saved_holdings
             ):
-                self._save(hosted, leader.progress, leader.consumed)
+                if not self.batching:
+                    self._save(hosted, leader.progress, leader.consumed)
+                elif hosted.pending is None:
+                    # Made by the runtime's `flush` after the tick: one
+                    # transaction for all the Leaders whose holdings moved.
+                    hosted.pending = SaveProgress(dict(leader.progress), frozenset(leader.consumed))
+
+    def _renew_claims(self, now: float) -> None:
+        """Renew the claims that are due, in one transaction: Leaders started
+        together fall due together, and one commit per claim kept the leader
+        thread from answering pings for as long as 50 of them took."""
+        due = [h for h in self.leaders.values() if now >= h.claim_renew_at]
+        if not due:
+            return
+        try:
+            renewed: list[Claim | RiverbedError] = list(
+                self.store.renew_many(
+                    [h.claim for h in due], ttl_us=self._ttl_us(), now_us=self.wall_us()
+                )
+            )
+        except RiverbedError as exc:  # the transaction failed: none of them is renewed
+            renewed = [exc] * len(due)
+        for hosted, claim in zip(due, renewed, strict=True):
+            if isinstance(claim, RiverbedError):
+                self._drop(hosted, f"renewing the claim failed: {claim}")
+            else:
+                hosted.claim = claim
+                hosted.claim_renew_at = now + self._renew_every()
 
     def next_deadline(self) -> float | None:
         times: list[float] = []
@@ -253,7 +288,10 @@ class LeaderHost:
     def _handle(self, hosted: _Hosted, event: Event) -> None:
         leader = hosted.leader
         effects = leader.handle(event, self.clock())
-        hosted.deadline = leader.next_deadline()
+        if not isinstance(event, Ping) or hosted.deadline is None:
+            # A ping only moves its Borrower's timeout later: the deadline
+            # known stays a safe one (at worst a tick that finds nothing due).
+            hosted.deadline = leader.next_deadline()
         self._apply(hosted, effects)
 
     def _apply(self, hosted: _Hosted, effects: Sequence[Effect]) -> None:
@@ -262,7 +300,9 @@ class LeaderHost:
                 return  # dropped by an effect before this one
             match effect:
                 case Send(to, message):
-                    if hosted.pending is not None and not isinstance(message, _STATELESS):
+                    if (hosted.pending is not None or hosted.saving) and not isinstance(
+                        message, _STATELESS
+                    ):
                         hosted.deferred.append(effect)
                     else:
                         self.bus.send(to, message)
@@ -282,12 +322,17 @@ class LeaderHost:
     def flush(self) -> None:
         """Make the saves batching held back (one transaction for all the
         Leaders), then send what waited for them."""
+        flush = self.take_flush()
+        if flush is not None:
+            self.end_flush(flush, self.save_flush(flush))
+
+    def take_flush(self) -> Flush | None:
+        """The first part of `flush`: the saves held back, taken from their
+        Leaders (None: there are none). Until `end_flush`, what these Leaders
+        send (but pings' answers) waits for the save."""
         waiting = [h for h in self.leaders.values() if h.pending is not None]
-        if len(waiting) == 1:
-            self._flush(waiting[0])
-            return
         if not waiting:
-            return
+            return None
         saves: list[Save] = []
         holdings: list[dict[str, list[StreamId]]] = []
         for hosted in waiting:
@@ -297,14 +342,27 @@ class LeaderHost:
                 Save(hosted.claim, hosted.pending.progress, hosted.pending.consumed, holdings[-1])
             )
             hosted.pending = None
+            hosted.saving = True
+        return Flush(waiting, holdings, saves)
+
+    def save_flush(self, flush: Flush) -> list[Claim | RiverbedError]:
+        """The second part: the saves, in one transaction. Touches no Leader, so
+        it may run on another thread while the leader thread answers pings
+        (`SharedRuntime`): with many groups on a busy machine a save took
+        seconds, longer than a ping's answer may take."""
         try:
-            results: list[Claim | RiverbedError] = list(
-                self.store.save_many(saves, now_us=self.wall_us())
-            )
+            return list(self.store.save_many(flush.saves, now_us=self.wall_us()))
         except RiverbedError as exc:  # the transaction failed: none of them is saved
-            results = [exc] * len(waiting)
-        for hosted, held, result in zip(waiting, holdings, results, strict=True):
+            return [exc] * len(flush.saves)
+
+    def end_flush(self, flush: Flush, results: Sequence[Claim | RiverbedError]) -> None:
+        """The last part: each Leader's new claim, or its end (the save refused:
+        fenced off), and what waited for the save sent."""
+        for hosted, held, result in zip(flush.waiting, flush.holdings, results, strict=True):
+            hosted.saving = False
             deferred, hosted.deferred = hosted.deferred, []
+            if self.leaders.get(hosted.leader.group) is not hosted:
+                continue  # dropped meanwhile
             if isinstance(result, RiverbedError):
                 self._drop(hosted, f"saving progress failed: {result}")
                 continue  # nothing that waited for the save goes out

@@ -26,16 +26,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Generic, TypeVar
 
 from riverbed.cluster.bus import PostgresBus
-from riverbed.errors import StorageUnavailable
+from riverbed.errors import RiverbedError, StorageUnavailable
 from riverbed.sharedsub.bus import InProcessBus, Registry
 from riverbed.sharedsub.config import SharedSubConfig
 from riverbed.sharedsub.host import LeaderHost
-from riverbed.sharedsub.protocol import REGISTRY, Address, Message, decode, encode
+from riverbed.sharedsub.protocol import REGISTRY, Address, Message, Ping, decode, encode
 from riverbed.storage.base import Storage
 
 log = logging.getLogger(__name__)
@@ -44,28 +45,52 @@ Deliver = Callable[[Message], None]
 T = TypeVar("T")
 
 
+URGENT_EVERY = 16
+"""The leader thread looks for urgent calls (pings) after this many others."""
+
+SAVE_LOOK = 0.05
+"""While the Leaders' saves are made, the leader thread looks for pings this often."""
+
+FLUSH_EVERY = 0.5
+"""Seconds the leader thread may go on taking calls before it makes the saves
+they asked for (and sends what waits for them); it makes them anyway once no
+call waits."""
+
+
 class _Mailbox(Generic[T]):
     """Items handed from one thread to another in batches: `put` says whether
     the taker must be woken (the first item since its last `take`), so a burst
-    costs one wake-up, not one per item."""
+    costs one wake-up, not one per item. Urgent items are taken first, and
+    the taker may take them alone between the others (`take_urgent`)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._items: list[T] = []
+        self._urgent: list[T] = []
         self._woken = False
 
-    def put(self, item: T) -> bool:
+    def put(self, item: T, urgent: bool = False) -> bool:
         with self._lock:
-            self._items.append(item)
+            (self._urgent if urgent else self._items).append(item)
             if self._woken:
                 return False
             self._woken = True
             return True
 
     def take(self) -> list[T]:
+        """Everything waiting, the urgent items first."""
         with self._lock:
-            items, self._items = self._items, []
+            items = self._urgent + self._items if self._urgent else self._items
+            self._items, self._urgent = [], []
             self._woken = False
+            return items
+
+    def take_urgent(self) -> list[T]:
+        """The urgent items only (for a taker that is at work: no wake-up is owed)."""
+        if not self._urgent:  # a peek without the lock: a put is seen at the next look
+            return []
+        with self._lock:
+            items, self._urgent = self._urgent, []
             return items
 
 
@@ -74,7 +99,7 @@ class _LeaderSide:
 
     def __init__(self, runtime: SharedRuntime) -> None:
         self.runtime = runtime
-        self.bus = InProcessBus()
+        self.bus = InProcessBus(wire=False)
 
     def register(self, address: Address, deliver: Deliver) -> None:
         self.bus.register(address, deliver)
@@ -118,13 +143,15 @@ class SharedRuntime:
         self._lock = threading.Lock()
         self._leader_side: set[Address] = {REGISTRY}
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="riverbed-shared-leaders")
+        self._saver = ThreadPoolExecutor(1, thread_name_prefix="riverbed-shared-saves")
+        """Makes the Leaders' saves while the leader thread answers pings (`_flush`)."""
         self._side = _LeaderSide(self)
         self.registry = Registry(self._side, is_local=self._on_leader_side)
         self.host = LeaderHost(storage, self._side, self.registry, config, node)
         self.host.batching = True
         self.registry.find_leader = self.host.find_leader
         self._side.bus.register(REGISTRY, self.registry.deliver)
-        self.bus = InProcessBus()
+        self.bus = InProcessBus(wire=False)
         """The loop side: the sessions' Borrowers."""
         self._draining = False
         self._tick: asyncio.TimerHandle | None = None
@@ -164,7 +191,7 @@ class SharedRuntime:
     def send(self, to: Address, message: Message) -> None:
         """Send from the loop (a Handler's `Send` effect)."""
         if self._on_leader_side(to):
-            self._on_leader(self._side.bus.send, to, message)
+            self._on_leader(self._side.bus.send, to, message, urgent=isinstance(message, Ping))
         elif self.remote is not None and not self.bus.has(to):
             # Another node's Leader: in order, off the loop (one sending thread).
             self.remote.post_send(to, message)
@@ -175,7 +202,7 @@ class SharedRuntime:
     def _from_remote(self, to: Address, message: Message) -> None:
         """From another node (the listener thread)."""
         if self._on_leader_side(to):
-            self._on_leader(self._side.bus.send, to, message)
+            self._on_leader(self._side.bus.send, to, message, urgent=isinstance(message, Ping))
         else:
             self._to_loop(to, message)
 
@@ -217,35 +244,75 @@ class SharedRuntime:
 
     # ----------------------------------------------------------------- the leader thread
 
-    def _on_leader(self, call: Callable[..., object], *args: object) -> None:
+    def _on_leader(self, call: Callable[..., object], *args: object, urgent: bool = False) -> None:
         """Run `call(*args)` on the leader thread, then drain its bus and plan
         the next tick. Calls queue up and the thread takes all that wait in one
-        go (one hand-over for a burst, not one per message)."""
-        if not self._closed and self._inbox.put((call, args)):
+        go (one hand-over for a burst, not one per message). `urgent` (a
+        Borrower's ping) goes before the others waiting, and is taken between
+        them too."""
+        if not self._closed and self._inbox.put((call, args), urgent):
             self._executor.submit(self._leader_steps)
 
     def _leader_steps(self) -> None:
+        """The leader thread's work: the calls waiting, then the saves they
+        asked for (one transaction for all the Leaders). A ping is answered
+        within `URGENT_EVERY` other calls of its arrival, and the saves are made
+        at least every `FLUSH_EVERY` seconds, so neither waits for the calls
+        to stop coming: on a busy machine a Borrower whose ping waited behind
+        thousands of other calls let go of its streams (its fence), its
+        replacement's requests made more calls, and the leader thread fell
+        further behind."""
+        flushed = time.monotonic()
         while calls := self._inbox.take():
-            for call, args in calls:
-                try:
-                    call(*args)
-                    self._side.bus.drain()
-                except StorageUnavailable as exc:
-                    _unreachable(exc)
-                except Exception:
-                    log.exception("shared subscriptions: the leader side failed")
-        try:
-            self.host.flush()
-            self._side.bus.drain()
-        except StorageUnavailable as exc:
-            _unreachable(exc)
-        except Exception:
-            log.exception("shared subscriptions: the leader side failed")
+            for done, (call, args) in enumerate(calls, 1):
+                self._leader_call(call, args)
+                if done % URGENT_EVERY == 0:
+                    for urgent, urgent_args in self._inbox.take_urgent():
+                        self._leader_call(urgent, urgent_args)
+            if time.monotonic() - flushed >= FLUSH_EVERY:
+                self._flush()
+                flushed = time.monotonic()
+        self._flush()
         deadline = self.host.next_deadline()
         if deadline is not None and deadline != self._planned and not self._closed:
             # Only when it moved: waking the loop costs a write to its self-pipe.
             self._planned = deadline
             self.loop.call_soon_threadsafe(self._plan_tick, deadline)
+
+    def _flush(self) -> None:
+        """`LeaderHost.flush` with its saves on the saving thread, the leader
+        thread answering pings meanwhile: a Borrower's ping must be answered
+        within half its fence's window (2.25 s by default), and the saves of 50
+        groups took longer than that on a busy machine."""
+        try:
+            flush = self.host.take_flush()
+        except Exception:
+            log.exception("shared subscriptions: the leader side failed")
+            return
+        if flush is None:
+            return
+        saving = self._saver.submit(self.host.save_flush, flush)
+        while True:
+            try:
+                results = saving.result(timeout=SAVE_LOOK)
+                break
+            except TimeoutError:
+                for call, args in self._inbox.take_urgent():
+                    self._leader_call(call, args)
+            except Exception as exc:  # a bug in the save: each Leader stops, said
+                log.exception("shared subscriptions: saving the Leaders' progress failed")
+                results = [RiverbedError(f"the save failed: {exc!r}")] * len(flush.saves)
+                break
+        self._leader_call(self.host.end_flush, (flush, results))
+
+    def _leader_call(self, call: Callable[..., object], args: tuple[object, ...]) -> None:
+        try:
+            call(*args)
+            self._side.bus.drain()
+        except StorageUnavailable as exc:
+            _unreachable(exc)
+        except Exception:
+            log.exception("shared subscriptions: the leader side failed")
 
     def _plan_tick(self, deadline: float) -> None:
         """On the loop: tick the leader side at `deadline` (monotonic seconds)."""
@@ -280,6 +347,7 @@ class SharedRuntime:
         except Exception:
             log.exception("shared subscriptions: saving the Leaders' progress failed")
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._saver.shutdown(wait=False, cancel_futures=True)
         if self.remote is not None:
             await asyncio.to_thread(self.remote.close, timeout / 2)
 

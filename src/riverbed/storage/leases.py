@@ -14,11 +14,13 @@ The shared-subscription leader claim (seed 001) is built on this.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from riverbed.clock import now_us as clock_now_us
 from riverbed.errors import InvalidInput, LeaseHeld, PreconditionFailed
 from riverbed.storage.base import KVEntry, Storage
+from riverbed.storage.transactions import kv_write_in, transaction
 
 NAMESPACE = "leases"
 
@@ -87,13 +89,35 @@ class Leases:
         if lease.expired(now_us):
             # Our own clock says it is gone: someone may hold it by now, so do
             # not resurrect it here; acquire it again instead.
-            raise PreconditionFailed(
-                f"lease {lease.name!r} of {lease.owner!r} expired before its renewal"
-            )
+            raise _expired(lease)
         written = self.storage.kv_compare_and_set(
             self.namespace, lease.name, lease.version, _encode(lease.owner, now_us + ttl_us)
         )
         return _decode(written)
+
+    def renew_many(
+        self, leases: Sequence[Lease], ttl_us: int, now_us: int | None = None
+    ) -> list[Lease | PreconditionFailed]:
+        """`renew` for several leases in one transaction (a node's Leaders whose
+        claims fall due in the same round: one commit, not one per lease). Each
+        renewal succeeds or fails alone: per lease, in order, its new record or
+        the `PreconditionFailed` `renew` would have raised (nothing written of it)."""
+        for lease in leases:
+            _check(lease.owner, ttl_us)
+        now_us = clock_now_us() if now_us is None else now_us
+        out: list[Lease | PreconditionFailed] = []
+        with transaction(self.storage) as tx:
+            for lease in leases:
+                if lease.expired(now_us):
+                    out.append(_expired(lease))
+                    continue
+                value = _encode(lease.owner, now_us + ttl_us)
+                version = kv_write_in(tx, self.namespace, lease.name, value, lease.version)
+                if version is None:
+                    out.append(_moved(self.namespace, lease))
+                else:
+                    out.append(Lease(lease.name, lease.owner, now_us + ttl_us, version))
+        return out
 
     def end(self, lease: Lease, at_us: int) -> Lease:
         """Mark another holder's lease lapsed at `at_us`, its holder known to be
@@ -114,6 +138,15 @@ def _check(owner: str, ttl_us: int) -> None:
         raise InvalidInput(f"lease owner {owner!r} must be a non-empty string")
     if not isinstance(ttl_us, int) or isinstance(ttl_us, bool) or ttl_us <= 0:
         raise InvalidInput(f"lease time-to-live {ttl_us!r}us must be a positive integer")
+
+
+def _expired(lease: Lease) -> PreconditionFailed:
+    return PreconditionFailed(f"lease {lease.name!r} of {lease.owner!r} expired before its renewal")
+
+
+def _moved(namespace: str, lease: Lease) -> PreconditionFailed:
+    """What `kv_compare_and_set` says of a key no longer at our version."""
+    return PreconditionFailed(f"key {namespace}/{lease.name} is not at version {lease.version}")
 
 
 def _encode(owner: str, expires_us: int) -> bytes:
