@@ -15,6 +15,7 @@ whole backend went untested (`harness/ci.py`).
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,6 +34,14 @@ settings.register_profile("riverbed", deadline=None)
 settings.load_profile("riverbed")
 
 pytest_plugins = ["pytester"]  # tests of the CI hooks run pytest inside pytest
+
+# Spark's driver JVMs in tests (the session fixture's, and those of the jobs,
+# examples and chaos runs that tests start, which inherit it): the quick
+# compiler only and the serial collector. Each lives a minute or two, where
+# C2's compiling and the parallel collector's threads cost a third of a
+# delivery job test's CPU (133 -> 94 s), and the suite is CPU-bound on two
+# cores (docs/testing.md). A value set outside is kept.
+os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
 
 _database_numbers = itertools.count(1)
 

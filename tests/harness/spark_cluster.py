@@ -77,6 +77,8 @@ def spark_env(work: Path) -> dict[str, str]:
         "SPARK_LOCAL_DIRS": str(work / "scratch"),
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
+        # The master's and workers' JVMs as the drivers' (tests/conftest.py).
+        "SPARK_DAEMON_JAVA_OPTS": os.environ.get("SPARK_SUBMIT_OPTS", ""),
     }
 
 
