@@ -321,19 +321,19 @@ def test_an_answer_that_came_while_the_loop_stalled_counts_before_the_fence(log:
 
 
 def test_pings_are_answered_while_the_leaders_saves_are_slow(log: Log) -> None:
-    """Each save of the Leaders' progress takes 2.5 s (a busy database), longer
-    than a ping's answer may take (1.5 s here): the leader thread answers pings
+    """Each save of the Leaders' progress takes 5 s (a busy database), longer
+    than a ping's answer may take (3.5 s here): the leader thread answers pings
     while the saving thread makes the save, so the Borrower keeps its streams.
     Before, pings waited behind the save and the Borrower fenced itself off at
     each one. What was sent while a save was made waits for it."""
     GroupStore(log.storage).create(GroupId("g", "t/#"), start_us=None, now_us=0)
-    # Pings every second; an answer gives a fence 2.5 s after its ping was sent.
+    # Pings every second; an answer gives a fence 4.5 s after its ping was sent.
     config = SharedSubConfig(
         find_leader_retry=0.2,
         ping_interval=1.0,
-        ping_timeout=2.0,
+        ping_timeout=4.0,
         unsubscribe_timeout=0.5,
-        leader_borrower_timeout=3.0,
+        leader_borrower_timeout=5.0,
         fence_margin=0.5,
         leader_periodic=0.5,
         leader_resend=0.5,
@@ -349,7 +349,7 @@ def test_pings_are_answered_while_the_leaders_saves_are_slow(log: Log) -> None:
 
         def slow_save_many(saves, **kw):  # type: ignore[no-untyped-def]
             if grants_taken:
-                time.sleep(2.5)  # the database is busy
+                time.sleep(5.0)  # the database is busy: a fault injected, not a wait
                 slow_saves.append(time.monotonic())
             return save_many(saves, **kw)
 
