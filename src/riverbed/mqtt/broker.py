@@ -56,7 +56,7 @@ from riverbed.metrics import Counts, Metrics, Refresher
 from riverbed.mqtt.auth import load_auth
 from riverbed.mqtt.codec import DisconnectReason
 from riverbed.mqtt.config import Address, BrokerConfig
-from riverbed.mqtt.connection import Connection
+from riverbed.mqtt.connection import CLOSE_LINGER, Connection
 from riverbed.mqtt.deadlines import Deadlines
 from riverbed.mqtt.fanout import Fanout
 from riverbed.mqtt.node import ClusterNode
@@ -101,6 +101,8 @@ RETAINER_STOP_TIMEOUT = 10.0
 """Seconds `stop` waits for the retention thread to end its transaction."""
 WILLS_STOP_TIMEOUT = 10.0
 """Seconds `stop` waits for the Wills its closed connections left to be published."""
+LINGER_LOOK = 0.05
+"""How often `stop` looks whether the clients closed their ends of the connections."""
 
 
 class Broker:
@@ -422,6 +424,7 @@ class Broker:
         await asyncio.to_thread(self.writer.close)
         await self.fanout.stop()
         await self.cluster.stop(len(connections), leaders)
+        await self._lingered(connections)
         for server in (self._server, self._tls_server, self._ws_server):
             if server is not None:
                 with contextlib.suppress(Exception):
@@ -430,6 +433,16 @@ class Broker:
             log.info("drained; %d clients asked to move, their sessions saved", len(connections))
         else:
             log.info("stopped; %d sessions saved", len(connections))
+
+    async def _lingered(self, connections: list[Connection]) -> None:
+        """Until the clients of `connections` closed their ends (each got its
+        DISCONNECT and FIN), `CLOSE_LINGER` seconds at most: a socket closed
+        under a client still writing would lose it its DISCONNECT
+        (`Connection._close_transport`)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CLOSE_LINGER
+        while any(c.lingering for c in connections) and loop.time() < deadline:
+            await asyncio.sleep(LINGER_LOOK)  # pacing of the look
 
     async def read(self, read: Callable[..., T], *args: object) -> T:
         """A storage read for a connection: on an embedded database right here

@@ -35,6 +35,11 @@ for SQLite (`Broker.read`).
   window and the log, as for any client that acknowledges slowly. A buffer that
   stays full for `limits.slow_consumer_timeout` seconds gets the connection
   aborted (no DISCONNECT could get through it); its session persists as usual.
+- Closing from the server's side: the DISCONNECT with its reason, the FIN, and
+  reading on (dropping what comes) until the client closes its end, for
+  `CLOSE_LINGER` seconds at most, before the socket closes: closed with bytes
+  unread, it would send a RST that can make the client lose the DISCONNECT
+  (`_close_transport`). The session's teardown does not wait for that.
 - Retained messages (`mqtt/retained.py`) go out after the SUBACK per Retain
   Handling; a Will (`mqtt/wills.py`) is left to the broker when the core says
   so (`ScheduleWill`: closed without DISCONNECT 0x00).
@@ -195,6 +200,10 @@ def _first_step(
     return loop.create_task(_resume(coro, yielded))
 
 
+CLOSE_LINGER = 5.0
+"""Seconds a closed connection goes on reading (and dropping) what the client
+still sends, waiting for it to close its end, before the socket is closed
+(`_close_transport`)."""
 MAX_BACKLOG = 1000
 """Effects queued behind a slow one before reading pauses."""
 DROP_EPISODE_GAP = 1.0
@@ -322,6 +331,7 @@ class Connection(asyncio.Protocol):
         "_following",
         "_full",
         "_inbound",
+        "_linger",
         "_out",
         "_paused",
         "_persisting",
@@ -398,6 +408,9 @@ class Connection(asyncio.Protocol):
         """What this turn of the event loop writes (a list only while there is)."""
         self._full = False
         """The transport's write buffer is over its high-water mark (`pause_writing`)."""
+        self._linger: asyncio.TimerHandle | None = None
+        """While the connection is closed on our side only (`_close_transport`):
+        the timer that closes the socket if the client does not close its own."""
         self._slow_timer: asyncio.TimerHandle | None = None
         """Aborts the connection if its write buffer stays full (`limits.slow_consumer_timeout`)."""
         self._room: tuple[int, asyncio.Future[None]] | None = None
@@ -524,6 +537,9 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
         self._stop_slow_consumer_timers()
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
         if self._sock is not None:
             self._sock.detach()
             self._sock = None
@@ -777,9 +793,11 @@ class Connection(asyncio.Protocol):
         elif reason is DisconnectReason.KEEP_ALIVE_TIMEOUT:
             log.info("client %s: keep alive timeout", self.client_id or self.peer)
         early = close.by_client and self._worker is None and self._teardown_task is None
-        # Early: the client sees its connection end (FIN) before the loop's
-        # next callbacks, among them the teardowns of the turn's DISCONNECTs.
-        self._close_transport(fin_now=early)
+        # The client sees its connection end (FIN) before the loop's next
+        # callbacks, among them (early) the teardowns of the turn's DISCONNECTs.
+        lingering = self._close_transport()
+        if lingering and not early:
+            self._tear_down_soon()
         if early:
             # The session's save submitted on the next turn of the loop (once
             # the socket is closed: the client is not kept waiting), right
@@ -791,8 +809,7 @@ class Connection(asyncio.Protocol):
             # stored. (A DISCONNECT behind a worker's effect: saved once that
             # is done, as before.)
             self.broker.writer.gather_turn()
-            self._teardown_task = _STARTING
-            self.loop.call_soon(self._start_teardown)
+            self._tear_down_soon()
 
     # --- CONNECT ---------------------------------------------------------------------
     async def _authenticate(self, effect: Authenticate) -> list[CoreEffect]:
@@ -1338,37 +1355,73 @@ class Connection(asyncio.Protocol):
         if self.closing:
             return
         self._apply(self.core.handle(ServerClose(reason, server_reference), self.loop.time()))
-        self._close_transport()
+        if self._close_transport():
+            self._tear_down_soon()
 
     async def take_over(self) -> None:
         """Another connection claims this client id: leave, saving the session."""
         if not self.closing:
             self._apply(self.core.handle(TakenOver(), self.loop.time()))
-            self._close_transport()
+            if self._close_transport():
+                self._tear_down_soon()
         await self.done.wait()
 
-    def _close_transport(self, *, fin_now: bool = False) -> None:
-        """Close the transport once what is queued is written (`fin_now`: and
-        send the FIN at once rather than when the loop gets to closing it)."""
+    @property
+    def lingering(self) -> bool:
+        """Closed on our side, waiting (`CLOSE_LINGER` at most) for the client to close its end."""
+        return self._linger is not None
+
+    def _close_transport(self) -> bool:
+        """Close the connection once what is queued is written. Over TCP: send
+        the FIN after it at once, and go on reading (dropping what comes) until
+        the client closes its end, for `CLOSE_LINGER` seconds at most, before
+        the socket is closed: a socket closed with bytes unread sends a RST,
+        and a client that gets one as it writes (an acknowledgement on its
+        way) loses the DISCONNECT unread, as if the connection had broken.
+        True if it lingers so: the teardown does not wait for the socket then
+        (`_tear_down_soon`)."""
         self.closing = True
         transport = self.transport
+        if transport is None or transport.is_closing() or self._linger is not None:
+            return False
+        if self._full:
+            # Nothing more gets through a full buffer (not even a DISCONNECT),
+            # and a graceful close would wait for it to drain, perhaps forever.
+            self._out = None
+            transport.abort()
+            return False
+        self._flush()
+        if not transport.can_write_eof():  # TLS and WebSockets close their own way
+            self._close_socket(transport)
+            return False
+        transport.write_eof()
+        self._linger = self.loop.call_later(CLOSE_LINGER, self._end_linger)
+        if self._paused:
+            transport.resume_reading()  # the client's end comes after what it sent
+        return True
+
+    def _end_linger(self) -> None:
+        """`CLOSE_LINGER` passed and the client has not closed its end: close ours."""
+        self._linger = None
+        transport = self.transport
         if transport is not None and not transport.is_closing():
-            if self._full:
-                # Nothing more gets through a full buffer (not even a DISCONNECT),
-                # and a graceful close would wait for it to drain, perhaps forever.
-                self._out = None
-                transport.abort()
-                return
-            self._flush()
-            if fin_now and transport.can_write_eof():
-                transport.write_eof()
-            transport.close()
-            if transport.get_write_buffer_size() and self._slow_timer is None:
-                # The close waits for the buffer to drain: no longer than a
-                # full buffer is tolerated.
-                self._slow_timer = self.loop.call_later(
-                    self.broker.config.limits.slow_consumer_timeout, self._slow_consumer
-                )
+            self._close_socket(transport)
+
+    def _close_socket(self, transport: asyncio.Transport) -> None:
+        transport.close()
+        if transport.get_write_buffer_size() and self._slow_timer is None:
+            # The close waits for the buffer to drain: no longer than a full
+            # buffer is tolerated.
+            self._slow_timer = self.loop.call_later(
+                self.broker.config.limits.slow_consumer_timeout, self._slow_consumer
+            )
+
+    def _tear_down_soon(self) -> None:
+        """Have the teardown start on the next turn of the loop (`_start_teardown`)
+        rather than when the socket closes (`connection_lost`)."""
+        if self._teardown_task is None:
+            self._teardown_task = _STARTING
+            self.loop.call_soon(self._start_teardown)
 
     def _start_teardown(self) -> None:
         """Tear the connection down (`_close_for`), at once up to the first
@@ -1511,7 +1564,7 @@ class Connection(asyncio.Protocol):
         self._out = None
         transport = self.transport
         data = out[0] if len(out) == 1 else b"".join(out)
-        if transport is not None and not transport.is_closing():
+        if transport is not None and not transport.is_closing() and self._linger is None:
             transport.write(data)
             self._counts.bytes_out += len(data)
 
