@@ -33,7 +33,11 @@ What MQTT 5.0 §6 (and 3.1.1 §6) ask of the server, and what it does:
 - Ping frames are answered; a Close frame is answered and the socket closed,
   which the MQTT connection sees as the network connection's loss (its Will
   goes out unless it sent DISCONNECT). When the MQTT connection closes, a
-  Close frame (1000) goes out before the socket is closed.
+  Close frame (1000) goes out after its last packet, then (over plain TCP) the
+  FIN, and the socket stays open until the client answers with its Close or
+  closes its end (or the connection's `CLOSE_LINGER` passes): closed with
+  bytes unread, the socket would send a RST that can make the client lose the
+  DISCONNECT before it.
 
 The per-message path stays off wsproto's event objects: a complete, masked,
 unfragmented binary frame of at most 65,535 bytes (every frame MQTT clients
@@ -244,10 +248,13 @@ class WebSocket(asyncio.Protocol):
                 return False
             case CloseConnection(code=code, reason=reason):
                 self._feed(payload)
-                if self._ws.state is ConnectionState.REMOTE_CLOSING:
+                state = self._ws.state
+                if state is ConnectionState.REMOTE_CLOSING:
                     log.debug("client %s: closed its WebSocket (%d %s)", self.peer, code, reason)
                     self._send(event.response())
                     self._close()
+                elif state is ConnectionState.CLOSED:
+                    self._close()  # its answer to our Close (`_Frames.write_eof`)
                 else:  # a frame wsproto could not parse: it says why
                     self._fail(code, f"a broken WebSocket frame ({reason})")
                 return False
@@ -412,16 +419,18 @@ class _Frames(asyncio.Transport):
     (`get_extra_info("socket")`) is the TCP connection the frames travel on,
     so the connection's TCP_QUICKACK works on it as it does for any client."""
 
-    __slots__ = ("_transport", "_ws", "closing")
+    __slots__ = ("_ended", "_transport", "_ws", "closing")
 
     def __init__(self, ws: WSConnection, transport: asyncio.Transport) -> None:
         super().__init__()
         self._ws = ws
         self._transport = transport
         self.closing = False
+        self._ended = False
+        """`write_eof` was called: nothing more is written."""
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
-        if self.closing or self._transport.is_closing():
+        if self.closing or self._ended or self._transport.is_closing():
             return
         if self._ws.state is not ConnectionState.OPEN:
             return  # the WebSocket is closing (a Close frame went one way or the other)
@@ -447,7 +456,22 @@ class _Frames(asyncio.Transport):
         return self.closing or self._transport.is_closing()
 
     def can_write_eof(self) -> bool:
-        return False
+        return self._transport.can_write_eof()  # over plain TCP (TLS closes its own way)
+
+    def write_eof(self) -> None:
+        """The end of what the MQTT connection writes: a Close frame (1000),
+        then the socket's FIN. The socket stays open until the client answers
+        with its Close (`WebSocket._event`) or closes its end, or the
+        connection closes it (`close`)."""
+        if self.closing or self._ended:
+            return
+        self._ended = True
+        transport = self._transport
+        if transport.is_closing():
+            return
+        if self._ws.state is ConnectionState.OPEN:
+            transport.write(self._ws.send(CloseConnection(code=CloseReason.NORMAL_CLOSURE)))
+        transport.write_eof()
 
     def pause_reading(self) -> None:
         self._transport.pause_reading()
