@@ -40,7 +40,6 @@ from riverbed.cluster.directory import Directory
 from riverbed.errors import NotFound, PreconditionFailed, RiverbedError
 from riverbed.sessions.store import SessionStore
 from riverbed.storage import Storage
-from riverbed.storage.postgres import PostgresStorage
 
 DRAIN_TIMEOUT = 60.0
 """Seconds `cluster drain` waits by default: its clients' sessions saved and
@@ -140,7 +139,7 @@ def _drain(storage: Storage, node: str, timeout: float) -> None:
             f"broker node {node!r} is not alive: its lease lapsed {ago:.0f} s ago; nothing to drain"
         )
     directory.request_drain(node, at)
-    told = isinstance(storage, PostgresStorage) and _tell(storage, node)
+    told = storage.networked and _tell(storage, node)
     how = "told it over the database" if told else "it looks at its next expiry sweep"
     click.echo(f"asked node {node} to drain ({how}); waiting up to {timeout:g} s", err=True)
     deadline = time.monotonic() + timeout
@@ -172,7 +171,7 @@ def _drain(storage: Storage, node: str, timeout: float) -> None:
     )
 
 
-def _tell(storage: PostgresStorage, node: str) -> bool:
+def _tell(storage: Storage, node: str) -> bool:
     """Tell `node` over the nodes' bus to look for its drain request now."""
     from riverbed.cluster.bus import NodeBus
 

@@ -72,7 +72,6 @@ from riverbed.sessions.reader import ResumeReader
 from riverbed.sessions.store import SessionRecord, SessionStore, Stored
 from riverbed.sessions.writer import SessionWriter
 from riverbed.sharedsub.runtime import SharedRuntime
-from riverbed.storage.postgres import PostgresStorage
 from riverbed.topics.trie import TopicTrie
 
 log = logging.getLogger(__name__)
@@ -170,7 +169,7 @@ class Broker:
         )
         """This broker node's name: in the session records of its connections,
         and in its liveness lease (`sessions.store.node_lease`)."""
-        clustered = isinstance(log.storage, PostgresStorage)
+        clustered = log.storage.networked
         self.wills = Wills(self, self.node, cluster=clustered)
         self._may_defer = not clustered
         self.cluster = ClusterNode(
@@ -302,7 +301,7 @@ class Broker:
         if shared.enabled:
             # Nodes sharing a PostgreSQL database reach each other's Leaders
             # over it (LISTEN/NOTIFY, cluster/bus.py).
-            remote = storage.url if isinstance(storage, PostgresStorage) else None
+            remote = storage.url if storage.networked else None
             self.shared = SharedRuntime(storage, shared.timers, self.node, remote_url=remote)
             await self.shared.start()
         await self.cluster.start()

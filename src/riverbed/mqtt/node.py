@@ -48,11 +48,10 @@ import uuid
 from collections.abc import Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from riverbed import __version__
 from riverbed.clock import now_us
-from riverbed.cluster.bus import NodeBus
 from riverbed.cluster.directory import Directory, DrainRequest, NodeInfo
 from riverbed.cluster.presence import FilePresence
 from riverbed.errors import LeaseHeld, PreconditionFailed, RiverbedError
@@ -60,8 +59,10 @@ from riverbed.mqtt.codec import DisconnectReason
 from riverbed.sessions.store import SessionRecord, SessionStore, Stored, node_lease
 from riverbed.storage import Storage
 from riverbed.storage.leases import Lease, Leases
-from riverbed.storage.postgres import PostgresStorage
 from riverbed.storage.sqlite import SqliteStorage
+
+if TYPE_CHECKING:
+    from riverbed.cluster.bus import NodeBus
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +179,9 @@ class ClusterNode:
         """The bus (on PostgreSQL), the liveness lease, and its renewal."""
         self._loop = asyncio.get_running_loop()
         storage = self._storage
-        if isinstance(storage, PostgresStorage):
+        if storage.networked:
+            from riverbed.cluster.bus import NodeBus  # psycopg: not for SQLite
+
             self.bus = NodeBus(
                 storage.url, self.name, self._from_node, up=self._bus_up, down=self._bus_down
             )

@@ -29,15 +29,17 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
-from riverbed.cluster.bus import PostgresBus
 from riverbed.errors import RiverbedError, StorageUnavailable
 from riverbed.sharedsub.bus import InProcessBus, Registry
 from riverbed.sharedsub.config import SharedSubConfig
 from riverbed.sharedsub.host import LeaderHost
 from riverbed.sharedsub.protocol import REGISTRY, Address, Message, Ping, decode, encode
 from riverbed.storage.base import Storage
+
+if TYPE_CHECKING:
+    from riverbed.cluster.bus import PostgresBus
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +167,8 @@ class SharedRuntime:
         self.remote: PostgresBus[Message] | None = None
         """The bus to other nodes (`remote_url`: their shared PostgreSQL)."""
         if remote_url is not None:
+            from riverbed.cluster.bus import PostgresBus  # psycopg: not for SQLite
+
             self.remote = PostgresBus(
                 remote_url, storage, node, self._from_remote, encode=encode, decode=decode
             )

@@ -144,6 +144,9 @@ class Storage(Protocol):
 
     url: str
     wakeups: Wakeups
+    networked: bool
+    """A database server that nodes on other machines may share (PostgreSQL),
+    rather than a file of this machine's (SQLite)."""
 
     def close(self) -> None: ...
 

@@ -103,6 +103,7 @@ def _inline(sql: str, params: Sequence[Any]) -> str:
 
 
 class PostgresStorage(SqlStorage):
+    networked = True
     PARAMSTYLE = "%s"
     DRIVER_ERRORS = (psycopg.Error,)
     SCHEMA_TYPES: Mapping[str, str] = {

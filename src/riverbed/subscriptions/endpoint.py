@@ -27,10 +27,8 @@ import enum
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote
-
-import httpx
 
 from riverbed.model import StoredMessage
 from riverbed.subscriptions.definition import (
@@ -40,6 +38,12 @@ from riverbed.subscriptions.definition import (
     RetryPolicy,
 )
 from riverbed.subscriptions.handling import load_handler
+
+if TYPE_CHECKING:
+    # Imported where an HTTP endpoint is delivered to: importing httpx costs a
+    # process a fifth of a second (its command line's rich and click with
+    # it), and every broker and command imports this module.
+    import httpx
 
 
 class Outcome(enum.Enum):
@@ -81,12 +85,16 @@ class HttpDeliverer:
     def __init__(
         self, endpoint: HttpEndpoint, retry: RetryPolicy, client: httpx.AsyncClient | None = None
     ) -> None:
+        import httpx
+
         self.endpoint = endpoint
         self.retry = retry
         self.client = client or httpx.AsyncClient()
         self._timeout = httpx.Timeout(endpoint.request_timeout, connect=endpoint.connect_timeout)
 
     async def deliver(self, message: StoredMessage, attempt: int) -> Attempt:
+        import httpx  # loaded by __init__: a look in sys.modules
+
         endpoint = self.endpoint
         headers = {
             **endpoint.headers,
@@ -142,6 +150,8 @@ class CallableDeliverer:
 def deliverer(definition: DeliveryDefinition) -> Deliverer:
     endpoint = definition.endpoint
     if isinstance(endpoint, HttpEndpoint):
+        import httpx
+
         # One connection per attempt in flight: no more (the pool's cost grows
         # with its size), no fewer (attempts would queue for a connection).
         size = definition.consumption.max_in_flight

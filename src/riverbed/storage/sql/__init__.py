@@ -30,6 +30,9 @@ from riverbed.storage.sql.topics import TopicQueries
 class SqlStorage(TopicQueries, MessageQueries, SubscriptionQueries, KVQueries):
     """Base of the SQLite and PostgreSQL storages: the queries."""
 
+    networked = False
+    """`Storage.networked` (PostgreSQL's says True)."""
+
     def not_waiting(self) -> AbstractContextManager[None]:
         """Within it, this thread's transactions do not wait for the write lock
         (`transaction_now`); a backend whose commits always wait on a server
