@@ -557,6 +557,10 @@ class Run:
             return False
         at = time.monotonic()
         self.job.kill()
+        # What the killed job had sent is recorded before the new one is
+        # counted from: a request read after the restart would pass for the
+        # new job delivering (`job_starting`), while it still starts Spark.
+        self.endpoint.quiet()
         requests = self.job_requests()
         self.note(
             "job",

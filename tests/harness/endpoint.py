@@ -49,6 +49,9 @@ class Endpoint:
         self.requests: list[Request] = []
         self.running = 0
         self.most = 0
+        self.connections = 0
+        """Connections open now: a killed job's go once the endpoint has read
+        what it had sent (`quiet`)."""
         self.lock = threading.Lock()
         self._rules: list[tuple[bytes, int, int | None]] = []
         self._failed: dict[tuple[bytes, str], int] = {}
@@ -56,6 +59,18 @@ class Endpoint:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+
+            def setup(self) -> None:
+                with endpoint.lock:
+                    endpoint.connections += 1
+                super().setup()
+
+            def finish(self) -> None:
+                try:
+                    super().finish()
+                finally:
+                    with endpoint.lock:
+                        endpoint.connections -= 1
 
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length", 0))
@@ -96,6 +111,11 @@ class Endpoint:
         self.url = f"http://127.0.0.1:{self.httpd.server_port}/hook"
         self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self._thread.start()
+
+    def quiet(self, timeout: float = DEFAULT_TIMEOUT) -> None:
+        """Wait until no connection is open: the requests a killed client had
+        sent are all recorded by then."""
+        eventually(lambda: self.connections == 0, timeout, "the endpoint's connections closed")
 
     def fail(self, prefix: bytes, status: int, times: int | None = None) -> None:
         """Answer `status` to requests whose body starts with `prefix`: the
