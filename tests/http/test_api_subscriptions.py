@@ -7,8 +7,10 @@ a read token is refused every write."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,40 @@ def admin(storage_url: str) -> Iterator[AdminApi]:
 def api(admin: AdminApi) -> Iterator[httpx.Client]:
     with admin.client() as client:
         yield client
+
+
+Shared = Callable[[str, Callable[[httpx.Client], None]], tuple[str, httpx.Client]]
+
+
+@pytest.fixture(
+    scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def refusals(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Shared]:
+    """Bad input changes nothing, so the cases of one refusal test share a
+    database and a `riverbed admin` (per backend): `refusals(kind, prepare)`
+    makes them at the kind's first case, `prepare` giving the database what
+    its cases refuse to change, and returns its URL and a client."""
+    made: dict[str, tuple[str, httpx.Client]] = {}
+    with contextlib.ExitStack() as stack:
+
+        def shared(kind: str, prepare: Callable[[httpx.Client], None]) -> tuple[str, httpx.Client]:
+            if kind not in made:
+                if request.param == "sqlite":
+                    url = f"sqlite:///{tmp_path_factory.mktemp(kind)}/riverbed.db"
+                else:
+                    server = request.getfixturevalue("postgres_server")
+                    name = f"refusals_{uuid.uuid4().hex[:12]}"
+                    url = server.new_database(name)
+                    stack.callback(server.discard_database, name)
+                admin = stack.enter_context(AdminApi(url))
+                client = stack.enter_context(admin.client())
+                prepare(client)
+                made[kind] = (url, client)
+            return made[kind]
+
+        yield shared
 
 
 def make_topic(api: httpx.Client, partitions: int = 4, name: str = "orders") -> None:
@@ -116,9 +152,9 @@ def test_add_a_storage_topic_then_switch_produce_to_it(storage_url: str, api: ht
     ],
 )
 def test_a_bad_storage_topic_is_422_and_nothing_is_added(
-    api: httpx.Client, body: dict[str, object], words: str
+    refusals: Shared, body: dict[str, object], words: str
 ) -> None:
-    make_topic(api, 2)
+    _, api = refusals("storage-topic", lambda api: make_topic(api, 2))
     refused = api.post("/api/v1/topics/orders/storage-topics", json=body)
     assert refused.status_code == 422, refused.text
     assert words in refused.json()["error"]
@@ -274,9 +310,9 @@ def test_a_delivering_subscription_keeps_the_command_lines_defaults(
     ],
 )
 def test_a_bad_subscription_is_422_naming_the_field_and_nothing_is_created(
-    storage_url: str, api: httpx.Client, change: dict[str, object], words: str
+    refusals: Shared, change: dict[str, object], words: str
 ) -> None:
-    make_topic(api)
+    storage_url, api = refusals("subscription", make_topic)
     before = topic_names(storage_url)
     refused = api.post(
         "/api/v1/subscriptions", json={"name": "billing", "topic": "orders", **change}
@@ -338,6 +374,13 @@ def test_reset_runs_as_a_job_and_moves_the_cursors(api: httpx.Client) -> None:
     assert api.get("/api/v1/subscriptions/audit").json()["lag"] == 3
 
 
+def _orders_and_audit(api: httpx.Client) -> None:
+    """Topic `orders` (1 partition, 3 messages) and subscription `audit` on it."""
+    make_topic(api, 1)
+    produce(api, 3)
+    assert api.post("/api/v1/subscriptions", json={"name": "audit", "topic": "orders"}).is_success
+
+
 @pytest.mark.parametrize(
     ("body", "words"),
     [
@@ -353,11 +396,9 @@ def test_reset_runs_as_a_job_and_moves_the_cursors(api: httpx.Client) -> None:
     ],
 )
 def test_a_bad_reset_is_422_and_starts_no_job(
-    api: httpx.Client, body: dict[str, object], words: str
+    refusals: Shared, body: dict[str, object], words: str
 ) -> None:
-    make_topic(api, 1)
-    produce(api, 3)
-    assert api.post("/api/v1/subscriptions", json={"name": "audit", "topic": "orders"}).is_success
+    _, api = refusals("reset", _orders_and_audit)
     refused = api.post("/api/v1/subscriptions/audit/reset", json=body)
     assert refused.status_code == 422, refused.text
     assert words in refused.json()["error"], refused.json()
@@ -412,6 +453,16 @@ def test_reshard_runs_as_a_job_and_changes_the_shards(storage_url: str, api: htt
     assert stored is not None and stored.shard_count == 4
 
 
+def _orders_billing_and_audit(api: httpx.Client) -> None:
+    """Topic `orders` (4 partitions), `billing` delivering in 2 shards, plain `audit`."""
+    make_topic(api, 4)
+    for made in (
+        {"name": "billing", "topic": "orders", "endpoint": {"url": "m:f", "shards": 2}},
+        {"name": "audit", "topic": "orders"},
+    ):
+        assert api.post("/api/v1/subscriptions", json=made).status_code == 201
+
+
 @pytest.mark.parametrize(
     ("name", "body", "code", "words"),
     [
@@ -422,14 +473,9 @@ def test_reshard_runs_as_a_job_and_changes_the_shards(storage_url: str, api: htt
     ],
 )
 def test_a_bad_reshard_is_refused_and_starts_no_job(
-    storage_url: str, api: httpx.Client, name: str, body: dict[str, object], code: int, words: str
+    refusals: Shared, name: str, body: dict[str, object], code: int, words: str
 ) -> None:
-    make_topic(api, 4)
-    for made in (
-        {"name": "billing", "topic": "orders", "endpoint": {"url": "m:f", "shards": 2}},
-        {"name": "audit", "topic": "orders"},
-    ):
-        assert api.post("/api/v1/subscriptions", json=made).status_code == 201
+    storage_url, api = refusals("reshard", _orders_billing_and_audit)
     refused = api.post(f"/api/v1/subscriptions/{name}/reshard", json=body)
     assert refused.status_code == code, refused.text
     assert words in refused.json()["error"]
