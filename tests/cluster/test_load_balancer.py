@@ -358,6 +358,24 @@ def drain_supported() -> bool:
     return done.returncode == 0
 
 
+SERVER_BUSY = 0x89
+
+
+def others_lost(fleet: Fleet, killed: list[Tracked]) -> dict[str, list[int]]:
+    """Clients of the nodes left that lost their connection (paho's reasons),
+    but for the group's members told DISCONNECT 0x89 Server busy: a QoS 2
+    message lent to one of them by the killed node's Leader, whose PUBREC came
+    after the new Leader lent it again, ends its connection without a PUBREL
+    (docs/shared-subscriptions.md); it connects again and resumes."""
+    return {
+        c.client_id: list(c.disconnects)
+        for c in fleet.clients
+        if c not in killed
+        and c.disconnects
+        and not (c in fleet.members and set(c.disconnects) == {SERVER_BUSY})
+    }
+
+
 # ----------------------------------------------------------------- drain step
 def drain_step(
     url: str, nodes: list[BrokerProcess], victim: int, fleet: Fleet, haproxy: HAProxy
@@ -622,7 +640,7 @@ def run(
             WAIT,
             "the killed node's clients to lose their connection",
         )
-        assert not [c.client_id for c in fleet.clients if c not in killed and c.disconnects]
+        assert not others_lost(fleet, killed)
         fleet.wait_resumed(held[0])
         fleet.wait_rounds(ROUNDS_AFTER)
         if then_drain:
