@@ -796,11 +796,9 @@ class Connection(asyncio.Protocol):
         # The client sees its connection end (FIN) before the loop's next
         # callbacks, among them (early) the teardowns of the turn's DISCONNECTs.
         lingering = self._close_transport()
-        if lingering and not early:
-            self._tear_down_soon()
         if early:
             # The session's save submitted on the next turn of the loop (once
-            # the socket is closed: the client is not kept waiting), right
+            # the FIN is out: the client is not kept waiting), right
             # after the transport's own callback, not in a task a turn later:
             # ahead of any write for what is read after this DISCONNECT (a
             # CONNECT on another connection, whose write waits for the turn's
@@ -809,6 +807,7 @@ class Connection(asyncio.Protocol):
             # stored. (A DISCONNECT behind a worker's effect: saved once that
             # is done, as before.)
             self.broker.writer.gather_turn()
+        if early or lingering:
             self._tear_down_soon()
 
     # --- CONNECT ---------------------------------------------------------------------

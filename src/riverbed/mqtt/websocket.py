@@ -419,18 +419,16 @@ class _Frames(asyncio.Transport):
     (`get_extra_info("socket")`) is the TCP connection the frames travel on,
     so the connection's TCP_QUICKACK works on it as it does for any client."""
 
-    __slots__ = ("_ended", "_transport", "_ws", "closing")
+    __slots__ = ("_transport", "_ws", "closing")
 
     def __init__(self, ws: WSConnection, transport: asyncio.Transport) -> None:
         super().__init__()
         self._ws = ws
         self._transport = transport
         self.closing = False
-        self._ended = False
-        """`write_eof` was called: nothing more is written."""
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
-        if self.closing or self._ended or self._transport.is_closing():
+        if self.closing or self._transport.is_closing():
             return
         if self._ws.state is not ConnectionState.OPEN:
             return  # the WebSocket is closing (a Close frame went one way or the other)
@@ -463,12 +461,10 @@ class _Frames(asyncio.Transport):
         then the socket's FIN. The socket stays open until the client answers
         with its Close (`WebSocket._event`) or closes its end, or the
         connection closes it (`close`)."""
-        if self.closing or self._ended:
-            return
-        self._ended = True
         transport = self._transport
-        if transport.is_closing():
+        if self.closing or transport.is_closing():
             return
+        # Past the Close frame, `write` writes nothing (the state is no longer OPEN).
         if self._ws.state is ConnectionState.OPEN:
             transport.write(self._ws.send(CloseConnection(code=CloseReason.NORMAL_CLOSURE)))
         transport.write_eof()
