@@ -33,7 +33,9 @@ from riverbed.storage import Storage, open_storage
 settings.register_profile("riverbed", deadline=None)
 settings.load_profile("riverbed")
 
-pytest_plugins = ["pytester"]  # tests of the CI hooks run pytest inside pytest
+# pytester: tests of the CI hooks run pytest inside pytest; harness.logs: a
+# failing test's report shows its brokers' logs.
+pytest_plugins = ["pytester", "harness.logs"]
 
 # Spark's driver JVMs in tests (the session fixture's, and those of the jobs,
 # examples and chaos runs that tests start, which inherit it): the quick

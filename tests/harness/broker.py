@@ -28,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -49,6 +50,11 @@ START_TIMEOUT = 60.0 * SLOW
 STOP_TIMEOUT = 45.0 * SLOW
 """Seconds `stop` waits after SIGTERM: longer than the broker's own bound
 (`limits.stop_grace` 20 s + 5 s), so a slow stop is the broker's to report."""
+
+
+LIVE: weakref.WeakSet[BrokerProcess] = weakref.WeakSet()
+"""Brokers whose log is still on disk: a failing test's report shows their
+tails (`harness.logs`)."""
 
 
 class BrokerProcess:
@@ -77,6 +83,7 @@ class BrokerProcess:
         self._log_dir = Path(tempfile.mkdtemp(prefix="riverbed-broker-"))
         self.log_path = self._log_dir / "broker.log"
         self.starts = 0
+        LIVE.add(self)
 
     def start(self, timeout: float = START_TIMEOUT) -> None:
         assert self.process is None or self.process.poll() is not None, "already running"
@@ -215,6 +222,7 @@ class BrokerProcess:
             if keep:  # a directory: each broker's log is copied there, by port
                 Path(keep).mkdir(parents=True, exist_ok=True)
                 shutil.copy(self.log_path, Path(keep) / f"broker-{self.port}-{os.getpid()}.log")
+            LIVE.discard(self)
             shutil.rmtree(self._log_dir, ignore_errors=True)
 
 
