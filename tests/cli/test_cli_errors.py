@@ -19,6 +19,7 @@ import psycopg
 import pytest
 from click.testing import CliRunner, Result
 
+from harness.cli import subcommands
 from harness.net import free_port
 from harness.waiting import eventually
 from riverbed.cli import cli
@@ -73,7 +74,7 @@ CREATING_COMMANDS = {args for args in COMMANDS if args not in READING}
 
 def _leaves(group: click.Group, path: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
     found: set[tuple[str, ...]] = set()
-    for name, command in group.commands.items():
+    for name, command in subcommands(group).items():
         if isinstance(command, click.Group):
             found |= _leaves(command, (*path, name))
         else:

@@ -7,7 +7,7 @@ from harness.cli import (
     ok,
     total,
 )
-from riverbed import cli as cli_module
+from riverbed.cli.demo import DEMO_MESSAGES
 
 
 def test_demo_runs_twice(db: str) -> None:
@@ -16,6 +16,6 @@ def test_demo_runs_twice(db: str) -> None:
     assert f"--db {db}" in first.stdout
     second = ok(db, "demo")
     assert "consumed 1000" in second.stdout
-    assert total(db, "demo") == 2 * cli_module.DEMO_MESSAGES
+    assert total(db, "demo") == 2 * DEMO_MESSAGES
     assert as_json(ok(db, "subscription", "lag", "demo-reader", "--json"))["total"] == 0
     assert as_json(ok(db, "topic", "describe", "demo", "--json"))["binding"] == "demo/#"

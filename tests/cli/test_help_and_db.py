@@ -4,6 +4,9 @@ URLs and click's usage errors exit as documented."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,8 +18,9 @@ from harness.cli import (
     as_json,
     ok,
     rb,
+    subcommands,
 )
-from riverbed.cli import cli
+from riverbed.cli import COMMAND_MODULES, cli
 
 # --------------------------------------------------------------------- help and --db
 
@@ -26,7 +30,7 @@ def _commands(
 ) -> Iterator[tuple[tuple[str, ...], click.Command]]:
     yield path, command
     if isinstance(command, click.Group):
-        for name, sub in command.commands.items():
+        for name, sub in subcommands(command).items():
             yield from _commands(sub, (*path, name))
 
 
@@ -38,6 +42,38 @@ def test_every_command_has_help(path: tuple[str, ...]) -> None:
     result = CliRunner().invoke(cli, [*path, "--help"])
     assert result.exit_code == 0
     assert "Usage: " in result.stdout
+
+
+def test_each_command_is_added_by_the_module_it_is_looked_up_in() -> None:
+    """The root group imports a command's module when the command is asked for
+    (`COMMAND_MODULES`): each command is there, and nothing else is."""
+    for name, command in subcommands(cli).items():
+        assert command.callback is not None, name
+        assert command.callback.__module__ == f"riverbed.cli.{COMMAND_MODULES[name]}", name
+    assert set(cli.commands) == set(COMMAND_MODULES)
+
+
+def test_serve_imports_no_other_command_and_no_http_api_unless_asked() -> None:
+    """`riverbed serve` (every test's broker) imports its own module, not the
+    other commands' nor, without `--http`, the HTTP API's (FastAPI)."""
+    code = """
+import json, sys
+import click
+from riverbed.cli import cli
+from riverbed.cli.broker import http_beside
+from riverbed.mqtt.config import load_config
+assert cli.get_command(click.Context(cli), "serve") is not None
+assert http_beside(load_config(None, {"auth.allow_anonymous": True}), None) is None
+print(json.dumps(sorted(sys.modules)))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    imported = set(json.loads(done.stdout))
+    others = {f"riverbed.cli.{m}" for m in COMMAND_MODULES.values()} - {"riverbed.cli.broker"}
+    assert "riverbed.cli.broker" in imported
+    assert not imported & others, sorted(imported & others)
+    assert not {"fastapi", "riverbed.http.context", "pydantic", "rich"} & imported
 
 
 NO_DATABASE = {

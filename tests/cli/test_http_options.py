@@ -6,13 +6,14 @@ from __future__ import annotations
 import click
 from click.testing import CliRunner
 
+from harness.cli import subcommands
 from riverbed.cli import cli
 
 LISTENER = ("http", "token_file")
 
 
 def listener_options(name: str) -> list[tuple[object, ...]]:
-    command = cli.commands[name]
+    command = subcommands(cli)[name]
     return [
         (p.opts, p.metavar, p.help)
         for p in command.params

@@ -17,6 +17,7 @@ import click
 import pytest
 from click.testing import CliRunner, Result
 
+from harness.cli import subcommands
 from riverbed.cli import cli
 from riverbed.model import MessageId
 
@@ -80,7 +81,7 @@ def _leaves(
     command: click.Command, path: tuple[str, ...] = ()
 ) -> Iterator[tuple[tuple[str, ...], click.Command]]:
     if isinstance(command, click.Group):
-        for name, sub in command.commands.items():
+        for name, sub in subcommands(command).items():
             yield from _leaves(sub, (*path, name))
     else:
         yield path, command

@@ -6,10 +6,19 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import click
 from click.testing import CliRunner, Result
 
 from riverbed.cli import cli
 from riverbed.storage import open_storage
+
+
+def subcommands(group: click.Group) -> dict[str, click.Command]:
+    """A group's commands by name, each looked up as a command line does (the
+    root group imports a command's module when it is asked for)."""
+    ctx = click.Context(group)
+    found = {name: group.get_command(ctx, name) for name in group.list_commands(ctx)}
+    return {name: command for name, command in found.items() if command is not None}
 
 
 def rb(url: str, *args: str, input: str | bytes | None = None) -> Result:

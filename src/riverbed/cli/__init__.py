@@ -17,39 +17,7 @@ and say so on stderr.
 
 from __future__ import annotations
 
-# Each module adds its commands to `cli` when imported.
-from riverbed.cli import (
-    admin,
-    broker,
-    cluster,
-    config,
-    demo,
-    dlq,
-    groups,
-    messages,
-    status,
-    subscriptions,
-    topics,
-    worker,
-)
-from riverbed.cli._app import PRODUCE_BATCH, cli, main
-from riverbed.cli.demo import DEMO_MESSAGES
+# A command's module is imported when the command is asked for (`COMMAND_MODULES`).
+from riverbed.cli._app import COMMAND_MODULES, PRODUCE_BATCH, cli, main
 
-__all__ = [
-    "DEMO_MESSAGES",
-    "PRODUCE_BATCH",
-    "admin",
-    "broker",
-    "cli",
-    "cluster",
-    "config",
-    "demo",
-    "dlq",
-    "groups",
-    "main",
-    "messages",
-    "status",
-    "subscriptions",
-    "topics",
-    "worker",
-]
+__all__ = ["COMMAND_MODULES", "PRODUCE_BATCH", "cli", "main"]

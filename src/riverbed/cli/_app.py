@@ -5,16 +5,13 @@ offsets (`riverbed.subscriptions.positions`, shared with the HTTP API), tables.
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
-from rich import box
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
 from riverbed.errors import DatabaseNotFound, InvalidInput, RiverbedError
 from riverbed.log.log import Log
@@ -31,6 +28,10 @@ from riverbed.subscriptions.positions import parse_reset_target
 from riverbed.subscriptions.positions import parse_start as parse_start
 from riverbed.subscriptions.positions import parse_time as parse_time
 from riverbed.tuning import tune_process
+
+if TYPE_CHECKING:  # rich is imported by the commands that print tables, not by `serve`
+    from rich.console import Console
+    from rich.table import Table
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -124,13 +125,49 @@ SPARK_EXTRA_MODULES = (
 the core only, so a Spark command may find them missing."""
 
 
+COMMAND_MODULES = {
+    "admin": "admin",
+    "cluster": "cluster",
+    "config": "config",
+    "consume": "messages",
+    "demo": "demo",
+    "dlq": "dlq",
+    "group": "groups",
+    "passwd": "broker",
+    "produce": "messages",
+    "retention": "topics",
+    "serve": "broker",
+    "status": "status",
+    "subscription": "subscriptions",
+    "token": "admin",
+    "topic": "topics",
+    "worker": "worker",
+}
+"""Each command of the root group, by the module of `riverbed.cli` that adds it
+to `cli` when imported."""
+
+
 class RiverbedGroup(click.Group):
     """The root group: turns a `RiverbedError` into `error: ...` and an exit code,
     and a missing `spark` extra into an error that says how to install it, and
     Ctrl-C into `interrupted`.
 
     Only errors Riverbed raises on purpose (and Ctrl-C) end without a traceback:
-    anything else is a bug, and its traceback is what a report of it needs."""
+    anything else is a bug, and its traceback is what a report of it needs.
+
+    A command's module is imported when the command is looked up
+    (`COMMAND_MODULES`): `riverbed serve` imports the broker, not the delivery
+    job's, the worker's and the admin API's modules too (every test's broker
+    and every CLI call starts a process)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(COMMAND_MODULES) | set(self.commands))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        module = COMMAND_MODULES.get(cmd_name)
+        if cmd_name not in self.commands and module is not None:
+            importlib.import_module(f"riverbed.cli.{module}")
+        return super().get_command(ctx, cmd_name)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -181,6 +218,8 @@ RESET_TARGET = _Parsed("earliest|latest|ISO-TIME|OFFSETS", parse_reset_target)
 
 
 def make_console() -> Console:
+    from rich.console import Console
+
     # Piped output is never cut to 80 columns; a terminal gets its own width.
     return Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 250)
 
@@ -192,6 +231,10 @@ def make_table(
     footer: Sequence[object] | None = None,
 ) -> Table:
     """A table; columns whose cells are all numbers are right-aligned."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
     table = Table(title=title, title_justify="left", box=box.SIMPLE, show_footer=footer is not None)
     for index, column in enumerate(columns):
         cells = [row[index] for row in rows if row[index] is not None]

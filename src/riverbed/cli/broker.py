@@ -196,14 +196,16 @@ def serve(
 
 def http_beside(config: BrokerConfig, log: Log) -> Callable[[Broker], HttpServer] | None:
     """The admin HTTP API to run beside the broker, if `[http] address` is set.
-    The token file is read now: a bad one is refused before anything listens."""
+    The token file is read now: a bad one is refused before anything listens.
+    Without it the HTTP API's modules (FastAPI, pydantic: a third of a broker's
+    start) are never imported."""
+    settings = config.http
+    if settings.address is None:
+        return None
     from riverbed.http.auth import TokenFile
     from riverbed.http.context import HttpContext, config_view
     from riverbed.http.server import HttpServer
 
-    settings = config.http
-    if settings.address is None:
-        return None
     tokens = None if settings.token_file is None else TokenFile(settings.token_file)
 
     def beside(broker: Broker) -> HttpServer:
