@@ -54,12 +54,14 @@ def test_each_command_is_added_by_the_module_it_is_looked_up_in() -> None:
 
 
 def test_serve_imports_no_other_command_and_no_http_api_unless_asked() -> None:
-    """`riverbed serve` (every test's broker) imports its own module, not the
-    other commands' nor, without `--http`, the HTTP API's (FastAPI)."""
+    """`riverbed serve` (every test's broker) imports its own module and the
+    broker's, not the other commands' nor, without `--http`, the HTTP API's
+    (FastAPI), nor, without `--ws`, wsproto."""
     code = """
 import json, sys
 import click
 from riverbed.cli import cli
+import riverbed.mqtt.broker
 from riverbed.cli.broker import http_beside
 from riverbed.mqtt.config import load_config
 assert cli.get_command(click.Context(cli), "serve") is not None
@@ -73,7 +75,7 @@ print(json.dumps(sorted(sys.modules)))
     others = {f"riverbed.cli.{m}" for m in COMMAND_MODULES.values()} - {"riverbed.cli.broker"}
     assert "riverbed.cli.broker" in imported
     assert not imported & others, sorted(imported & others)
-    assert not {"fastapi", "riverbed.http.context", "pydantic", "rich"} & imported
+    assert not {"fastapi", "riverbed.http.context", "pydantic", "rich", "wsproto"} & imported
 
 
 NO_DATABASE = {

@@ -46,7 +46,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Hashable
 from ssl import SSLContext
-from typing import Any, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from riverbed.clock import now_us
 from riverbed.errors import CannotListen, PreconditionFailed, RiverbedError
@@ -66,13 +66,15 @@ from riverbed.mqtt.retained import RetainedStore
 from riverbed.mqtt.shapes import TopicShapes
 from riverbed.mqtt.sys import SysPublisher
 from riverbed.mqtt.tls import server_context
-from riverbed.mqtt.websocket import WebSocket
 from riverbed.mqtt.wills import Wills
 from riverbed.sessions.reader import ResumeReader
 from riverbed.sessions.store import SessionRecord, SessionStore, Stored
 from riverbed.sessions.writer import SessionWriter
 from riverbed.sharedsub.runtime import SharedRuntime
 from riverbed.topics.trie import TopicTrie
+
+if TYPE_CHECKING:  # imported when a WebSocket listener is configured (wsproto, h11)
+    from riverbed.mqtt.websocket import WebSocket
 
 log = logging.getLogger(__name__)
 
@@ -566,6 +568,8 @@ class Broker:
     def _accept_ws(self) -> WebSocket:
         """A new MQTT over WebSockets client (the WebSocket listener's protocol
         factory): an MQTT connection once its handshake is accepted."""
+        from riverbed.mqtt.websocket import WebSocket
+
         listener = self.config.listeners.ws
         assert listener is not None
         limit = self.config.limits.maximum_packet_size
