@@ -51,6 +51,7 @@ $(EXTRAS_STAMP): pyproject.toml | $(PY)
 # The broker on 127.0.0.1:1883 (anonymous clients allowed, messages in
 # ./riverbed-data) and its admin HTTP API on 127.0.0.1:8080; Ctrl-C stops it.
 run: venv-core
+	@$(PY) -m compileall -q src
 	$(if $(HTTP_ADDRESS),@echo "dashboard: http://$(HTTP_ADDRESS)/  admin API: http://$(HTTP_ADDRESS)/api/v1 (docs/dashboard.md, docs/http.md)")
 	$(VENV)/bin/riverbed serve $(SERVE_ARGS)
 
@@ -69,10 +70,17 @@ $(INTEROP_JS_STAMP): $(INTEROP_JS)/package-lock.json
 		echo "npm not found: the MQTT.js interop tests will be skipped (in CI they fail)"; \
 	fi
 
+# Bytecode first: where PYTHONDONTWRITEBYTECODE is set (as in the shells this
+# project is developed in) no
+# process caches the modules it compiles, and every broker, command and Spark
+# worker a test starts would compile Riverbed's modules again (half of a
+# broker's start). Python still reads the .pyc files compileall writes.
+#
 # Each line stops make at its first failure. A test worker that dies (a crash,
 # an exit) ends the run at once, named: xdist's replacement of a crashed worker
 # under --dist loadgroup hangs (seen: a CI run timed out at 98%).
 test: venv interop-deps
+	$(PY) -m compileall -q $(LINT_PATHS)
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/ruff format --check $(LINT_PATHS)
 	$(VENV)/bin/mypy
