@@ -89,6 +89,7 @@ from riverbed.mqtt.ports import Services
 from riverbed.mqtt.protocol import (
     ConnectionCore,
     ProtocolLimits,
+    State,
 )
 from riverbed.mqtt.protocol_effects import (
     Append,
@@ -577,8 +578,7 @@ class Connection(asyncio.Protocol):
             log.warning("client %s: session taken over elsewhere", self.client_id)
             self.close(DisconnectReason.SESSION_TAKEN_OVER)
         except Exception:
-            log.exception("connection %s (%s) failed", self.client_id or "-", self.peer)
-            self.close(DisconnectReason.UNSPECIFIED_ERROR)
+            self._failed()
 
     def _start_worker(self, first: CoreEffect, rest: list[CoreEffect]) -> None:
         """`first` waits (`_now` said so): the worker carries it out, then `rest`.
@@ -730,8 +730,7 @@ class Connection(asyncio.Protocol):
             log.warning("client %s: session taken over elsewhere", self.client_id)
             self.close(DisconnectReason.SESSION_TAKEN_OVER)
         except Exception:
-            log.exception("connection %s (%s) failed", self.client_id or "-", self.peer)
-            self.close(DisconnectReason.UNSPECIFIED_ERROR)
+            self._failed()
         finally:
             self._worker = None
             self._backlog = _NO_BACKLOG
@@ -752,6 +751,20 @@ class Connection(asyncio.Protocol):
             return
         self._apply(self.core.timer(self.loop.time()))
         self._arm_alive()  # read since: a later deadline
+
+    def _failed(self) -> None:
+        """What the connection was doing failed unexpectedly (a defect or the
+        machine: logged with its traceback): close. A CONNECT in hand is
+        answered first, as a refusal (0x80 Unspecified error; 3.1.1: 3 Server
+        unavailable): its client learns that the server failed, not that the
+        network did, and may come back."""
+        log.exception("connection %s (%s) failed", self.client_id or "-", self.peer)
+        if self.core.state is State.AUTHENTICATING and not self.closing:
+            v5 = self.core.level == MQTT_5
+            reason = ConnectReason.UNSPECIFIED_ERROR if v5 else ConnectReason.SERVER_UNAVAILABLE
+            self._apply(self.core.handle(SessionRefused(reason), self.loop.time()))
+        else:
+            self.close(DisconnectReason.UNSPECIFIED_ERROR)
 
     def _protocol_error(self, exc: ProtocolError) -> None:
         """A rule broken that the session or a subscription found (the core
