@@ -6,6 +6,7 @@ that answers 400 to groups g1 and g2 (not retried), driven batch by batch
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,10 +16,12 @@ import pytest
 from click.testing import CliRunner
 
 from harness.admin_api import AdminApi
-from harness.delivery import Driver, by_group, driver, produce_groups, subscribe
+from harness.databases import BACKENDS, fresh_database
+from harness.delivery import Driver, by_group, produce_groups, subscribe
 from harness.endpoint import Endpoint
 from harness.waiting import eventually
 from riverbed.cli import cli
+from riverbed.storage import open_storage
 from riverbed.storage.base import Storage
 
 
@@ -28,22 +31,59 @@ def endpoint() -> Iterator[Endpoint]:
         yield running
 
 
-@pytest.fixture
-def delivery(storage: Storage, endpoint: Endpoint) -> Iterator[Driver]:
-    """`billing` (2 shards, grouped) with g1's and g2's messages 0 and 1 parked."""
+def park(storage: Storage, endpoint: Endpoint) -> Driver:
+    """`billing` (2 shards, grouped) with g1's and g2's messages 0 and 1
+    parked: its driver, run until idle (the caller closes it)."""
     subscribe(storage, endpoint.url)
     produce_groups(storage, 3, 0, 2)
     endpoint.fail(b"g1:", 400)
     endpoint.fail(b"g2:", 400)
-    with driver(storage, "billing") as running:
-        running.until_idle()
+    running = Driver(storage, "billing")
+    running.until_idle()
+    return running
+
+
+@pytest.fixture
+def delivery(storage: Storage, endpoint: Endpoint) -> Iterator[Driver]:
+    running = park(storage, endpoint)
+    try:
         yield running
+    finally:
+        running.close()
 
 
 @pytest.fixture
 def api(storage_url: str, delivery: Driver) -> Iterator[httpx.Client]:
     with AdminApi(storage_url) as admin, admin.client() as client:
         yield client
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def unchanged(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[httpx.Client]:
+    """A refusal changes nothing, so the refusal tests' cases share one parked
+    `billing` (as `delivery` makes it), a subscription `audit` that delivers
+    nothing, and one `riverbed admin` (per backend); each case checks that
+    nothing changed."""
+    with contextlib.ExitStack() as stack:
+        url = fresh_database(request, tmp_path_factory, stack, "dlq")
+        storage = open_storage(url)
+        try:
+            with Endpoint() as endpoint:
+                park(storage, endpoint).close()
+        finally:
+            storage.close()
+        admin = stack.enter_context(AdminApi(url))
+        client = stack.enter_context(admin.client())
+        made = client.post("/api/v1/subscriptions", json={"name": "audit", "topic": "orders"})
+        assert made.status_code == 201, made.text
+        yield client
+
+
+def nothing_changed(api: httpx.Client) -> None:
+    assert listed(api)["total"] == 4
+    assert api.get("/api/v1/jobs").json() == []
 
 
 DLQ = "/api/v1/subscriptions/billing/dlq"
@@ -116,13 +156,12 @@ def test_show_one_with_its_payload(api: httpx.Client) -> None:
     ],
 )
 def test_bad_reads_are_refused_naming_the_field(
-    api: httpx.Client, path: str, params: dict[str, Any], code: int, words: str
+    unchanged: httpx.Client, path: str, params: dict[str, Any], code: int, words: str
 ) -> None:
-    made = api.post("/api/v1/subscriptions", json={"name": "audit", "topic": "orders"})
-    assert made.status_code == 201, made.text
-    refused = api.get(path, params=params)
+    refused = unchanged.get(path, params=params)
     assert refused.status_code == code, refused.text
     assert words in refused.json()["error"], refused.json()
+    nothing_changed(unchanged)
 
 
 def test_replay_is_a_job_and_the_replayed_are_delivered_again(
@@ -155,13 +194,12 @@ def test_replay_is_a_job_and_the_replayed_are_delivered_again(
 )
 @pytest.mark.parametrize("verb", ["replay", "purge"])
 def test_bad_replay_or_purge_is_refused_and_nothing_changes(
-    api: httpx.Client, verb: str, body: dict[str, Any], code: int, words: str
+    unchanged: httpx.Client, verb: str, body: dict[str, Any], code: int, words: str
 ) -> None:
-    refused = api.post(f"{DLQ}/{verb}", json=body)
+    refused = unchanged.post(f"{DLQ}/{verb}", json=body)
     assert refused.status_code == code, refused.text
     assert words in refused.json()["error"], refused.json()
-    assert listed(api)["total"] == 4
-    assert api.get("/api/v1/jobs").json() == []
+    nothing_changed(unchanged)
 
 
 def test_purge_drops_the_selected_with_the_earlier_of_their_groups(api: httpx.Client) -> None:

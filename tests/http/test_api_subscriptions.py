@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -21,6 +20,7 @@ from click.testing import CliRunner
 
 from harness.admin_api import AdminApi
 from harness.cli import rb
+from harness.databases import BACKENDS, fresh_database
 from harness.waiting import eventually
 from riverbed.cli import cli
 from riverbed.storage import open_storage
@@ -43,9 +43,7 @@ def api(admin: AdminApi) -> Iterator[httpx.Client]:
 Shared = Callable[[str, Callable[[httpx.Client], None]], tuple[str, httpx.Client]]
 
 
-@pytest.fixture(
-    scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
-)
+@pytest.fixture(scope="module", params=BACKENDS)
 def refusals(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Shared]:
@@ -58,13 +56,7 @@ def refusals(
 
         def shared(kind: str, prepare: Callable[[httpx.Client], None]) -> tuple[str, httpx.Client]:
             if kind not in made:
-                if request.param == "sqlite":
-                    url = f"sqlite:///{tmp_path_factory.mktemp(kind)}/riverbed.db"
-                else:
-                    server = request.getfixturevalue("postgres_server")
-                    name = f"refusals_{uuid.uuid4().hex[:12]}"
-                    url = server.new_database(name)
-                    stack.callback(server.discard_database, name)
+                url = fresh_database(request, tmp_path_factory, stack, kind)
                 admin = stack.enter_context(AdminApi(url))
                 client = stack.enter_context(admin.client())
                 prepare(client)

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import base64
+import contextlib
+from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from harness.broker import BrokerProcess, Client
 from harness.cli import rb
+from harness.databases import BACKENDS, fresh_database
 from harness.waiting import eventually
 from riverbed.http.topics import MAX_MESSAGE_BODY
 from riverbed.storage import redact_url
@@ -59,25 +62,50 @@ def test_topics_create_describe_list_delete(broker: BrokerProcess, api: httpx.Cl
     assert "orders" not in [t["name"] for t in api.get("/api/v1/topics").json()]
 
 
+@pytest.fixture(scope="module", params=BACKENDS)
+def unchanged(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[httpx.Client]:
+    """A refusal changes nothing, so the refusal tests' cases share one broker
+    (per backend) with topic `orders` and no message; each case checks that
+    nothing changed."""
+    with contextlib.ExitStack() as stack:
+        url = fresh_database(request, tmp_path_factory, stack, "http-api")
+        broker = stack.enter_context(BrokerProcess(url, http=True))
+        client = stack.enter_context(httpx.Client(base_url=broker.http_url, timeout=30))
+        assert client.post("/api/v1/topics", json=ORDERS).status_code == 201
+        yield client
+
+
+def nothing_changed(api: httpx.Client) -> None:
+    topics = {t["name"]: t for t in api.get("/api/v1/topics").json()}
+    assert set(topics) - {"mqtt", "sys"} == {"orders"}, topics
+    assert topics["orders"]["messages"] == 0
+
+
+REFUSED = {**ORDERS, "name": "refused", "binding": "refused/#"}
+
+
 @pytest.mark.parametrize(
     ("body", "field", "rule"),
     [
-        ({**ORDERS, "partitions": 5}, "", "partition"),
-        ({**ORDERS, "partitions": "many"}, "partitions", "integer"),
-        ({**ORDERS, "retention": "soon"}, "retention", "soon"),
-        ({**ORDERS, "key": "sideways"}, "key", "sideways"),
-        ({**ORDERS, "colour": "blue"}, "colour", "Extra inputs"),
-        ({**ORDERS, "binding": "orders/#/x"}, "", "orders/#/x"),
+        ({**REFUSED, "partitions": 5}, "", "partition"),
+        ({**REFUSED, "partitions": "many"}, "partitions", "integer"),
+        ({**REFUSED, "retention": "soon"}, "retention", "soon"),
+        ({**REFUSED, "key": "sideways"}, "key", "sideways"),
+        ({**REFUSED, "colour": "blue"}, "colour", "Extra inputs"),
+        ({**REFUSED, "binding": "refused/#/x"}, "", "refused/#/x"),
     ],
 )
 def test_bad_topic_is_refused_naming_field_and_rule_and_nothing_is_created(
-    api: httpx.Client, body: dict[str, object], field: str, rule: str
+    unchanged: httpx.Client, body: dict[str, object], field: str, rule: str
 ) -> None:
-    refused = api.post("/api/v1/topics", json=body)
+    refused = unchanged.post("/api/v1/topics", json=body)
     assert refused.status_code == 422, refused.text
     error = refused.json()["error"]
     assert field in error and rule in error, error
-    assert api.get("/api/v1/topics/orders").status_code == 404
+    assert unchanged.get("/api/v1/topics/refused").status_code == 404
+    nothing_changed(unchanged)
 
 
 def test_produce_reaches_an_mqtt_subscriber(broker: BrokerProcess, api: httpx.Client) -> None:
@@ -117,14 +145,12 @@ def test_produce_reaches_an_mqtt_subscriber(broker: BrokerProcess, api: httpx.Cl
     ],
 )
 def test_bad_message_is_refused_and_nothing_is_written(
-    api: httpx.Client, body: dict[str, object], words: str
+    unchanged: httpx.Client, body: dict[str, object], words: str
 ) -> None:
-    assert api.post("/api/v1/topics", json=ORDERS).status_code == 201
-    refused = api.post("/api/v1/topics/orders/messages", json=body)
+    refused = unchanged.post("/api/v1/topics/orders/messages", json=body)
     assert refused.status_code == 422, refused.text
     assert words in refused.json()["error"]
-    summary = next(t for t in api.get("/api/v1/topics").json() if t["name"] == "orders")
-    assert summary["messages"] == 0
+    nothing_changed(unchanged)
 
 
 def test_a_body_over_the_limit_is_413_and_nothing_is_written(api: httpx.Client) -> None:
