@@ -12,7 +12,7 @@ from collections.abc import Generator
 
 import pytest
 
-from harness.broker import LIVE
+from harness.broker import LIVE, BrokerProcess
 
 TAIL_LINES = 40
 
@@ -26,5 +26,16 @@ def pytest_runtest_makereport(
         for broker in sorted(LIVE, key=lambda b: b.port):
             tail = broker.tail(TAIL_LINES)
             if tail:
-                report.sections.append((f"broker on port {broker.port}: its log's tail", tail))
+                title = f"broker on port {broker.port} ({_state(broker)}): its log's tail"
+                report.sections.append((title, tail))
     return report
+
+
+def _state(broker: BrokerProcess) -> str:
+    """Whether the broker's process runs, or how it ended (a process killed
+    from outside leaves a log that just stops)."""
+    process = broker.process
+    if process is None:
+        return "never started"
+    code = process.poll()
+    return f"pid {process.pid}, running" if code is None else f"pid {process.pid}, exited {code}"

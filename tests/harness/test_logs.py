@@ -13,7 +13,7 @@ from harness.broker import BrokerProcess
 
 @pytest.fixture
 def broker():
-    broker = BrokerProcess("sqlite:///unused.db")  # never started: a log of its own
+    broker = BrokerProcess("sqlite:///riverbed.db")
     broker.log_path.write_text("a line before\\nclient member: closing for a reason\\n")
     with broker:
         yield broker
@@ -32,6 +32,10 @@ def test_a_failure_shows_the_tail_of_each_live_brokers_log(pytester: pytest.Pyte
     result = pytester.runpytest("-p", "no:cacheprovider")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(
-        ["*_ test_fails _*", "*broker on port * its log's tail*", "*closing for a reason*"]
+        [
+            "*_ test_fails _*",
+            "*broker on port * (pid *, running): its log's tail*",
+            "*closing for a reason*",
+        ]
     )
     assert "test_passes" not in result.stdout.str()
