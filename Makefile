@@ -71,10 +71,10 @@ $(INTEROP_JS_STAMP): $(INTEROP_JS)/package-lock.json
 	fi
 
 # Bytecode first: where PYTHONDONTWRITEBYTECODE is set (as in the shells this
-# project is developed in) no
-# process caches the modules it compiles, and every broker, command and Spark
-# worker a test starts would compile Riverbed's modules again (half of a
-# broker's start). Python still reads the .pyc files compileall writes.
+# project is developed in) no process caches the modules it compiles, and every
+# broker, command and Spark worker a test starts would compile Riverbed's
+# modules again (half of a broker's start). Python still reads the .pyc files
+# compileall writes.
 #
 # Each line stops make at its first failure. A test worker that dies (a crash,
 # an exit) ends the run at once, named: xdist's replacement of a crashed worker
