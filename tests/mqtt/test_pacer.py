@@ -157,3 +157,30 @@ def test_one_connections_bad_batch_does_not_refuse_the_others(log: Log, run: Run
     assert error is not None and "other/1" in str(error) and "sensors/#" in str(error)
     (stream,) = {s for s, _ in _positions(good.done[0])}
     assert _payloads(log, stream) == [b"ok"]
+
+
+def test_a_commit_of_its_own_callback_ends_the_turn_right_after(log: Log, run: Runner) -> None:
+    """`after` (the broker's end of turn, mqtt/turns.py) runs in the callback
+    that committed, once its batches are reported; a `commit_now` called from
+    other work does not run it (that work is not done yet)."""
+
+    async def go() -> list[str]:
+        events: list[str] = []
+        c = FakeInbound("c")
+
+        def committed(batch: TopicBatch) -> None:
+            events.append(f"committed {len(batch.messages)}")
+
+        c.committed = committed  # type: ignore[method-assign]
+        pacer = CommitPacer(log, interval=0.0, after=lambda: events.append("after"))
+        c.add("t", Message(b"1", key="k"))
+        pacer.want(c)
+        await asyncio.sleep(0)  # the scenario: the loop turn ends
+        c.add("t", Message(b"2", key="k"), Message(b"3", key="k"))
+        pacer.want(c)
+        pacer.commit_now()  # a QoS 2 PUBLISH behind it: no end of turn here
+        events.append("called")
+        await asyncio.sleep(0)
+        return events
+
+    assert run(go()) == ["committed 1", "after", "committed 2", "called"]

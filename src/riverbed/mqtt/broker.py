@@ -66,6 +66,7 @@ from riverbed.mqtt.retained import RetainedStore
 from riverbed.mqtt.shapes import TopicShapes
 from riverbed.mqtt.sys import SysPublisher
 from riverbed.mqtt.tls import server_context
+from riverbed.mqtt.turns import EndOfTurn
 from riverbed.mqtt.wills import Wills
 from riverbed.sessions.reader import ResumeReader
 from riverbed.sessions.store import SessionRecord, SessionStore, Stored
@@ -158,7 +159,10 @@ class Broker:
         self.shapes = TopicShapes(log, self.read_shared)
         """Topics' shapes and bindings, read once for all sessions (`mqtt/shapes.py`)."""
         self.fanout.on_passed = _passed
-        self.pacer = CommitPacer(log, config.storage.commit_interval_ms / 1000)
+        self.turns = EndOfTurn()
+        """The sessions' offers and the connections' writes, at the end of a turn
+        of the loop or of a commit (`mqtt/turns.py`)."""
+        self.pacer = CommitPacer(log, config.storage.commit_interval_ms / 1000, self.turns.finish)
         self.deadlines = Deadlines()
         """Every connection's CONNECT timeout and keep alive, on one timer."""
         self.authenticator, self.authorizer = load_auth(config.auth)

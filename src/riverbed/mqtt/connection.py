@@ -898,7 +898,7 @@ class Connection(asyncio.Protocol):
         # first turn below need not hold it up. What the session sends
         # follows it, then those packets' effects.
         self._now(effects[0])
-        self._flush()
+        self.flush_writes()
         self.connected_us = self.stored.record.seen_us
         self._arm_alive()
         # Per connection: debug (docs/broker.md, Logging), else a broker with many
@@ -1243,9 +1243,9 @@ class Connection(asyncio.Protocol):
             self.passed(self.broker.fanout.passed(self))
 
     def offer(self, stream: int, messages: object, upto: int) -> None:
-        # Always on a later turn of the loop: a fetch answered from memory must not
-        # re-enter the session while it is handing out effects.
-        self.loop.call_soon(self.handle, Offered(stream, messages, upto))  # type: ignore[arg-type]
+        # Always at the end of the turn (mqtt/turns.py): a fetch answered from
+        # memory must not re-enter the session while it is handing out effects.
+        self.broker.turns.offer(self.handle, Offered(stream, messages, upto))  # type: ignore[arg-type]
 
     def _deliver(self, effect: Deliver) -> None:
         if self._full and effect.qos == 0:
@@ -1402,7 +1402,7 @@ class Connection(asyncio.Protocol):
             self._out = None
             transport.abort()
             return False
-        self._flush()
+        self.flush_writes()
         if not transport.can_write_eof():  # TLS and WebSockets close their own way
             self._close_socket(transport)
             return False
@@ -1558,18 +1558,20 @@ class Connection(asyncio.Protocol):
         UNSUBACK): written now with what is queued, not when the turn's work
         after it is done (a sequential client's next packet waits for it)."""
         self.send(packet)
-        self._flush()
+        self.flush_writes()
 
     def _write(self, data: bytes) -> None:
-        """Queue bytes; what a turn of the event loop queues goes out in one write."""
+        """Queue bytes; what a turn of the event loop queues goes out in one
+        write, at its end (mqtt/turns.py)."""
         out = self._out
         if out is None:
             self._out = [data]
-            self.loop.call_soon(self._flush)
+            self.broker.turns.written(self)
         else:
             out.append(data)
 
-    def _flush(self) -> None:
+    def flush_writes(self) -> None:
+        """Write what is queued, now."""
         out = self._out
         if out is None:
             return

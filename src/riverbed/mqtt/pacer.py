@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Protocol
 
@@ -90,14 +90,22 @@ class TopicBatch:
         return self.error
 
 
+def _nothing() -> None:
+    pass
+
+
 class CommitPacer:
     """Commits the connections' batches, at most once per `interval` seconds."""
 
-    __slots__ = ("_handle", "_interval", "_last", "_log", "_timed", "_waiting")
+    __slots__ = ("_after", "_handle", "_interval", "_last", "_log", "_timed", "_waiting")
 
-    def __init__(self, log: Log, interval: float) -> None:
+    def __init__(self, log: Log, interval: float, after: Callable[[], None] = _nothing) -> None:
         self._log = log
         self._interval = interval
+        self._after = after
+        """Called after a commit made from the loop's own callback (`mqtt/turns.py`:
+        its deliveries and acknowledgements out at once), never after one made
+        inside another caller's work (`commit_now` called directly)."""
         self._last = -math.inf
         """The loop's time of the last commit."""
         self._waiting: dict[Inbound, None] = {}
@@ -118,10 +126,15 @@ class CommitPacer:
         wait = self._last + self._interval - loop.time()
         self._timed = wait > 0
         if self._timed:
-            self._handle = loop.call_later(wait, self.commit_now)
+            self._handle = loop.call_later(wait, self._fire)
         else:
-            self._handle = loop.call_soon(self.commit_now)
+            self._handle = loop.call_soon(self._fire)
         return self._timed
+
+    def _fire(self) -> None:
+        self._handle = None
+        self.commit_now()
+        self._after()
 
     def commit_now(self) -> None:
         """Commit everything waiting, now (also for a PUBLISH that must come
@@ -175,14 +188,17 @@ class CommitPacer:
         loop = asyncio.get_running_loop()
         for batch in batches:
             batch.future = produced
+        after = self._after
 
         def done(future: Future[Positions]) -> None:
-            loop.call_soon_threadsafe(_resolved, future, batches)
+            loop.call_soon_threadsafe(_resolved, future, batches, after)
 
         produced.add_done_callback(done)
 
 
-def _resolved(future: Future[Positions], batches: Sequence[TopicBatch]) -> None:
+def _resolved(
+    future: Future[Positions], batches: Sequence[TopicBatch], after: Callable[[], None]
+) -> None:
     """The writer thread committed (or failed) a shared commit: on the loop."""
     error = future.exception() if not future.cancelled() else RiverbedError("commit cancelled")
     for batch in batches:
@@ -192,3 +208,4 @@ def _resolved(future: Future[Positions], batches: Sequence[TopicBatch]) -> None:
             batch.error = error
         batch.future = None
         batch.inbound.committed(batch)
+    after()

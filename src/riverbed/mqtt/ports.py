@@ -27,6 +27,7 @@ from riverbed.mqtt.fanout import Fanout
 from riverbed.mqtt.pacer import CommitPacer
 from riverbed.mqtt.retained import RetainedStore
 from riverbed.mqtt.shapes import TopicShapes
+from riverbed.mqtt.turns import EndOfTurn
 from riverbed.sessions.reader import ResumeReader
 from riverbed.sessions.store import SessionStore
 from riverbed.sessions.writer import SessionWriter
@@ -76,6 +77,11 @@ class Services(Protocol):
     @property
     def deadlines(self) -> Deadlines:
         """Every connection's CONNECT timeout and keep alive, on one timer."""
+        ...
+
+    @property
+    def turns(self) -> EndOfTurn:
+        """The sessions' offers and the connections' writes, at the end of a turn."""
         ...
 
     @property
