@@ -4,6 +4,9 @@ callback that made them, then every connection written to is flushed once."""
 from __future__ import annotations
 
 import asyncio
+import logging
+
+import pytest
 
 from riverbed.mqtt.turns import EndOfTurn
 
@@ -74,3 +77,30 @@ def test_finishing_with_nothing_to_do_does_nothing() -> None:
         turns.finish()
 
     asyncio.run(go())
+
+
+def test_one_failing_answer_leaves_the_others_handled_and_written(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An answer whose session fails is logged; the answers after it are still
+    handled and every connection is still written (a session left without its
+    answer would wait for it forever)."""
+
+    async def go() -> list[str]:
+        events: list[str] = []
+        turns = EndOfTurn()
+
+        def handle(event: object) -> None:
+            if event == "bad":
+                raise RuntimeError("the session broke")
+            events.append(f"offer {event}")
+
+        turns.written(FakeWriter("a", events))
+        turns.offer(handle, "bad")
+        turns.offer(handle, "good")
+        await asyncio.sleep(0)
+        return events
+
+    with caplog.at_level(logging.ERROR, logger="riverbed.mqtt.turns"):
+        assert asyncio.run(go()) == ["offer good", "flush a"]
+    assert "the session broke" in caplog.text

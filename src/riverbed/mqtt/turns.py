@@ -23,8 +23,11 @@ between rounds.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
 
 
 class Writer(Protocol):
@@ -67,12 +70,20 @@ class EndOfTurn:
             if offers:
                 self._offers = []
                 for handle, event in offers:
-                    handle(event)
+                    try:
+                        handle(event)
+                    except Exception:
+                        # One session's failure must not leave the others'
+                        # answers unhandled (their fetches would wait forever).
+                        log.exception("handling an answer of the fan-out failed")
             written = self._written
             if written:
                 self._written = []
                 for writer in written:
-                    writer.flush_writes()
+                    try:
+                        writer.flush_writes()
+                    except Exception:
+                        log.exception("writing to a connection failed")
         finally:
             if self._offers or self._written:
                 asyncio.get_running_loop().call_soon(self.finish)
