@@ -18,7 +18,10 @@ A server outlives a test process that dies without its teardown (SIGTERM from
 in `/dev/shm`. So each server has a reaper: a small process in a session of its
 own, which reads a pipe from the test process and, once the pipe closes without
 a word (the test process is gone), stops the server and deletes its directory.
-`stop()` tells it first that there is nothing left to do.
+`stop()` tells it first that there is nothing left to do. Neither signals the
+pid in `postmaster.pid` unless that process is the directory's server (its
+command line names the directory): a server that died without removing the
+file leaves a pid the kernel may since have given to any other process.
 
 Durability settings are for speed: `fsync=off` and `synchronous_commit=off` are
 fine because tests that kill a process with SIGKILL kill a *client*, never this
@@ -249,7 +252,12 @@ class PostgresServer:
             with contextlib.suppress(psycopg.Error):
                 admin.close()
         data = directory / "data"
-        if (data / "postmaster.pid").exists() and self._bindir is not None:
+        if our_postmaster(data) is None:
+            # Not running (or the file is stale): nothing to stop, and pg_ctl
+            # would signal whatever process has that pid now.
+            with contextlib.suppress(OSError):
+                (data / "postmaster.pid").unlink()
+        elif self._bindir is not None:
             try:
                 pg_ctl = str(self._bindir / "pg_ctl")
                 stop = [pg_ctl, "stop", "--pgdata", str(data), "--mode", "immediate", "--wait"]
@@ -393,9 +401,23 @@ class PostgresServer:
         return out
 
     def _kill_postmaster(self, data: Path) -> None:
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            pid = int((data / "postmaster.pid").read_text().splitlines()[0])
-            os.kill(pid, 9)
+        pid = our_postmaster(data)
+        if pid is not None:
+            with contextlib.suppress(OSError):
+                os.kill(pid, 9)
+
+
+def our_postmaster(data: Path) -> int | None:
+    """The pid in `data`'s `postmaster.pid` if that process is the server of
+    `data` (its command line names the directory); None otherwise. A server
+    that died without removing the file leaves a pid the kernel may have given
+    to some other process since: that one is never signalled."""
+    try:
+        pid = int((data / "postmaster.pid").read_text().splitlines()[0])
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid if os.fsencode(str(data)) in argv else None
 
 
 # --------------------------------------------------------------------- the reaper
@@ -409,6 +431,9 @@ if word != b"done":
     try:
         with open(os.path.join(data, "postmaster.pid")) as f:
             pid = int(f.readline())
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if os.fsencode(data) not in f.read().split(b"\\0"):
+                raise ValueError("a stale pid: not this directory's server")
         os.kill(pid, signal.SIGQUIT)  # immediate shutdown
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and os.path.exists(f"/proc/{pid}"):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness.ci import in_ci
-from harness.postgres import PostgresServer
+from harness.postgres import PostgresServer, _start_reaper
 from harness.waiting import eventually
 
 TESTS_DIR = Path(__file__).parents[1]
@@ -78,3 +78,40 @@ def test_a_server_stopped_by_its_test_is_left_to_it(postgres_server: PostgresSer
     assert reaper.poll() == 0
     assert directory is not None and not directory.exists()
     assert postgres_server.url  # untouched
+
+
+def _stale_pid_file(data: Path, pid: int) -> None:
+    """A `postmaster.pid` left by a server that died, its pid since given to `pid`."""
+    data.mkdir(parents=True, exist_ok=True)
+    (data / "postmaster.pid").write_text(f"{pid}\n{data}\n")
+
+
+def test_a_reaper_never_signals_a_process_that_took_a_stale_pid(tmp_path: Path) -> None:
+    directory = tmp_path / "server"
+    with subprocess.Popen(["sleep", "600"]) as bystander:
+        try:
+            _stale_pid_file(directory / "data", bystander.pid)
+            reaper = _start_reaper(directory)
+            assert reaper.stdin is not None
+            reaper.stdin.close()  # the test process is gone, as far as it knows
+            assert reaper.wait(timeout=60) == 0
+            assert not directory.exists()
+            assert bystander.poll() is None, "the reaper signalled a process not its server's"
+        finally:
+            bystander.kill()
+
+
+@pytest.mark.postgres
+def test_stopping_a_server_never_signals_a_process_that_took_a_stale_pid() -> None:
+    server = PostgresServer()
+    server.start()
+    server.halt()  # the postmaster is gone; its pid file is written again below
+    data = server._data
+    with subprocess.Popen(["sleep", "600"]) as bystander:
+        try:
+            _stale_pid_file(data, bystander.pid)
+            server.stop()
+            assert not data.exists()
+            assert bystander.poll() is None, "stop() signalled a process not its server's"
+        finally:
+            bystander.kill()
