@@ -167,19 +167,31 @@ def run_processes(
         for i in range(processes)
     ]
     stopping = threading.Event()
+    handles: dict[int, int] = {}
+    """Each started child's pidfd (Linux): it names that process for good, so a
+    SIGTERM sent after the child was reaped cannot reach another process that
+    was given its pid since (`exitcode` reaps; a signal handler may run
+    between that and the kill)."""
 
     def stop_all() -> None:
         stopping.set()
         for child in children:
             if child.pid is not None and child.exitcode is None:
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(child.pid, signal.SIGTERM)
+                    handle = handles.get(child.pid)
+                    if handle is None:
+                        os.kill(child.pid, signal.SIGTERM)
+                    else:
+                        signal.pidfd_send_signal(handle, signal.SIGTERM)
 
     code = 0
     with stop_on_signals(stop_all):
         try:
             for child in children:
                 child.start()
+                if child.pid is not None and hasattr(os, "pidfd_open"):
+                    with contextlib.suppress(OSError):  # a kernel without pidfds
+                        handles[child.pid] = os.pidfd_open(child.pid)
             running = list(children)
             while running:
                 multiprocessing.connection.wait([c.sentinel for c in running], timeout=1.0)
@@ -203,4 +215,6 @@ def run_processes(
             for child in children:
                 if child.pid is not None:
                     child.join()
+            for handle in handles.values():
+                os.close(handle)
     return code
