@@ -391,7 +391,8 @@ class PostgresServer:
     def pids(self) -> list[int]:
         """The server's processes: the postmaster and its children (to SIGSTOP a
         server that then neither answers nor refuses, like a hung host)."""
-        postmaster = int((self._data / "postmaster.pid").read_text().splitlines()[0])
+        postmaster = our_postmaster(self._data)
+        assert postmaster is not None, "the server is not running"
         out = [postmaster]
         for stat in Path("/proc").glob("[0-9]*/stat"):
             with contextlib.suppress(OSError, ValueError, IndexError):

@@ -52,15 +52,17 @@ class EndOfTurn:
         """Call `handle(event)` at the end of this turn (never now)."""
         self._offers.append((handle, event))
         if not self._scheduled:
-            self._scheduled = True
-            asyncio.get_running_loop().call_soon(self.finish)
+            self._schedule()
 
     def written(self, writer: Writer) -> None:
         """`writer` has its first packet of the turn: flush it at the end."""
         self._written.append(writer)
         if not self._scheduled:
-            self._scheduled = True
-            asyncio.get_running_loop().call_soon(self.finish)
+            self._schedule()
+
+    def _schedule(self) -> None:
+        self._scheduled = True
+        asyncio.get_running_loop().call_soon(self.finish)
 
     def finish(self) -> None:
         """Handle the offers made so far, then flush every connection written to."""
@@ -86,6 +88,6 @@ class EndOfTurn:
                         log.exception("writing to a connection failed")
         finally:
             if self._offers or self._written:
-                asyncio.get_running_loop().call_soon(self.finish)
+                self._schedule()
             else:
                 self._scheduled = False
